@@ -1,0 +1,1 @@
+"""The ``harness`` CLI: seeded rollouts for the uncompressed baseline and each codec, scored and reported."""

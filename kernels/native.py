@@ -1,0 +1,37 @@
+"""``none``: native precision. Stores the keys and values as they come (their own dtype)."""
+from __future__ import annotations
+
+import torch
+
+from .base import Codec, Encoded
+from .registry import register_codec
+
+
+@register_codec("none")
+class Native(Codec):
+    bits_supported = (16, 32)  # nominal: the input dtype decides what is stored
+
+    def __init__(self, bits: int = 16, head_dim: int = 128, **kw):
+        kw.pop("value_bits", None)
+        super().__init__(bits=bits, head_dim=head_dim, value_bits=16, **kw)
+
+    def _encode(self, keys):
+        return Encoded({"x": keys.detach().clone()}, tuple(keys.shape), keys.dtype)
+
+    def _decode(self, state):
+        return state.tensors["x"]
+
+    def score(self, q, state):
+        return q.float() @ state.tensors["x"].float().transpose(-1, -2)
+
+    def encode_values(self, values):
+        return self._encode(values)
+
+    def decode_values(self, state):
+        return state.tensors["x"]
+
+    def expected_nbytes(self, shape):
+        n = 1
+        for s in shape:
+            n *= s
+        return n * 2  # for fp16/bf16 inputs

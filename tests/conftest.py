@@ -1,0 +1,15 @@
+"""Test setup. Triton can only run on the CPU through its interpreter, and the variable must be
+set before any @triton.jit function is defined, so it is set here, before test modules import."""
+import os
+
+try:
+    import torch
+
+    _cuda = torch.cuda.is_available()
+except Exception:  # pragma: no cover
+    _cuda = False
+if not _cuda:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")

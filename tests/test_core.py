@@ -1,0 +1,169 @@
+"""Shared codec machinery: packing, rotation, Lloyd–Max, value quantization, registry, seeds."""
+import json
+import math
+
+import pytest
+import torch
+
+from kernels import derive_seed, list_codecs, make_codec, private_generator
+from kernels.base import check_finite
+from kernels.lloyd_max import SHIPPED_DIR, codebook, density, lloyd_max_grid, mse_of, quantize, train
+from kernels.packing import BitField, pack_bits, unpack_bits
+from kernels.rotation import Rotation, fwht, hadamard_matrix, next_pow2
+from kernels.values import ValueQuantizer
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 7, 8, 12, 16])
+@pytest.mark.parametrize("n", [1, 5, 43, 128])
+def test_pack_round_trip(bits, n):
+    g = torch.Generator().manual_seed(bits * 1000 + n)
+    codes = torch.randint(0, 1 << bits, (3, 4, n), generator=g)
+    packed = pack_bits(codes, bits)
+    assert packed.dtype == torch.uint8 and packed.shape == (3, 4, (n * bits + 7) // 8)
+    assert torch.equal(unpack_bits(packed, bits, n), codes)
+
+
+def test_pack_layout_is_the_documented_bitstream():
+    # code i sits at bit offset i*bits, LSB first: check against a hand-built bit string
+    codes = torch.tensor([5, 2, 7, 1, 6])  # 3 bits each
+    bitstring = "".join(format(int(c), "03b")[::-1] for c in codes)  # LSB-first per code
+    bitstring += "0" * (-len(bitstring) % 8)
+    expect = [int(bitstring[i:i + 8][::-1], 2) for i in range(0, len(bitstring), 8)]
+    assert pack_bits(codes, 3).tolist() == expect
+    row = pack_bits(codes, 3)
+    for i, c in enumerate(codes.tolist()):
+        o = i * 3
+        lo = int(row[o >> 3])
+        hi = int(row[(o >> 3) + 1]) if (o >> 3) + 1 < len(row) else 0
+        assert ((lo | hi << 8) >> (o & 7)) & 7 == c
+
+
+def test_pack_rejects_out_of_range():
+    with pytest.raises(ValueError, match="out of range"):
+        pack_bits(torch.tensor([8]), 3)
+
+
+def test_fwht_matches_hadamard_matrix():
+    for n in (2, 8, 64, 128):
+        x = torch.randn(5, n, dtype=torch.float64)
+        H = hadamard_matrix(n, dtype=torch.float64)
+        assert torch.allclose(fwht(x), x @ H.T, atol=1e-10)
+        assert torch.allclose(H @ H.T, n * torch.eye(n, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("d", [64, 80, 96, 128, 256])
+def test_rotation_orthogonal_with_exact_inverse(d):
+    rot = Rotation(d, seed=3, layer=2, num_heads=4)
+    assert rot.padded == next_pow2(d)
+    for h in range(4):
+        R = rot.matrix(h).double()
+        assert torch.allclose(R @ R.T, torch.eye(rot.padded, dtype=torch.float64), atol=1e-6)
+    x = torch.randn(2, 4, 9, d)
+    y = rot.forward(x)
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-5)  # norm preserved
+    assert torch.allclose(rot.inverse(y), x, atol=1e-5)
+    # per-head signs differ, per-layer signs differ, same (seed, layer) is identical
+    assert not torch.equal(rot.signs[0], rot.signs[1])
+    assert not torch.equal(Rotation(d, seed=3, layer=1, num_heads=4).signs, rot.signs)
+    assert torch.equal(Rotation(d, seed=3, layer=2, num_heads=4).signs, rot.signs)
+
+
+def test_lloyd_max_gaussian_reference_figures():
+    # Max (1960) / the TurboQuant paper: 0.3634, 0.1175, 0.03455, 0.00950
+    x, w = density("gauss", 0)
+    for b, ref in zip(range(1, 5), (0.3634, 0.1175, 0.03455, 0.00950)):
+        c, _ = lloyd_max_grid(x, w, 1 << b)
+        assert mse_of(c, x, w) == pytest.approx(ref, rel=2e-3)
+    # 1 bit: centroids ±sqrt(2/pi)
+    c, _ = lloyd_max_grid(x, w, 2)
+    assert c[1].item() == pytest.approx(math.sqrt(2 / math.pi), rel=1e-4)
+
+
+def test_lloyd_max_on_samples_matches_density():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(400_000, generator=g, dtype=torch.float64)
+    c, _ = lloyd_max_grid(s, torch.ones_like(s), 4)
+    x, w = density("gauss", 0)
+    cd, _ = lloyd_max_grid(x, w, 4)
+    assert torch.allclose(c, cd, atol=0.01)
+
+
+def test_shipped_codebook_regenerates_exactly():
+    shipped = json.loads((SHIPPED_DIR / "coord.json").read_text())
+    assert shipped["coord/d64/b3"] == [float(v) for v in train("coord", 64, 3).tolist()]
+    shipped = json.loads((SHIPPED_DIR / "triplet_norm.json").read_text())
+    assert shipped["triplet_norm/d128/b2"] == [float(v) for v in train("triplet_norm", 128, 2).tolist()]
+
+
+def test_coord_codebook_is_scaled_gaussian_at_large_d():
+    # sqrt(d) * coordinate of a uniform unit vector -> N(0, 1)
+    c = codebook("coord", 256, 2) * 16
+    g = codebook("gauss", 0, 2)
+    assert torch.allclose(c, g, atol=0.02)
+
+
+def test_unshipped_codebook_is_trained_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVCODEC_CACHE", str(tmp_path))
+    from kernels import lloyd_max
+
+    lloyd_max._codebook_cached.cache_clear()
+    c = codebook("coord", 512, 2)
+    assert c.shape == (4,) and torch.all(c[1:] > c[:-1])
+    assert list((tmp_path / "codebooks").glob("coord_d512_b2.json"))
+    lloyd_max._codebook_cached.cache_clear()
+
+
+def test_quantize_is_nearest_centroid():
+    c = torch.tensor([-1.0, 0.0, 2.0])
+    x = torch.tensor([-3.0, -0.6, -0.4, 0.9, 1.1, 5.0])
+    assert quantize(x, c).tolist() == [0, 0, 1, 1, 2, 2]
+    ref = (x[:, None] - c[None]).abs().argmin(-1)
+    assert torch.equal(quantize(x, c), ref)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("d", [64, 80])
+def test_value_quantizer_error_and_bytes(bits, d):
+    vq = ValueQuantizer(bits, d, group_size=32)
+    v = torch.randn(2, 3, 7, d)
+    st = vq.encode(v)
+    vh = vq.decode(st)
+    assert vh.shape == v.shape
+    # error per coordinate at most half a step (+ fp16 rounding of scale/zero)
+    groups = torch.nn.functional.pad(v, (0, vq.padded - d)).reshape(2, 3, 7, -1, 32)
+    step = (groups.amax(-1) - groups.amin(-1)) / ((1 << bits) - 1)
+    bound = (step / 2 + 2e-3 * groups.abs().amax(-1)).repeat_interleave(32, -1)[..., :d]
+    assert torch.all((vh - v).abs() <= bound + 1e-6)
+    assert st.nbytes() == vq.expected_nbytes(v.shape) == 2 * 3 * 7 * ((vq.padded * bits + 7) // 8 + 4 * vq.padded // 32)
+
+
+def test_unknown_codec_lists_available():
+    with pytest.raises(ValueError, match="Unknown codec 'nope'. Available: .*none"):
+        make_codec("nope", 2, 64)
+
+
+def test_bits_outside_range_lists_supported():
+    with pytest.raises(ValueError, match=r"does not support bits=3; supported: \[16, 32\]"):
+        make_codec("none", 3, 64)
+
+
+def test_non_finite_error_names_the_index():
+    x = torch.zeros(2, 5, 8)
+    x[1, 3, 6] = float("nan")
+    with pytest.raises(ValueError, match=r"index \(1, 3, 6\)"):
+        check_finite(x)
+    codec = make_codec("none", 16, 8)
+    with pytest.raises(ValueError, match="non-finite"):
+        codec.encode(x)
+
+
+def test_seeds_are_stable_and_private():
+    assert derive_seed(1, 2, "x") == derive_seed(1, 2, "x") != derive_seed(1, 3, "x")
+    a = torch.randn(4, generator=private_generator(0, "a"))
+    torch.manual_seed(123)  # the global RNG must not matter
+    b = torch.randn(4, generator=private_generator(0, "a"))
+    assert torch.equal(a, b)
+
+
+def test_registry_lists_bits():
+    assert list_codecs()["none"] == (16, 32)
