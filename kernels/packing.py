@@ -30,6 +30,11 @@ class BitField:
         return unpack_bits(packed, self.bits, self.n)
 
 
+def _offsets(n: int, bits: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    o = torch.arange(n, device=device) * bits
+    return o >> 3, o & 7  # byte index, shift within it
+
+
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """codes: [..., n] integers in [0, 2**bits) -> uint8 [..., ceil(n*bits/8)]."""
     if not 0 <= bits <= 16:
@@ -38,16 +43,16 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     nbytes = (n * bits + 7) // 8
     if bits == 0 or n == 0:
         return torch.zeros(*lead, nbytes, dtype=torch.uint8, device=codes.device)
-    c = codes.to(torch.int64)
+    c = codes.to(torch.int32)
     if bool((c < 0).any()) or bool((c >= (1 << bits)).any()):
         raise ValueError(f"codes out of range for {bits} bits")
-    shifts = torch.arange(bits, device=codes.device)
-    bitplane = ((c.unsqueeze(-1) >> shifts) & 1).reshape(*lead, n * bits)  # LSB first
-    pad = nbytes * 8 - n * bits
-    if pad:
-        bitplane = torch.nn.functional.pad(bitplane, (0, pad))
-    weights = (1 << torch.arange(8, device=codes.device))
-    return (bitplane.reshape(*lead, nbytes, 8) * weights).sum(-1).to(torch.uint8)
+    byte, shift = _offsets(n, bits, codes.device)
+    shifted = c << shift.to(torch.int32)  # a code spans at most 3 bytes (bits <= 16)
+    out = torch.zeros(*lead, nbytes + 2, dtype=torch.int32, device=codes.device)
+    idx = byte.expand(*lead, n)
+    for k in range(3):  # codes never share bits, so adding is OR-ing
+        out.scatter_add_(-1, idx + k, (shifted >> (8 * k)) & 0xFF)
+    return out[..., :nbytes].to(torch.uint8)
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
@@ -55,7 +60,8 @@ def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     lead = packed.shape[:-1]
     if bits == 0 or n == 0:
         return torch.zeros(*lead, n, dtype=torch.int64, device=packed.device)
-    shifts = torch.arange(8, device=packed.device)
-    bitplane = ((packed.to(torch.int64).unsqueeze(-1) >> shifts) & 1).reshape(*lead, -1)[..., : n * bits]
-    weights = (1 << torch.arange(bits, device=packed.device))
-    return (bitplane.reshape(*lead, n, bits) * weights).sum(-1)
+    p = torch.nn.functional.pad(packed.to(torch.int32), (0, 2))
+    byte, shift = _offsets(n, bits, packed.device)
+    idx = byte.expand(*lead, n)
+    word = p.gather(-1, idx) | (p.gather(-1, idx + 1) << 8) | (p.gather(-1, idx + 2) << 16)
+    return ((word >> shift.to(torch.int32)) & ((1 << bits) - 1)).to(torch.int64)

@@ -1,0 +1,59 @@
+"""The synthetic probe (`harness probe`): outputs, rate accounting, determinism, matched-rate table."""
+import json
+import math
+
+import pytest
+
+from harness.probe import main, matched_rate, run
+
+
+def test_matched_rate_interpolates_log_linearly():
+    table = [{"codec": "a", "true_bits": 2.0, "unit_mse": 0.1},
+             {"codec": "a", "true_bits": 3.0, "unit_mse": 0.025}]
+    got = matched_rate(table, [1.5, 2.5, 3.0])["a"]
+    assert got["1.5"] is None  # outside the measured range: never extrapolated
+    assert got["2.5"] == pytest.approx(math.sqrt(0.1 * 0.025))
+    assert got["3"] == pytest.approx(0.025)
+
+
+def test_probe_end_to_end(tmp_path):
+    codecs = ["turboquant-mse", "octopus", "kivi", "qjl"]
+    res = run(dim=64, bits=(2, 3), n=256, seeds=1, codecs=codecs, out=tmp_path, progress=False)
+    for f in ("probe.json", "report.md", "rate_distortion.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    table = res["table"]
+    assert {(r["codec"], r["bits"]) for r in table} == {(c, b) for c in codecs for b in (2, 3)}
+    for r in table:
+        assert r["unit_mse"] >= 4 ** -r["true_bits"]  # Shannon lower bound at the true rate
+        assert r["true_bits"] >= r["bits"]  # side information is never free
+        assert 0 < r["needle_mass_fp32"] <= 1
+    # TurboQuant-MSE stores d_pad codes + a float32 norm: b + 32/64 bits per coordinate at d=64
+    tq = {r["bits"]: r for r in table if r["codec"] == "turboquant-mse"}
+    assert tq[2]["true_bits"] == pytest.approx(2 + 32 / 64)
+    # the default split sits off the equal-rate line; every other row of a b keeps 3b bits/triplet
+    for r in res["split_sweep"]:
+        b_u, _, b_r = r["split"]
+        assert 2 * b_u + b_r == 3 * r["bits"] + (1 if r["default"] else 0)
+    for r in res["rounding_agreement"]:
+        assert r["agreement"] >= 0.99
+    text = (tmp_path / "report.md").read_text()
+    assert "At matched true rate" in text and "octopus" in text
+
+
+def test_probe_is_byte_identical(tmp_path):
+    args = ["--dim", "64", "--bits", "2", "--n", "128", "--seeds", "1", "--codecs", "octopus", "turboquant-prod",
+            "--no-sweep"]
+    main(args + ["--out", str(tmp_path / "a")])
+    main(args + ["--out", str(tmp_path / "b")])
+    assert (tmp_path / "a/probe.json").read_bytes() == (tmp_path / "b/probe.json").read_bytes()
+    assert json.loads((tmp_path / "a/probe.json").read_text())["config"]["dim"] == 64
+
+
+def test_probe_rejects_unknown_codec(tmp_path):
+    with pytest.raises(ValueError, match="Unknown codec 'zip'. Available:"):
+        run(dim=64, bits=(2,), n=64, seeds=1, codecs=["zip"], out=None, progress=False)
+
+
+def test_probe_skips_unsupported_bits():
+    res = run(dim=64, bits=(1,), n=64, seeds=1, codecs=["turboquant-prod"], out=None, sweep=False, progress=False)
+    assert res["table"] == [] and res["skipped"][0]["codec"] == "turboquant-prod"
