@@ -1,0 +1,64 @@
+"""AAR (next-scale autoregressive audio, CLAP-conditioned) with its scale-level audio tokenizer.
+
+Models:
+  ``aar``        the released checkpoints: ``path`` is a folder with *AAR*.pth (``model_state_dict``),
+                 *SAT*.pth (``generator_state_dict``) and optionally a transformers CLAP folder
+                 (laion/larger_clap_general layout) or a laion_clap *.pt; or
+                 ``aar=FILE,sat=FILE[,clap=DIR|laion_clap=FILE]``. Without CLAP: stand-in conditioning.
+  ``aar-random`` the full released architecture at seeded random weights (GPU timing runs).
+  ``aar-tiny``   a CPU-sized model at seeded random weights (default runs, tests).
+Random-weight models condition on the stand-in embedding (not CLAP); reports say so.
+"""
+from __future__ import annotations
+
+import torch
+
+from adapters.registry import register_model
+
+from .models import FULL_AAR, FULL_SAT, TINY_AAR, TINY_SAT, random_pipeline, released_pipeline
+from .pipeline import AARPipeline, Rollout, SamplingConfig, aar_cache_config, sample_top_k_top_p
+from .sat import AAR_SCALES, SAT, SATConfig
+from .transformer import AARConfig, AARTransformer
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def _placement(device, dtype) -> tuple[torch.device, torch.dtype]:
+    """'auto' device: cuda where available; 'auto' dtype: float32 on the CPU, bfloat16 on CUDA."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device in (None, "auto") \
+        else torch.device(device)
+    if isinstance(dtype, torch.dtype):
+        return device, dtype
+    if dtype in (None, "auto"):
+        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype '{dtype}'. Available: auto, {', '.join(sorted(_DTYPES))}")
+    return device, _DTYPES[dtype]
+
+
+@register_model("aar", modality="audio", default_task="audio",
+                description="AAR (AudioSet, d16) + SAT_d128_lat128 from the released checkpoints; CLAP conditioning")
+def load_aar(path: str | None, device="auto", dtype="auto") -> AARPipeline:
+    if not path:
+        raise ValueError("model 'aar' needs a path: a folder with *AAR*.pth, *SAT*.pth and a CLAP folder "
+                         "(or 'aar=FILE,sat=FILE,clap=DIR'); 'aar-tiny' and 'aar-random' need none")
+    return released_pipeline(path, *_placement(device, dtype))
+
+
+@register_model("aar-random", modality="audio", default_task="audio",
+                description="full-size AAR + SAT architecture at seeded random weights; stand-in conditioning")
+def load_aar_random(path: str | None = None, device="auto", dtype="auto") -> AARPipeline:
+    return random_pipeline(FULL_AAR, FULL_SAT, 0, *_placement(device, dtype), name="aar-random")
+
+
+@register_model("aar-tiny", modality="audio", default_task="audio",
+                description="CPU-sized AAR + SAT at seeded random weights; stand-in conditioning")
+def load_aar_tiny(path: str | None = None, device="auto", dtype="auto") -> AARPipeline:
+    return random_pipeline(TINY_AAR, TINY_SAT, 0, *_placement(device, dtype), name="aar-tiny")
+
+
+__all__ = ["AARPipeline", "Rollout", "SamplingConfig", "aar_cache_config", "sample_top_k_top_p", "AAR_SCALES",
+           "SAT", "SATConfig", "AARConfig", "AARTransformer", "TINY_AAR", "TINY_SAT", "FULL_AAR", "FULL_SAT",
+           "random_pipeline", "released_pipeline"]

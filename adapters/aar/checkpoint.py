@@ -1,0 +1,70 @@
+"""Reading the released AAR / SAT checkpoints strictly.
+
+The release stores the AAR transformer under ``model_state_dict`` and the tokenizer under
+``generator_state_dict`` (next to optimizer state and the epoch), keys possibly prefixed with
+``module.`` (DistributedDataParallel). Any missing or unexpected key, or a shape that does not
+match, is an error that lists them all.
+"""
+from __future__ import annotations
+
+import pickle
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+AAR_KEY = "model_state_dict"
+SAT_KEY = "generator_state_dict"
+
+# torch.nn.utils.parametrizations.weight_norm names -> the legacy names the release uses
+_PARAMETRIZED = {".parametrizations.weight.original0": ".weight_g", ".parametrizations.weight.original1": ".weight_v"}
+
+
+def read_state_dict(source, key: str) -> dict[str, torch.Tensor]:
+    """A checkpoint file (or an already loaded dict) -> the state dict under ``key``, keys normalised."""
+    if isinstance(source, (str, Path)):
+        try:
+            ckpt = torch.load(source, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # The release pickles training state (argparse Namespaces...) next to the weights.
+            warnings.warn(f"{source}: not loadable with weights_only=True; loading it as a trusted pickle")
+            ckpt = torch.load(source, map_location="cpu", weights_only=False)
+    else:
+        ckpt = source
+    if key not in ckpt:
+        raise KeyError(f"checkpoint {source if isinstance(source, (str, Path)) else '(dict)'} has no '{key}'; "
+                       f"top-level keys: {sorted(map(str, ckpt))[:20]}")
+    return normalize_keys(ckpt[key])
+
+
+def normalize_keys(state: dict) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in state.items():
+        if k.startswith("module."):
+            k = k[len("module."):]
+        for new, old in _PARAMETRIZED.items():
+            if k.endswith(new):
+                k = k[: -len(new)] + old
+        out[k] = v
+    return out
+
+
+def load_strict(module: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """Load ``state`` into ``module``; raise one ValueError naming every missing, unexpected and
+    mis-shaped key."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = sorted(f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                    for k in set(own) & set(state) if tuple(state[k].shape) != tuple(own[k].shape))
+    if missing or unexpected or shapes:
+        parts = [f"{what}: checkpoint does not match the model"]
+        if missing:
+            parts.append(f"missing keys ({len(missing)}): {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+        if shapes:
+            parts.append(f"shape mismatches ({len(shapes)}): {'; '.join(shapes)}")
+        raise ValueError("\n  ".join(parts))
+    module.load_state_dict(state, strict=True)

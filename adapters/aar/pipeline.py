@@ -1,0 +1,170 @@
+"""One AAR rollout, scale by scale, with the KV cache behind :class:`adapters.kv_cache.CompressedKVCache`.
+
+The batch is 2B rows (conditional, then unconditional) for classifier-free guidance with a
+linearly ramped scale: at scale s of S, ``t = cfg * s / (S - 1)`` and the guided logits are
+``(1 + t) * logits[:B] - t * logits[B:]``. Tokens are drawn with top-k / top-p from a private
+seeded generator. The cache keeps the scale being predicted native (``residual_unit='append'``,
+``residual=1``): every earlier scale is held only as codec states, encoded once as it leaves.
+
+Shapes: CLAP embedding ``[B, 512]``; tokens of scale s ``[B, scales[s]]``; guided logits
+``[B, scales[s], V]``; f_hat ``[B, latent_dim, F]``; audio ``[B, F * hop]``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from adapters.kv_cache import CacheConfig, CompressedKVCache
+
+from .sat import SAT
+from .transformer import AARTransformer
+
+#: The paper's cache recipe: one native scale, harness-default value groups, no protected layers.
+AAR_RESIDUAL, AAR_RESIDUAL_UNIT = 1, "append"
+
+
+def aar_cache_config(config: CacheConfig) -> CacheConfig:
+    """The cache configuration a rollout actually uses: the codec and bits asked for, with the
+    AAR window (one native scale)."""
+    return replace(config, residual=AAR_RESIDUAL, residual_unit=AAR_RESIDUAL_UNIT)
+
+
+def sample_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator) -> torch.Tensor:
+    """logits [B, l, V] -> sampled ids [B, l]. top_k > 0 keeps the k largest (ties kept); top_p > 0
+    keeps the smallest top set whose probability reaches top_p; one multinomial draw per token."""
+    B, l, V = logits.shape
+    x = logits.float().clone()
+    if top_k > 0:
+        kth = x.topk(min(top_k, V), dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p > 0:
+        srt, order = x.sort(dim=-1)  # ascending
+        drop = srt.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[..., -1] = False  # the most likely token always stays
+        x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = x.softmax(-1).reshape(-1, V)
+    return torch.multinomial(probs, 1, replacement=True, generator=generator).view(B, l)
+
+
+@dataclass
+class Rollout:
+    tokens: list[torch.Tensor]  # per scale [B, scales[s]] int64, CPU
+    logits: list[torch.Tensor]  # per scale guided logits [B, scales[s], V] float32, CPU
+    f_hat: torch.Tensor  # [B, latent_dim, F] float32, CPU
+    audio: torch.Tensor  # [B, F * hop] float32, CPU
+    cache_stats: dict = field(default_factory=dict)  # CompressedKVCache.stats() after the last scale
+    cache_bytes: dict = field(default_factory=dict)  # CompressedKVCache.nbytes() after the last scale
+    cache_config: dict = field(default_factory=dict)
+
+
+@dataclass
+class SamplingConfig:
+    cfg: float = 4.0  # guidance at the last scale (the release's default)
+    top_k: int = 200
+    top_p: float = 0.95
+
+
+class AARPipeline:
+    """What the 'aar*' model loaders return and the audio task drives."""
+
+    modality = "audio"
+
+    def __init__(self, aar: AARTransformer, sat: SAT, conditioner, device="cpu", dtype=torch.float32,
+                 name: str = "aar", weights: str = ""):
+        self.aar = aar.to(device=device, dtype=dtype).eval()
+        self.sat = sat.to(device=device, dtype=torch.float32).eval()  # tokenizer and f_hat stay float32
+        self.conditioner = conditioner
+        self.device, self.dtype, self.name = torch.device(device), dtype, name
+        self.weights = weights  # "random (seeded)" or the checkpoint files, for reports
+        if aar.cfg.latent_dim != sat.cfg.latent_dim or aar.cfg.vocab != sat.cfg.codebook_size \
+                or tuple(aar.cfg.scales) != tuple(sat.cfg.scales):
+            raise ValueError(f"AAR (latent {aar.cfg.latent_dim}, vocab {aar.cfg.vocab}, scales {aar.cfg.scales}) "
+                             f"does not fit the tokenizer (latent {sat.cfg.latent_dim}, codebook "
+                             f"{sat.cfg.codebook_size}, scales {sat.cfg.scales})")
+
+    @property
+    def sample_rate(self) -> int:
+        return self.sat.cfg.sample_rate
+
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """(layers, KV heads, head dim) of the cached self-attention (the runner checks codecs with it)."""
+        c = self.aar.cfg
+        return c.depth, c.num_heads, c.head_dim
+
+    @property
+    def conditioning_label(self) -> str:
+        return self.conditioner.label
+
+    def describe(self) -> dict:
+        """model.json's entry; the report's header line reads model_type, layers, heads, dtype, source."""
+        c = self.aar.cfg
+        return {"name": self.name, "model_type": "AAR next-scale audio", "layers": c.depth, "q_heads": c.num_heads,
+                "kv_heads": c.num_heads, "head_dim": c.head_dim, "dtype": str(self.dtype).replace("torch.", ""),
+                "device": str(self.device), "source": f"weights {self.weights}; conditioning {self.conditioning_label}",
+                "weights": self.weights, "conditioning": self.conditioning_label,
+                "cache_window": "one native scale (the scale being predicted; each earlier scale is encoded once "
+                                "when the next arrives), whatever --residual says",
+                "aar": c.to_json(), "sat": self.sat.cfg.to_json()}
+
+    def embed(self, audio_48k) -> torch.Tensor:
+        """A mono clip at 48 kHz -> conditioning embedding [1, cond_in]."""
+        return self.conditioner(audio_48k)
+
+    def new_cache(self, config: CacheConfig) -> CompressedKVCache:
+        c = self.aar.cfg
+        return CompressedKVCache(aar_cache_config(config), c.depth, c.num_heads, c.head_dim, device=self.device)
+
+    @torch.no_grad()
+    def rollout(self, emb: torch.Tensor, config: CacheConfig, generator: torch.Generator | None = None,
+                sampling: SamplingConfig | None = None, teacher: list[torch.Tensor] | None = None) -> Rollout:
+        """Generate one pyramid (or, with ``teacher`` tokens, score it teacher-forced: the given
+        tokens are fed instead of sampled ones and no random number is drawn)."""
+        if teacher is None and generator is None:
+            raise ValueError("a free-running rollout needs a generator (kernels.private_generator)")
+        s = sampling or SamplingConfig()
+        aar, vq, scales = self.aar, self.sat.vq, self.aar.cfg.scales
+        S, B = len(scales), emb.shape[0]
+        cache = self.new_cache(config)
+        cond = aar.condition(emb.to(self.device, self.dtype))  # [2B, C]
+        x = aar.first_input(cond)
+        f_hat = torch.zeros(B, vq.dim, scales[-1], device=self.device)
+        tokens, logits_out = [], []
+        for si in range(S):
+            logits = aar.step(x, cond, cache)  # [2B, l, V]
+            t = s.cfg * si / (S - 1)
+            guided = (1 + t) * logits[:B] - t * logits[B:]
+            idx = teacher[si].to(self.device) if teacher is not None else \
+                sample_top_k_top_p(guided, s.top_k, s.top_p, generator)
+            tokens.append(idx.cpu())
+            logits_out.append(guided.cpu())
+            f_hat, nxt = vq.next_input(si, f_hat, vq.layers[si].lookup(idx))
+            if si < S - 1:
+                x = aar.scale_input(si + 1, nxt.transpose(1, 2).to(self.dtype)).repeat(2, 1, 1)
+        if config.codec != "none":
+            cache.assert_compressed()
+        audio = None if teacher is not None else self.sat.fhat_to_audio(f_hat)[:, 0].float().cpu()
+        return Rollout(tokens, logits_out, f_hat.float().cpu(), audio, cache.stats(), cache.nbytes(),
+                       cache.config.to_json())
+
+    @torch.no_grad()
+    def masked_forward_logits(self, emb: torch.Tensor, tokens: list[torch.Tensor],
+                              sampling: SamplingConfig | None = None) -> list[torch.Tensor]:
+        """Uncached whole-pyramid forward with the training-time block-causal mask (the reference the
+        cached rollout is tested against): guided logits per scale for the pyramid ``tokens``."""
+        s = sampling or SamplingConfig()
+        aar, vq, scales = self.aar, self.sat.vq, self.aar.cfg.scales
+        S, B = len(scales), emb.shape[0]
+        cond = aar.condition(emb.to(self.device, self.dtype))
+        xs = [aar.first_input(cond)]
+        f_hat = torch.zeros(B, vq.dim, scales[-1], device=self.device)
+        for si in range(S - 1):
+            f_hat, nxt = vq.next_input(si, f_hat, vq.layers[si].lookup(tokens[si].to(self.device)))
+            xs.append(aar.scale_input(si + 1, nxt.transpose(1, 2).to(self.dtype)).repeat(2, 1, 1))
+        logits = aar.forward_masked(torch.cat(xs, 1), cond)
+        out = []
+        for si, (b, pn) in enumerate(zip(aar.begin, scales)):
+            t = s.cfg * si / (S - 1)
+            out.append(((1 + t) * logits[:B, b:b + pn] - t * logits[B:, b:b + pn]).cpu())
+        return out

@@ -1,0 +1,214 @@
+"""The ``audio`` task: AAR conditioned on a clip's embedding; each codec's rollout against the baseline's.
+
+Per prompt (a conditioning clip): the clip's embedding (CLAP, or the labelled stand-in), then one
+uncompressed rollout (the baseline: tokens, guided logits, latents, waveform). Per cache
+configuration: a free-running rollout with the same private generator, scored on waveform and
+latents (SNR, LSD, log-mel MSE, latent cosine), and a teacher-forced pass that feeds the
+baseline's tokens through the compressed cache and compares next-scale logits (top-1 agreement,
+KL) — free-running sampling diverges as soon as one token differs, teacher forcing does not.
+Artifacts: WAVs (baseline and codec), a spectrogram PNG (baseline beside codec) and per-scale
+teacher-forced curves (JSON).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from adapters.kv_cache import CacheConfig
+from kernels import private_generator
+from metrics import audio as am
+
+from .base import Prompt, Task, register_task
+
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "audio"
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
+CLIP_RATE = 48_000  # what the conditioners take
+
+
+@dataclass
+class AudioBaseline:
+    emb: torch.Tensor  # [1, 512]
+    rollout: object  # adapters.aar.Rollout
+    clip_seconds: float
+
+
+def synthetic_clips(seconds: float = 4.0, sr: int = CLIP_RATE) -> dict[str, np.ndarray]:
+    """Three deterministic clips that need nothing installed (tests, machines without samples)."""
+    t = np.arange(int(seconds * sr)) / sr
+    tone = sum(0.3 / k * np.sin(2 * np.pi * 220 * k * t) for k in (1, 2, 3, 4))
+    chirp = 0.4 * np.sin(2 * np.pi * (100 * t + 0.5 * (4000 - 100) / seconds * t ** 2))
+    g = private_generator("audio-synthetic-noise")
+    noise = torch.randn(len(t), generator=g, dtype=torch.float64).numpy() * 0.2
+    bursts = noise * (np.sin(2 * np.pi * 2 * t) > 0.3)
+    return {name: x.astype(np.float32) for name, x in (("synth_tone", tone), ("synth_chirp", chirp),
+                                                       ("synth_noise_bursts", bursts))}
+
+
+def load_clip(prompt: Prompt, seconds: float) -> np.ndarray:
+    """A prompt's clip, mono float32 at 48 kHz, cut to its first ``seconds``."""
+    if isinstance(prompt.data, np.ndarray):
+        y = prompt.data
+    else:
+        import librosa
+
+        y, _ = librosa.load(str(prompt.data), sr=CLIP_RATE, mono=True)
+    return np.ascontiguousarray(y[: int(seconds * CLIP_RATE)], dtype=np.float32)
+
+
+def _manifest_prompts(manifest: Path) -> list[Prompt]:
+    spec = json.loads(manifest.read_text())
+    root = Path(spec.get("source_dir", manifest.parent))
+    missing = [c["file"] for c in spec["clips"] if not (root / c["file"]).exists()]
+    if missing:
+        hint = f" ({spec['install']})" if "install" in spec else ""
+        raise FileNotFoundError(f"audio prompts: {len(missing)} clip(s) of {manifest} are not in {root}{hint}: "
+                                f"{', '.join(missing[:5])}. Or use a folder of clips, or source='synthetic'.")
+    return [Prompt(c["id"], str(root / c["file"]), {"file": str(root / c["file"]), "license": spec.get("license", ""),
+                                                      "kind": c.get("kind", "")}) for c in spec["clips"]]
+
+
+def _write_wav(path: Path, audio: np.ndarray, sr: int) -> None:
+    import soundfile as sf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), np.asarray(audio, dtype=np.float32), sr, subtype="FLOAT")  # float: no clipping
+
+
+def _spectrogram_png(path: Path, base: np.ndarray, x: np.ndarray, sr: int, title: str, labels: tuple[str, str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mb, mx = am.log_mel(base, sr) * (10 / math.log(10)), am.log_mel(x, sr) * (10 / math.log(10))  # dB
+    vmax = max(mb.max(), mx.max())
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True, layout="constrained")
+    for ax, m, lab in zip(axes, (mb, mx), labels):
+        im = ax.imshow(m, origin="lower", aspect="auto", cmap="magma", vmin=vmax - 80, vmax=vmax,
+                       extent=(0, len(base) / sr, 0, m.shape[0]))
+        ax.set_title(lab, fontsize=9)
+        ax.set_xlabel("s")
+    axes[0].set_ylabel("mel band")
+    fig.colorbar(im, ax=axes, label="dB", shrink=0.9)
+    fig.suptitle(title, fontsize=9)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _safe(label: str) -> str:
+    return label.replace("@", "-").replace("/", "_")
+
+
+@register_task("audio")
+class AudioTask(Task):
+    """Options (``--task-opt audio.NAME=VALUE``): see ``option_defaults``."""
+
+    modality = "audio"
+    metrics = ("snr_db", "lsd", "log_mel_mse", "latent_cosine", "tf_token_agreement", "tf_kl",
+               "free_token_match")
+    option_defaults = {
+        "clip_seconds": (10.0, "conditioning clip length, s (CLAP's window: no random crop)"),
+        "cfg": (4.0, "classifier-free guidance at the last scale (ramped linearly from 0)"),
+        "top_k": (200, "top-k sampling (0: off)"),
+        "top_p": (0.95, "top-p sampling (0: off)"),
+        "save_audio": (True, "write WAVs and spectrogram PNGs"),
+    }
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        from adapters.aar import SamplingConfig
+
+        self.clip_seconds = float(self.opt("clip_seconds"))
+        self.sampling = SamplingConfig(cfg=float(self.opt("cfg")), top_k=int(self.opt("top_k")),
+                                       top_p=float(self.opt("top_p")))
+        self.save_audio = bool(self.opt("save_audio"))
+
+    # --- prompts -----------------------------------------------------------------------------
+    def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
+        """source: None (prompts/audio/clips.json: Sonic Pi samples), a folder of clips, a JSON
+        manifest, or 'synthetic'."""
+        if source == "synthetic":
+            out = [Prompt(k, v, {"file": "(generated)", "license": "n/a"}) for k, v in synthetic_clips().items()]
+        else:
+            p = Path(source) if source else PROMPTS_DIR / "clips.json"
+            if p.is_dir():
+                files = sorted(f for f in p.iterdir() if f.suffix.lower() in AUDIO_SUFFIXES)
+                if not files:
+                    raise FileNotFoundError(f"audio prompts: no {'/'.join(AUDIO_SUFFIXES)} files in {p}")
+                out = [Prompt(f.stem, str(f), {"file": str(f)}) for f in files]
+            elif p.suffix == ".json" and p.exists():
+                out = _manifest_prompts(p)
+            else:
+                raise FileNotFoundError(f"audio prompts: '{p}' is neither a folder of clips nor a JSON manifest "
+                                        f"(or use source='synthetic')")
+        return out[:limit] if limit else out
+
+    # --- rollouts ----------------------------------------------------------------------------
+    def _generator(self, model, prompt: Prompt, seed: int) -> torch.Generator:
+        return private_generator("audio", prompt.id, seed, device=model.device)
+
+    def baseline(self, model, prompt: Prompt, seed: int) -> AudioBaseline:
+        if getattr(model, "modality", None) != "audio":
+            raise TypeError(f"the audio task drives an audio model (aar, aar-tiny, aar-random), got {type(model).__name__}")
+        emb = model.embed(load_clip(prompt, self.clip_seconds))
+        r = model.rollout(emb, CacheConfig(codec="none"), self._generator(model, prompt, seed), self.sampling)
+        return AudioBaseline(emb, r, self.clip_seconds)
+
+    def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: AudioBaseline, out_dir: Path) -> dict:
+        base = baseline.rollout
+        free = model.rollout(baseline.emb, cache_config, self._generator(model, prompt, seed), self.sampling)
+        tf = model.rollout(baseline.emb, cache_config, sampling=self.sampling, teacher=base.tokens)
+        sr = model.sample_rate
+        ref_wav, wav = base.audio[0].numpy(), free.audio[0].numpy()
+        row = {
+            "snr_db": am.snr_db(ref_wav, wav),
+            "lsd": am.lsd(ref_wav, wav),
+            "log_mel_mse": am.log_mel_mse(ref_wav, wav, sr=sr),
+            "latent_cosine": am.latent_cosine(base.f_hat, free.f_hat),
+            "tf_token_agreement": am.pooled(am.token_agreement, base.logits, tf.logits),
+            "tf_kl": am.pooled(am.kl_divergence, base.logits, tf.logits),
+            "free_token_match": am.token_match(base.tokens, free.tokens),
+        }
+        row.update(self._cache_counts(free.cache_stats))
+        label = cache_config.label if hasattr(cache_config, "label") else str(cache_config)
+        row["artifacts"] = self._write_artifacts(model, prompt, label, base, free, tf, row, Path(out_dir))
+        return row
+
+    @staticmethod
+    def _cache_counts(stats: dict) -> dict:
+        """From CompressedKVCache.stats() after the last scale: cache_bytes (codec states + the native
+        last scale), uncompressed_bytes, bits_per_coord / value_bits_per_coord (the codec's rate on
+        committed keys / values; the dtype's width for 'none'), cache_bits_per_coord (everything held)."""
+        keys = ("cache_bytes", "uncompressed_bytes", "bits_per_coord", "value_bits_per_coord",
+                "cache_bits_per_coord", "committed_tokens")
+        return {k: float(stats[k]) for k in keys}
+
+    def _write_artifacts(self, model, prompt, label, base, free, tf, row, out_dir: Path) -> dict:
+        sr, rel = model.sample_rate, Path("audio") / prompt.id
+        arts = {}
+        curves = {"scales": list(model.aar.cfg.scales),
+                  "tf_token_agreement": am.per_scale(am.token_agreement, base.logits, tf.logits),
+                  "tf_kl": am.per_scale(am.kl_divergence, base.logits, tf.logits),
+                  "free_token_match": am.per_scale(am.token_match, base.tokens, free.tokens),
+                  "conditioning": model.conditioning_label}
+        (out_dir / rel).mkdir(parents=True, exist_ok=True)
+        (out_dir / rel / f"{_safe(label)}.per_scale.json").write_text(json.dumps(curves, indent=1))
+        arts["per_scale"] = str(rel / f"{_safe(label)}.per_scale.json")
+        if self.save_audio:
+            if not (out_dir / rel / "baseline.wav").exists():
+                _write_wav(out_dir / rel / "baseline.wav", base.audio[0].numpy(), sr)
+            _write_wav(out_dir / rel / f"{_safe(label)}.wav", free.audio[0].numpy(), sr)
+            title = (f"{prompt.id} | {model.name} | conditioning: {model.conditioning_label}\n"
+                     f"{label}: SNR {row['snr_db']:.2f} dB, LSD {row['lsd']:.2f} dB, "
+                     f"teacher-forced KL {row['tf_kl']:.3g}")
+            _spectrogram_png(out_dir / rel / f"{_safe(label)}.png", base.audio[0].numpy(), free.audio[0].numpy(), sr,
+                             title, ("baseline (uncompressed cache)", label))
+            arts.update(wav_baseline=str(rel / "baseline.wav"), wav=str(rel / f"{_safe(label)}.wav"),
+                        spectrogram=str(rel / f"{_safe(label)}.png"))
+        return arts

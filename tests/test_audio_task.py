@@ -1,0 +1,99 @@
+"""The audio task end to end on a tiny random AAR, with clips made here (no Sonic Pi needed)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from adapters import CacheConfig
+from adapters.aar import AARConfig, SATConfig, random_pipeline
+from harness.tasks.audio import AudioTask, synthetic_clips
+from harness.tasks.base import TASKS, Prompt
+
+SCALES = (1, 2, 4, 8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_pipeline(AARConfig(depth=2, width=64, num_heads=2, vocab=32, latent_dim=8, scales=SCALES),
+                           SATConfig(dimension=8, latent_dim=8, n_filters=2, lstm=1, codebook_size=32, scales=SCALES),
+                           seed=0, name="test-aar")
+
+
+@pytest.fixture(scope="module")
+def task():
+    return AudioTask(clip_seconds=1.0, top_k=8)
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clips")
+    t = np.arange(44_100) / 44_100
+    sf.write(d / "b_sine.wav", (0.4 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 44_100)
+    noise = np.random.default_rng(0).standard_normal(22_050).astype(np.float32) * 0.1
+    sf.write(d / "a_noise.flac", noise, 22_050)
+    (d / "notes.txt").write_text("not audio")
+    return d
+
+
+def test_registered():
+    assert TASKS["audio"] is AudioTask and AudioTask.modality == "audio"
+
+
+def test_prompts_from_a_folder_synthetic_and_missing_manifest(task, clip_dir, tmp_path):
+    ps = task.prompts(str(clip_dir))
+    assert [p.id for p in ps] == ["a_noise", "b_sine"]
+    assert [p.id for p in task.prompts("synthetic", limit=2)] == ["synth_tone", "synth_chirp"]
+    manifest = tmp_path / "clips.json"
+    manifest.write_text(json.dumps({"source_dir": str(tmp_path / "nowhere"), "install": "apt-get install x",
+                                    "clips": [{"id": "a", "file": "a.flac"}]}))
+    with pytest.raises(FileNotFoundError, match="apt-get install x"):
+        task.prompts(str(manifest))
+
+
+def test_default_manifest_names_sonic_pi_clips():
+    from harness.tasks.audio import PROMPTS_DIR
+
+    spec = json.loads((PROMPTS_DIR / "clips.json").read_text())
+    assert spec["source_dir"] == "/usr/share/sonic-pi/samples" and spec["license"] == "CC0-1.0"
+    assert len({c["id"] for c in spec["clips"]}) == len(spec["clips"]) >= 4
+
+
+def test_synthetic_clips_are_deterministic():
+    a, b = synthetic_clips(1.0), synthetic_clips(1.0)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_baseline_is_deterministic(model, task, clip_dir):
+    p = task.prompts(str(clip_dir))[1]
+    b1, b2 = task.baseline(model, p, seed=0), task.baseline(model, p, seed=0)
+    assert torch.equal(b1.rollout.audio, b2.rollout.audio) and torch.equal(b1.emb, b2.emb)
+    b3 = task.baseline(model, p, seed=1)
+    assert not all(torch.equal(a, b) for a, b in zip(b1.rollout.tokens, b3.rollout.tokens))
+
+
+def test_evaluate_none_and_a_codec(model, task, tmp_path):
+    p = Prompt("tone", synthetic_clips(1.0)["synth_tone"])
+    base = task.baseline(model, p, seed=0)
+    row = task.evaluate(model, p, CacheConfig("none"), 0, base, tmp_path)
+    assert row["snr_db"] == math.inf and row["lsd"] == 0.0 and row["log_mel_mse"] == 0.0
+    assert row["tf_kl"] == 0.0 and row["tf_token_agreement"] == 1.0 and row["latent_cosine"] == pytest.approx(1.0)
+    assert row["cache_bytes"] == row["uncompressed_bytes"] and row["bits_per_coord"] == 32.0
+    row2 = task.evaluate(model, p, CacheConfig("octopus", 2), 0, base, tmp_path)
+    assert row2["cache_bytes"] < row2["uncompressed_bytes"] and 2 < row2["bits_per_coord"] < 5
+    assert row2["tf_kl"] > 0 and 0 <= row2["tf_token_agreement"] <= 1
+    assert set(AudioTask.metrics) <= set(row2)
+    arts = row2["artifacts"]
+    for key in ("wav", "wav_baseline", "spectrogram", "per_scale"):
+        assert (tmp_path / arts[key]).exists(), key
+    wav, sr = sf.read(tmp_path / arts["wav"])
+    assert sr == model.sample_rate and len(wav) == SCALES[-1] * model.sat.cfg.hop
+    np.testing.assert_array_equal(sf.read(tmp_path / arts["wav_baseline"])[0], base.rollout.audio[0].numpy())
+    curves = json.loads((tmp_path / arts["per_scale"]).read_text())
+    assert curves["scales"] == list(SCALES) and len(curves["tf_kl"]) == len(SCALES)
+    assert curves["tf_kl"][0] == 0.0  # scale 0 reads only its own (native) tokens
+    assert "STAND-IN" in curves["conditioning"]
