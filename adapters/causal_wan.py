@@ -1,0 +1,88 @@
+"""Causal Wan video generators: CausVid and Causal Forcing, released or tiny random (see docs/video.md).
+
+* ``causvid``: 3 latent frames per block, steps [1000, 757, 522], timestep shift 8.
+* ``causal-forcing``: 1 latent frame per block, steps [1000, 750, 500, 250] warped, shift 5.
+* ``causvid-tiny`` / ``causal-forcing-tiny``: the same recipes on a 2-layer random Wan
+  (48x64 pixels, 9 latent frames) that runs on a CPU with no checkpoint.
+* ``causvid-random`` / ``causal-forcing-random``: the full 1.3B architecture at random weights
+  (random prompt embeddings, random full-size VAE): GPU smoke runs without any file.
+
+``path`` for the released models is the generator checkpoint (or the folder holding it); the
+Wan 2.1 folder (text encoder, tokenizer, VAE) is ``$WAN_DIR`` or found beside it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from adapters.registry import register_model
+from adapters.wan import CAUSAL_FORCING, CAUSVID, build_random, load_released, tiny_spec
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve(device, dtype) -> tuple[str, torch.dtype]:
+    """'auto' device: cuda where available; 'auto' dtype: float32 on the CPU, bfloat16 on CUDA."""
+    if device in (None, "auto"):
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype in (None, "auto"):
+        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    elif isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype '{dtype}'; use one of {', '.join(_DTYPES)}")
+        dtype = _DTYPES[dtype]
+    return str(device), dtype
+
+
+def _no_path(name: str, path) -> None:
+    if path:
+        raise ValueError(f"'{name}' is a random-weight model and reads no checkpoint (got --model-path {path}); "
+                         f"use '{name.rsplit('-', 1)[0]}' for the released weights")
+
+
+@register_model("causvid", modality="video", default_task="video",
+                description="CausVid (Wan 2.1 1.3B, 3 latent frames/block, 3 steps, shift 8); path: model.pt")
+def load_causvid(path: str | None, device="auto", dtype="auto"):
+    return load_released(CAUSVID, path, *resolve(device, dtype))
+
+
+@register_model("causal-forcing", modality="video", default_task="video",
+                description="Causal Forcing frame-wise (Wan 2.1 1.3B, 1 latent frame/block, 4 warped steps, "
+                            "shift 5); path: causal_forcing.pt")
+def load_causal_forcing(path: str | None, device="auto", dtype="auto"):
+    return load_released(CAUSAL_FORCING, path, *resolve(device, dtype))
+
+
+@register_model("causvid-random", modality="video", default_task="video",
+                description="full-size CausVid (Wan 2.1 1.3B) at seeded random weights, random prompt embeddings; "
+                            "no checkpoint (GPU smoke runs)")
+def load_causvid_random(path: str | None = None, device="auto", dtype="auto"):
+    _no_path("causvid-random", path)
+    return build_random(replace(CAUSVID, name="causvid-random"), *resolve(device, dtype), text_encoder=False)
+
+
+@register_model("causal-forcing-random", modality="video", default_task="video",
+                description="full-size Causal Forcing (Wan 2.1 1.3B) at seeded random weights, random prompt "
+                            "embeddings; no checkpoint (GPU smoke runs)")
+def load_causal_forcing_random(path: str | None = None, device="auto", dtype="auto"):
+    _no_path("causal-forcing-random", path)
+    return build_random(replace(CAUSAL_FORCING, name="causal-forcing-random"), *resolve(device, dtype),
+                        text_encoder=False)
+
+
+@register_model("causvid-tiny", modality="video", default_task="video",
+                description="CausVid recipe on a tiny random Wan (2 layers, 2x32 heads, 48x64, 9 latent frames); "
+                            "no checkpoint")
+def load_causvid_tiny(path: str | None = None, device="auto", dtype="auto"):
+    _no_path("causvid-tiny", path)
+    return build_random(tiny_spec(CAUSVID), *resolve(device, dtype))
+
+
+@register_model("causal-forcing-tiny", modality="video", default_task="video",
+                description="Causal Forcing recipe on a tiny random Wan (2 layers, 2x32 heads, 48x64, 9 latent "
+                            "frames); no checkpoint")
+def load_causal_forcing_tiny(path: str | None = None, device="auto", dtype="auto"):
+    _no_path("causal-forcing-tiny", path)
+    return build_random(tiny_spec(CAUSAL_FORCING), *resolve(device, dtype))

@@ -1,0 +1,224 @@
+"""A causal Wan 2.1 generator (CausVid, Causal Forcing): block-causal rollout over a compressed KV cache.
+
+Latents are ``[B, C, F, h, w]`` (diffusers' layout; F latent frames, h = H/8, w = W/8). The
+transformer patchifies a frame into ``tokens_per_frame = (h/2)(w/2)`` tokens (1560 at 480x832),
+so a cache layer holds ``[B, heads, frames * tokens_per_frame, head_dim]``.
+
+Rollout, per block of ``frames_per_block`` latent frames (the released samplers' loop):
+  for each timestep t_i: x0 = x - sigma_i * transformer(x, t_i)   (the block attends the cache natively)
+                         x  = (1 - sigma_{i+1}) x0 + sigma_{i+1} * noise   (not after the last step)
+  commit: run the clean x0 at t = 0; each layer attends, then appends the block's K/V to its LayerKV.
+Every noise draw (the initial latents and each re-noising) comes, in a fixed order, from the
+generator the caller passes, so a rollout is a function of (prompt, seed) and the cache config.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
+
+import torch
+
+from adapters.kv_cache import CacheConfig, CompressedKVCache
+from kernels import private_generator
+
+from .attention import BlockState, causal_attention
+from .schedule import FlowSchedule
+
+#: Wan 2.1 T2V 1.3B: 30 blocks of 12 heads x 128 dims.
+WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
+                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+
+
+@dataclass(frozen=True)
+class CausalWanSpec:
+    """One causal Wan model: its sampling recipe and the geometry it generates at."""
+
+    name: str
+    frames_per_block: int
+    schedule: FlowSchedule
+    checkpoint_format: str  # "causvid" or "causal-forcing" (see adapters.wan.checkpoint)
+    num_frames: int = 21  # latent frames (81 pixel frames)
+    height: int = 480
+    width: int = 832
+    text_len: int = 512
+    fps: int = 16
+    transformer: dict = field(default_factory=lambda: dict(WAN_1_3B))
+
+    def __post_init__(self):
+        if self.num_frames % self.frames_per_block:
+            raise ValueError(f"{self.name}: {self.num_frames} latent frames is not a whole number of "
+                             f"{self.frames_per_block}-frame blocks")
+        if self.height % 16 or self.width % 16:
+            raise ValueError(f"{self.name}: height and width must be multiples of 16 (VAE 8x, patch 2x)")
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["schedule"]["timesteps"] = self.schedule.timesteps().tolist()
+        return d
+
+
+CAUSVID = CausalWanSpec("causvid", 3, FlowSchedule(shift=8.0, steps=(1000, 757, 522)), "causvid")
+CAUSAL_FORCING = CausalWanSpec("causal-forcing", 1, FlowSchedule(shift=5.0, steps=(1000, 750, 500, 250), warp=True),
+                               "causal-forcing")
+
+
+class CausalWan:
+    """A loaded causal Wan generator: what ``harness.tasks.video`` drives.
+
+    ``text_encoder`` None means prompts are embedded as seeded random vectors (full-size
+    random-weight smoke runs, where the 5.7B UMT5 would only add load time).
+    """
+
+    modality = "video"
+
+    def __init__(self, spec: CausalWanSpec, transformer, vae, text_encoder=None, tokenizer=None,
+                 device="cpu", dtype=torch.float32, source: str = ""):
+        self.spec = spec
+        self.transformer = transformer.eval().requires_grad_(False)
+        self.vae = vae
+        self.text_encoder = text_encoder
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.source = source  # where the weights came from (a path, or "random init seed ...")
+        self._prompt_cache: dict[str, torch.Tensor] = {}
+
+    # --- geometry -------------------------------------------------------------------------
+    @property
+    def latent_shape(self) -> tuple[int, int, int, int]:
+        """(C, F, h, w) of one rollout's latents."""
+        c = self.transformer.config
+        return c.in_channels, self.spec.num_frames, self.spec.height // 8, self.spec.width // 8
+
+    @property
+    def tokens_per_frame(self) -> int:
+        _, ph, pw = self.transformer.config.patch_size
+        _, _, h, w = self.latent_shape
+        return (h // ph) * (w // pw)
+
+    @property
+    def num_layers(self) -> int:
+        return self.transformer.config.num_layers
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """(layers, KV heads, head dim) of the self-attention cache (the runner checks codecs with it)."""
+        c = self.transformer.config
+        return c.num_layers, c.num_attention_heads, c.attention_head_dim
+
+    def new_cache(self, config: CacheConfig) -> CompressedKVCache:
+        c = self.transformer.config
+        return CompressedKVCache(config, c.num_layers, c.num_attention_heads, c.attention_head_dim, device=self.device)
+
+    def video_cache_config(self, config: CacheConfig, residual_frames: int = 1) -> CacheConfig:
+        """``config`` with its native window counted in frames: ``residual_frames`` of this geometry."""
+        return replace(config, residual=residual_frames * self.tokens_per_frame, residual_unit="token")
+
+    def describe(self) -> dict:
+        layers, heads, head_dim = self.geometry
+        return {"name": self.spec.name, "source": self.source, "model_type": "causal wan 2.1", "layers": layers,
+                "q_heads": heads, "kv_heads": heads, "head_dim": head_dim,
+                "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device),
+                "tokens_per_frame": self.tokens_per_frame,
+                "window_note": (f"the video task keeps a native window of `residual_frames` latent frames "
+                                f"(default 1 = {self.tokens_per_frame} tokens), not --residual tokens"),
+                "spec": self.spec.to_json()}
+
+    # --- text -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_prompt(self, text: str) -> torch.Tensor:
+        """[1, text_len, text_dim] in the model dtype; padding positions are zero (as Wan pads)."""
+        if text in self._prompt_cache:
+            return self._prompt_cache[text]
+        L, D = self.spec.text_len, self.transformer.config.text_dim
+        if self.text_encoder is None:
+            g = private_generator("wan-random-prompt", text)
+            emb = torch.randn(1, L, D, generator=g)
+        else:
+            clean = " ".join(text.split())
+            tok = self.tokenizer([clean], max_length=L, padding="max_length", truncation=True,
+                                 add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+            ids = tok["input_ids"].to(self.text_encoder.device)
+            mask = tok["attention_mask"].to(self.text_encoder.device)
+            emb = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            emb = emb * mask[..., None].to(emb.dtype)  # zero past the prompt's tokens
+        emb = emb.to(self.device, self.dtype)
+        self._prompt_cache[text] = emb
+        return emb
+
+    # --- rollout --------------------------------------------------------------------------
+    def _rotary(self, first_frame: int, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [1, frames * tokens_per_frame, 1, d] at frames [first_frame, first_frame + frames)."""
+        _, _, h, w = self.latent_shape
+        shape_only = torch.empty(1, 1, first_frame + frames, h, w, device="meta")
+        cos, sin = self.transformer.rope(shape_only)
+        start = first_frame * self.tokens_per_frame
+        return cos[:, start:], sin[:, start:]
+
+    def _flow(self, x: torch.Tensor, t: float, prompt_embeds: torch.Tensor) -> torch.Tensor:
+        timestep = torch.full((x.shape[0],), float(t), device=self.device, dtype=torch.float32)
+        return self.transformer(hidden_states=x, timestep=timestep, encoder_hidden_states=prompt_embeds,
+                                return_dict=False)[0]
+
+    def _randn(self, shape, generator: torch.Generator) -> torch.Tensor:
+        # drawn on the CPU so a (prompt, seed) gives the same noise on every device
+        return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device, self.dtype)
+
+    @torch.no_grad()
+    def rollout(self, prompt_embeds: torch.Tensor, cache: CompressedKVCache, generator: torch.Generator,
+                on_block: Callable[[int, dict], None] | None = None) -> torch.Tensor:
+        """Generate one video's latents [1, C, F, h, w] block by block over ``cache``.
+
+        ``on_block(index, info)`` is called after each block with its wall time and the cache's bytes.
+        """
+        C, F, h, w = self.latent_shape
+        n = self.spec.frames_per_block
+        timesteps = self.spec.schedule.timesteps().tolist()
+        sigmas = self.spec.schedule.sigmas()
+        noise = self._randn((1, C, F, h, w), generator)
+        out = torch.empty_like(noise)
+        state = BlockState(cache=cache)
+        with causal_attention(self.transformer, state):
+            for b in range(F // n):
+                t0 = time.perf_counter()
+                f0 = b * n
+                state.rotary = self._rotary(f0, n)
+                x = noise[:, :, f0:f0 + n]
+                for i, t in enumerate(timesteps):
+                    state.commit = False
+                    flow = self._flow(x, t, prompt_embeds)
+                    x0 = (x.double() - sigmas[i] * flow.double()).to(x.dtype)
+                    if i + 1 < len(timesteps):
+                        s = sigmas[i + 1]
+                        x = ((1 - s) * x0 + s * self._randn(x0.shape, generator)).to(x.dtype)
+                out[:, :, f0:f0 + n] = x0
+                if b + 1 < F // n:  # the last block is never attended to: no commit pass
+                    state.commit = True
+                    self._flow(x0, 0.0, prompt_embeds)
+                    state.commit = False
+                if on_block is not None:
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    on_block(b, {"frames": (f0, f0 + n), "seconds": time.perf_counter() - t0,
+                                 "cache": cache.nbytes()})
+        return out
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """latents [1, C, F, h, w] -> frames [T, 3, H, W] float32 on the CPU in [-1, 1] (T = 4(F-1)+1)."""
+        vae = self.vae
+        mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32).view(1, -1, 1, 1, 1)
+        std = torch.tensor(vae.config.latents_std, dtype=torch.float32).view(1, -1, 1, 1, 1)
+        vdev = next(vae.parameters()).device
+        vdtype = next(vae.parameters()).dtype
+        z = (latents.float().cpu() * std + mean).to(vdev, vdtype)
+        video = vae.decode(z, return_dict=False)[0]  # [1, 3, T, H, W]
+        if hasattr(vae, "clear_cache"):
+            vae.clear_cache()
+        return video[0].float().clamp(-1, 1).permute(1, 0, 2, 3).cpu()

@@ -1,0 +1,79 @@
+"""The video task end to end on a tiny random causal Wan: rows, artifacts, the 'none' identity."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapters.wan import CAUSVID, build_random, tiny_spec
+from harness.tasks.base import Prompt
+from harness.tasks.video import VideoTask, still_indices
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_random(tiny_spec(CAUSVID, num_frames=6), seed=3)  # 2 blocks -> 21 pixel frames
+
+
+def test_prompts(tmp_path):
+    task = VideoTask()
+    ps = task.prompts()
+    assert len(ps) >= 10 and len({p.id for p in ps}) == len(ps) and all(isinstance(p.data, str) for p in ps)
+    assert [p.id for p in task.prompts(limit=2)] == [p.id for p in ps[:2]]
+    (tmp_path / "p.txt").write_text("a cat\n\nA dog, running!\n")
+    assert [p.id for p in task.prompts(str(tmp_path / "p.txt"))] == ["000_a_cat", "001_a_dog_running"]
+    (tmp_path / "dup.json").write_text(json.dumps([{"id": "x", "prompt": "a"}, {"id": "x", "prompt": "b"}]))
+    with pytest.raises(ValueError, match="appears twice"):
+        task.prompts(str(tmp_path / "dup.json"))
+
+
+def test_still_indices():
+    assert still_indices(81, 6) == [0, 16, 32, 48, 64, 80]
+    assert still_indices(5, 10) == [0, 1, 2, 3, 4]
+
+
+def test_run_through_the_runner_and_resume(model, tmp_path):
+    """harness run --model causvid-tiny --task video --codec octopus --bits 2 --limit 1, then a resume."""
+    from harness.runner import RunConfig, read_rows, run
+
+    cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], limit=1,
+                    task_options={"video": {"stills": "4"}})
+    out = run(cfg, out=tmp_path / "run", model=model, progress=False, log=lambda *a: None)
+    rows = {r["label"]: r for r in read_rows(out / "rows.jsonl")}
+    assert set(rows) == {"none", "octopus@2"}
+    none, row2 = rows["none"], rows["octopus@2"]
+    # codec 'none' reproduces the baseline bit for bit
+    assert none["psnr"] == "inf" and none["ssim"] == 1.0 and none["latent_cos"] == 1.0
+    if "lpips" in none:
+        assert none["lpips"] == 0.0
+    else:
+        assert "LPIPS unavailable" in none["unavailable"]["lpips"]
+    assert none["cache_bytes"] == none["uncompressed_bytes"] and none["bits_per_coord"] == 32.0
+    # the codec changed the video, from the second block on
+    assert 0 < row2["psnr"] < 200 and row2["psnr_min"] <= row2["psnr"] and row2["psnr_max"] == "inf"
+    assert row2["latent_cos_min"] < 1.0 and row2["ssim_min"] <= row2["ssim"] <= row2["ssim_max"] == 1.0
+    assert row2["cache_bytes"] < row2["uncompressed_bytes"] and row2["bits_per_coord"] < 4.5
+    arts = row2["artifacts"]
+    for key in ("mp4", "mp4_baseline", "contact_sheet", "drift", "drift_plot"):
+        assert (out / arts[key]).is_file() and (out / arts[key]).stat().st_size > 0, key
+    assert "mp4" not in none["artifacts"]  # 'none' is the baseline: no copy
+    drift = json.loads((out / arts["drift"]).read_text())
+    assert len(drift["psnr"]) == 21 and len(drift["latent_cos"]) == 6
+    assert drift["psnr"][:9] == [None] * 9  # block 0 (latent frames 0-2 -> pixel frames 0-8) is identical
+    assert all(isinstance(x, float) for x in drift["psnr"][9:])
+    import imageio.v2 as iio
+    video = iio.mimread(str(out / arts["mp4"]))
+    assert len(video) == 21 and video[0].shape == (48, 64, 3)
+    assert "## video" in (out / "report.md").read_text()
+
+    # resume: drop the codec's row; the rerun reads the stored baseline (latents only, decoded
+    # again) and writes the same bytes
+    lines = (out / "rows.jsonl").read_text().splitlines(keepends=True)
+    (out / "rows.jsonl").write_text("".join(l for l in lines if '"octopus@2"' not in l))
+    run(cfg, out=out, model=model, progress=False, log=lambda *a: None)
+    assert sorted((out / "rows.jsonl").read_text().splitlines()) == sorted(l.rstrip("\n") for l in lines)
+
+
+def test_rejects_a_text_model():
+    with pytest.raises(TypeError, match="video model"):
+        VideoTask().baseline(object(), Prompt("x", "y"), 0)
