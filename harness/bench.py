@@ -1,0 +1,394 @@
+"""``harness bench``: fused decode-attention latency and bandwidth, and fused encode throughput.
+
+Per (shape, batch, context, codec, bits): one decode step of the fused kernel
+(:func:`kernels.triton.decode_attention.decode_attention_fused`) against, in the same process,
+(a) torch SDPA in bf16 on the uncompressed cache (flash backend) and (b) dequantize-then-SDPA
+(the codec's PyTorch decode of keys and values, then SDPA). Reported: latency per step, ratios,
+compulsory bytes per step (compressed states + native window + query), achieved bandwidth as a
+fraction of a device-to-device copy measured in the same run, the extra device memory one step
+allocates (vs the size of a full-precision key tensor), and encode throughput of the fused
+encoders vs the PyTorch reference. Writes bench.json and bench.md under --out
+(default reports/bench-<timestamp>/) and prints the table.
+
+Timing: CUDA-graph replays (triton.testing.do_bench_cudagraph, median); each timed call cycles
+through enough copies of its inputs (up to 32) that they do not sit in L2. Compressed states are
+random bytes of the codec's exact layout (decode cost does not depend on the values); the
+correctness of the same kernel on real encoded keys is checked once per configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {  # name -> (query heads, KV heads, head dim)
+    "qwen2.5-7b": (28, 4, 128),
+    "wan-1.3b": (12, 12, 128),
+}
+DEFAULT_CODECS = ("octopus", "octopus-qjl", "turboquant-mse", "turboquant-prod")
+TARGETS = {2: 0.5, 3: 0.5, 4: 0.7}  # OCTOPUS latency vs bf16 SDPA at >= 32k (H100)
+TARGET_BW = 0.6  # fraction of copy bandwidth, OCTOPUS 2/3 bits at >= 32k
+L2_FLUSH_BYTES = 160 << 20  # cycle input copies until a timed call touches this much
+DEQUANT_MAX_TOKEN_HEADS = 1 << 19  # the PyTorch decode (int64 intermediates) is slow and large beyond this
+#: --tune: kernel launch variants timed per row (the default first)
+TUNE_VARIANTS = {
+    "default": {},
+    "bn128": {"block_n": 128, "maxnreg": 168},
+    "8/SM": {"programs_per_sm": 8},
+    "2/SM": {"programs_per_sm": 2},
+    "nolimit": {"maxnreg": None, "programs_per_sm": 3},
+}  # the PyTorch decode's int64 intermediates beyond this are huge
+
+
+def _parse_ctx(s: str) -> int:
+    s = s.strip().lower()
+    return int(float(s[:-1]) * 1024) if s.endswith("k") else int(s)
+
+
+def _csv(s: str, f=str):
+    return [f(x) for x in s.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="harness bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--contexts", default="1k,4k,16k,32k,64k,128k", help="comma list, e.g. 4k,32k")
+    p.add_argument("--bits", default="2,3,4")
+    p.add_argument("--batch", default="1,8")
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
+    p.add_argument("--codecs", default=",".join(DEFAULT_CODECS))
+    p.add_argument("--window", type=int, default=32, help="native window tokens (part of the context)")
+    p.add_argument("--rep-ms", type=int, default=100, help="timing budget per measurement (ms)")
+    p.add_argument("--no-dequant", action="store_true", help="skip the dequantize-then-SDPA baseline")
+    p.add_argument("--no-encode", action="store_true", help="skip the encode throughput table")
+    p.add_argument("--encode-tokens", type=int, default=32768, help="tokens per head for encode timing")
+    p.add_argument("--block-n", type=int, default=None, help="override the kernel's BLOCK_N")
+    p.add_argument("--num-warps", type=int, default=None)
+    p.add_argument("--num-splits", type=int, default=None)
+    p.add_argument("--tune", action="store_true",
+                   help="time the launch variants in TUNE_VARIANTS per row and report the best (slower)")
+    p.add_argument("--out", default=None, help="output folder (default reports/bench-<timestamp>)")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+def _time(fn, rep_ms: int) -> float:
+    """Median seconds per call of fn, from CUDA-graph replays (events)."""
+    import triton.testing as tt
+
+    fn()
+    torch.cuda.synchronize()
+    return tt.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e-3
+
+
+def _time_eager(fn, rep_ms: int) -> float:
+    import triton.testing as tt
+
+    return tt.do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="median") * 1e-3
+
+
+def copy_bandwidth(dev, nbytes: int = 1 << 30, rep_ms: int = 200) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).uniform_()
+    y = torch.empty_like(x)
+    t = _time(lambda: y.copy_(x), rep_ms)
+    del x, y
+    return 2 * nbytes / t
+
+
+def random_state(codec, B: int, H: int, T: int, dev, g: torch.Generator):
+    """Key and value states of codec's exact layout [B, H, T, ...], random contents."""
+    from kernels.base import Encoded
+
+    d = codec.head_dim
+    probe = codec.encode(torch.randn(1, H, 1, d, device=dev))
+    vprobe = codec.encode_values(torch.randn(1, H, 1, d, device=dev))
+
+    def fill(state):
+        out = {}
+        for k, t in state.tensors.items():
+            shape = (B, H, T, t.shape[-1])
+            if t.dtype == torch.uint8:
+                out[k] = torch.randint(0, 256, shape, dtype=torch.uint8, device=dev, generator=g)
+            elif k in ("norm", "rnorm"):
+                out[k] = (torch.rand(shape, device=dev, generator=g) * 2 + 0.5).to(t.dtype)
+            elif k == "scale":
+                out[k] = (torch.rand(shape, device=dev, generator=g) * 0.1 + 0.01).to(t.dtype)
+            else:
+                out[k] = (torch.randn(shape, device=dev, generator=g) * 0.3).to(t.dtype)
+        return Encoded(out, (B, H, T, d), torch.bfloat16)
+
+    return fill(probe), fill(vprobe)
+
+
+def _sdpa(q, k, v, gqa: bool):
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+
+
+def sdpa_backend_fn(q, k, v, gqa):
+    """SDPA restricted to the flash backend when it runs these inputs, else efficient; -> (fn, name)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for backend, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient")):
+        try:
+            with sdpa_kernel(backend):
+                _sdpa(q, k, v, gqa)
+            torch.cuda.synchronize()
+        except RuntimeError:
+            continue
+
+        def fn(backend=backend):
+            with sdpa_kernel(backend):
+                return _sdpa(q, k, v, gqa)
+
+        return fn, name
+    return (lambda: _sdpa(q, k, v, gqa)), "default"
+
+
+def check_correctness(codec, Hq, Hkv, d, dev) -> float:
+    """Relative error of the fused kernel vs the PyTorch reference on real encoded keys."""
+    from kernels.attention import decode_attention_torch
+    from kernels.triton.decode_attention import decode_attention_fused
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    k = torch.randn(2, Hkv, 1000, d, device=dev, generator=g)
+    v = torch.randn(2, Hkv, 1000, d, device=dev, generator=g)
+    q = torch.randn(2, Hq, 1, d, device=dev, generator=g).to(torch.bfloat16)
+    wk = torch.randn(2, Hkv, 24, d, device=dev, generator=g).to(torch.bfloat16)
+    wv = torch.randn(2, Hkv, 24, d, device=dev, generator=g).to(torch.bfloat16)
+    ks, vs = codec.encode(k), codec.encode_values(v)
+    lens = torch.tensor([1000, 613], dtype=torch.int32, device=dev)
+    out = decode_attention_fused(q, ks, vs, codec, wk, wv, lens)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lens)
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+def bench_encode(codec_name, bits, Hkv, d, tokens, dev, rep_ms) -> dict:
+    from kernels import make_codec
+    from kernels.triton.octopus_encode import octopus_encode
+    from kernels.triton.turboquant_encode import turboquant_mse_encode
+
+    codec = make_codec(codec_name, bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
+    fused = octopus_encode if codec_name == "octopus" else turboquant_mse_encode
+    k = torch.randn(1, Hkv, tokens, d, device=dev).to(torch.bfloat16)
+    a, b = fused(codec, k), codec.encode(k)
+    same = {f: float((a.tensors[f] == b.tensors[f]).float().mean()) for f in a.tensors if a.tensors[f].dtype == torch.uint8}
+    t_fused = _time_eager(lambda: fused(codec, k), rep_ms)
+    t_ref = _time_eager(lambda: codec.encode(k), rep_ms)
+    n = Hkv * tokens
+    return {"codec": codec_name, "bits": bits, "vectors": n, "fused_s": t_fused, "torch_s": t_ref,
+            "fused_vec_per_s": n / t_fused, "torch_vec_per_s": n / t_ref, "speedup": t_ref / t_fused,
+            "bytes_equal_frac": same}
+
+
+# ---------------------------------------------------------------------------------------------
+def run(args) -> dict:
+    import triton
+
+    from kernels import make_codec
+    from kernels.triton.decode_attention import decode_attention_fused, supports
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    rep = args.rep_ms
+    tune = {k: v for k, v in (("block_n", args.block_n), ("num_warps", args.num_warps),
+                              ("num_splits", args.num_splits)) if v is not None}
+    result = {
+        "command": "harness bench " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
+        "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+        "triton": triton.__version__, "python": platform.python_version(), "config": vars(args) | {"argv": None},
+        "rows": [], "encode": [], "correctness": {},
+    }
+    bw_copy = copy_bandwidth(dev)
+    result["copy_bandwidth_Bps"] = bw_copy
+    print(f"device {props.name}: copy bandwidth {bw_copy / 1e9:.0f} GB/s (read + write)", flush=True)
+
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    contexts = _csv(args.contexts, _parse_ctx)
+    for shape in _csv(args.shapes):
+        if shape not in SHAPES:
+            raise SystemExit(f"Unknown shape '{shape}'. Available: {', '.join(SHAPES)}")
+        Hq, Hkv, d = SHAPES[shape]
+        for B in _csv(args.batch, int):
+            for ctx in contexts:
+                W = min(args.window, ctx)
+                T = ctx - W
+                q = torch.randn(B, Hq, 1, d, device=dev, generator=gen).to(torch.bfloat16)
+                # --- bf16 SDPA on the uncompressed cache -----------------------------------
+                kv_bytes = 2 * B * Hkv * ctx * d * 2
+                ncp = max(1, min(32, math.ceil(L2_FLUSH_BYTES / kv_bytes)))
+                kvs = [(torch.randn(B, Hkv, ctx, d, device=dev, generator=gen).to(torch.bfloat16),
+                        torch.randn(B, Hkv, ctx, d, device=dev, generator=gen).to(torch.bfloat16)) for _ in range(ncp)]
+                fns = [sdpa_backend_fn(q, k, v, Hq != Hkv) for k, v in kvs]
+                sdpa_name = fns[0][1]
+                t_sdpa = _time(lambda: [f() for f, _ in fns], rep) / ncp
+                wk, wv = kvs[0][0][:, :, T:], kvs[0][1][:, :, T:]
+                del fns, kvs
+                for name in _csv(args.codecs):
+                    for bits in _csv(args.bits, int):
+                        codec = make_codec(name, bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
+                        why = supports(codec, q.dtype)
+                        if why:
+                            print(f"skip {name}@{bits}: {why}")
+                            continue
+                        ck = f"{shape}/{name}@{bits}"
+                        if ck not in result["correctness"]:
+                            result["correctness"][ck] = check_correctness(codec, Hq, Hkv, d, dev)
+                        ks, vs = random_state(codec, B, Hkv, T, dev, gen)
+                        st_bytes = ks.nbytes() + vs.nbytes()
+                        ncp = max(1, min(32, math.ceil(L2_FLUSH_BYTES / st_bytes)))
+                        states = [(ks, vs)] + [random_state(codec, B, Hkv, T, dev, gen) for _ in range(ncp - 1)]
+
+                        def timed(kw, states=states, codec=codec):
+                            def fused_all():
+                                for a, b in states:
+                                    decode_attention_fused(q, a, b, codec, wk, wv, **kw)
+                            return _time(fused_all, rep) / ncp
+
+                        variants = {}
+                        if args.tune:
+                            for label, kw in TUNE_VARIANTS.items():
+                                variants[label] = timed(tune | kw)
+                            best = min(variants, key=variants.get)
+                            t_fused = variants[best]
+                            decode_attention_fused(q, ks, vs, codec, wk, wv, **(tune | TUNE_VARIANTS[best]))
+                            from kernels.triton.decode_attention import LAST_LAUNCH
+                            kk = LAST_LAUNCH.get("split")
+                            if kk is not None and hasattr(kk, "n_regs"):
+                                print(f"   best {best}: regs {kk.n_regs}, spills {kk.n_spills}, "
+                                      f"smem {getattr(kk.metadata, 'shared', '?')}", flush=True)
+                            print("   tune " + ", ".join(f"{k}: {v * 1e6:.1f}" for k, v in variants.items()),
+                                  flush=True)
+                        else:
+                            t_fused = timed(tune)
+                        # extra memory one step allocates (workspace), vs a full-precision key tensor
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats(dev)
+                        base = torch.cuda.memory_allocated(dev)
+                        decode_attention_fused(q, ks, vs, codec, wk, wv, **tune)
+                        torch.cuda.synchronize()
+                        extra = torch.cuda.max_memory_allocated(dev) - base
+                        key_fp = B * Hkv * T * d * 2
+                        # dequantize-then-SDPA
+                        t_deq = None
+                        if not args.no_dequant and B * Hkv * T <= DEQUANT_MAX_TOKEN_HEADS:
+                            def deq(ks=ks, vs=vs, codec=codec):
+                                k = torch.cat([codec.decode(ks).to(torch.bfloat16), wk], 2)
+                                v = torch.cat([codec.decode_values(vs).to(torch.bfloat16), wv], 2)
+                                return _sdpa(q, k, v, Hq != Hkv)
+                            t_deq = _time_eager(deq, max(rep // 2, 20))
+                        del states
+                        step_bytes = st_bytes + 2 * wk.numel() * 2 + q.numel() * 2 * 2
+                        bw = step_bytes / t_fused
+                        row = {
+                            "shape": shape, "batch": B, "context": ctx, "codec": name, "bits": bits,
+                            "fused_us": t_fused * 1e6, "sdpa_us": t_sdpa * 1e6, "sdpa_backend": sdpa_name,
+                            "ratio_vs_sdpa": t_fused / t_sdpa,
+                            "dequant_sdpa_us": None if t_deq is None else t_deq * 1e6,
+                            "ratio_vs_dequant": None if t_deq is None else t_fused / t_deq,
+                            "bytes_per_step": step_bytes, "sdpa_bytes_per_step": kv_bytes,
+                            "achieved_Bps": bw, "frac_of_copy_bw": bw / bw_copy,
+                            "sdpa_frac_of_copy_bw": kv_bytes / t_sdpa / bw_copy,
+                            "extra_alloc_bytes": extra, "fp_key_tensor_bytes": key_fp,
+                            "tune_us": {k: v * 1e6 for k, v in variants.items()},
+                        }
+                        if name == "octopus" and ctx >= 32 * 1024:
+                            row["target_ratio"] = TARGETS.get(bits)
+                            row["meets_ratio"] = row["ratio_vs_sdpa"] <= TARGETS.get(bits, 0)
+                            if bits in (2, 3):
+                                row["meets_bw"] = row["frac_of_copy_bw"] >= TARGET_BW
+                        result["rows"].append(row)
+                        print(_row_line(row), flush=True)
+                        del ks, vs
+                torch.cuda.empty_cache()
+    if not args.no_encode:
+        Hkv, d = 4, 128
+        wanted = _csv(args.codecs)
+        for name in [c for c in ("octopus", "turboquant-mse") if any(w.startswith(c.split("-")[0]) for w in wanted)]:
+            for bits in _csv(args.bits, int):
+                r = bench_encode(name, bits, Hkv, d, args.encode_tokens, dev, rep)
+                result["encode"].append(r)
+                print(f"encode {name}@{bits}: fused {r['fused_vec_per_s'] / 1e6:.1f} M vec/s, torch "
+                      f"{r['torch_vec_per_s'] / 1e6:.2f} M vec/s ({r['speedup']:.0f}x), bytes equal {r['bytes_equal_frac']}",
+                      flush=True)
+    return result
+
+
+HEADER = ("shape", "B", "ctx", "codec", "b", "fused us", "sdpa us", "x sdpa", "deq us", "x deq", "MB/step",
+          "GB/s", "of copy", "extra MB", "fp-key MB")
+
+
+def _row_line(r: dict) -> str:
+    deq = "-" if r["dequant_sdpa_us"] is None else f"{r['dequant_sdpa_us']:.0f}"
+    rdeq = "-" if r["ratio_vs_dequant"] is None else f"{r['ratio_vs_dequant']:.3f}"
+    return (f"{r['shape']:<11} {r['batch']:>2} {r['context'] // 1024:>4}k {r['codec']:<15} {r['bits']} "
+            f"{r['fused_us']:>8.1f} {r['sdpa_us']:>8.1f} {r['ratio_vs_sdpa']:>6.3f} {deq:>7} {rdeq:>6} "
+            f"{r['bytes_per_step'] / 1e6:>8.2f} {r['achieved_Bps'] / 1e9:>6.0f} {r['frac_of_copy_bw']:>6.2f} "
+            f"{r['extra_alloc_bytes'] / 1e6:>7.2f} {r['fp_key_tensor_bytes'] / 1e6:>8.1f}")
+
+
+def to_markdown(res: dict) -> str:
+    lines = [f"# harness bench — {res['device']}", "",
+             f"`{res['command']}`", "",
+             f"torch {res['torch']}, triton {res['triton']}; copy bandwidth {res['copy_bandwidth_Bps'] / 1e9:.0f} GB/s "
+             "(read + write). Latency per decode step (CUDA-graph replay, median); 'x sdpa' = fused / bf16 SDPA "
+             "(flash) on the uncompressed cache; 'x deq' = fused / (PyTorch decode + SDPA); MB/step = compulsory "
+             "bytes (compressed states + native window + query); 'of copy' = achieved / copy bandwidth; "
+             "'extra MB' = device memory one fused step allocates (split workspace), next to the size a "
+             "full-precision key tensor would take.", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for r in res["rows"]:
+        deq = "-" if r["dequant_sdpa_us"] is None else f"{r['dequant_sdpa_us']:.0f}"
+        rdeq = "-" if r["ratio_vs_dequant"] is None else f"{r['ratio_vs_dequant']:.3f}"
+        lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['codec']} | {r['bits']} | "
+                     f"{r['fused_us']:.1f} | {r['sdpa_us']:.1f} | {r['ratio_vs_sdpa']:.3f} | {deq} | {rdeq} | "
+                     f"{r['bytes_per_step'] / 1e6:.2f} | {r['achieved_Bps'] / 1e9:.0f} | {r['frac_of_copy_bw']:.2f} | "
+                     f"{r['extra_alloc_bytes'] / 1e6:.2f} | {r['fp_key_tensor_bytes'] / 1e6:.1f} |")
+    tgt = [r for r in res["rows"] if "target_ratio" in r]
+    if tgt:
+        lines += ["", "## Targets (OCTOPUS, context >= 32k): latency <= 0.5x SDPA at 2-3 bits (0.7x at 4) and "
+                  ">= 60% of copy bandwidth at 2-3 bits", "",
+                  "| shape | B | ctx | bits | x sdpa | meets | of copy | meets |", "|---|---|---|---|---|---|---|---|"]
+        for r in tgt:
+            bw = "-" if "meets_bw" not in r else ("yes" if r["meets_bw"] else "no")
+            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['bits']} | "
+                         f"{r['ratio_vs_sdpa']:.3f} | {'yes' if r['meets_ratio'] else 'no'} | "
+                         f"{r['frac_of_copy_bw']:.2f} | {bw} |")
+    if res["encode"]:
+        lines += ["", "## Encode throughput (4 KV heads, d=128, bf16 keys)", "",
+                  "| codec | bits | fused M vec/s | torch M vec/s | speedup | bytes equal |", "|---|---|---|---|---|---|"]
+        for e in res["encode"]:
+            lines.append(f"| {e['codec']} | {e['bits']} | {e['fused_vec_per_s'] / 1e6:.1f} | "
+                         f"{e['torch_vec_per_s'] / 1e6:.2f} | {e['speedup']:.0f}x | {e['bytes_equal_frac']} |")
+    if res["correctness"]:
+        lines += ["", "## Fused vs PyTorch reference (real encoded keys, relative error of the output)", ""]
+        lines += [f"- {k}: {v:.2e}" for k, v in res["correctness"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else None
+    if not torch.cuda.is_available():
+        print("harness bench needs a CUDA device (the fused kernels are timed on it)", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path("reports") / time.strftime("bench-%Y%m%d-%H%M%S")
+    res = run(args)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(res, indent=1, default=str))
+    md = to_markdown(res)
+    (out / "bench.md").write_text(md)
+    print("\n" + md)
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,560 @@
+"""Split-K flash-decoding attention that reads packed key codes and group-quantized values.
+
+One decode step, ``q [B, Hq, 1, d]`` against a compressed prefix (codec states for keys and
+values ``[B, Hkv, T, ...]``) plus a native window ``[B, Hkv, W, d]``:
+
+1. ``_split_kernel``, grid ``(splits, B * Hkv)``: one program serves every query head of one KV
+   head (GQA: the codes are read once for the G = Hq / Hkv heads, padded to 16), over one
+   contiguous chunk of tokens. It rotates the query once (tensor-core dots with the codec's
+   exact ±1 rotation matrix, and the QJL sketch where there is one), then per block of BLOCK_N
+   tokens rebuilds the rotated keys in registers from the packed codes (OCTOPUS: octahedral
+   decode of (u, v) times the triplet norm, 16 triplets at a time; TurboQuant: coordinate
+   centroids, 64 at a time), scores them transposed, s^T [BLOCK_N, G] = keys @ features^T, on
+   fp16 tensor cores (tokens on the M side: wgmma on Hopper), adds the QJL correction, runs an
+   online softmax, dequantizes the values (zero + scale * code) and accumulates
+   out^T [d, G] += values^T @ p^T. It writes the normalised output (fp16) and the log-sum-exp
+   of each split. The block one ahead is prefetched into L1 while a block is computed.
+2. ``_combine_kernel``, grid ``(B * Hq, d / 32)``: merges the splits by log-sum-exp, attends the
+   native window in the same softmax and writes the output.
+
+No key is materialised in full precision: per block only the rotated reconstruction of BLOCK_N
+tokens lives in registers (and its tensor-core staging copy in shared memory). Scores are in the
+log2 domain throughout (exp2).
+
+Packed fields are unpacked with each thread holding whole words and all the codes in them
+(:func:`_codes` builds the code axis from constant shifts with ``tl.join``), which keeps the
+tiles in registers without layout conversions.
+
+Supported (else :func:`supports` says why and the dispatcher falls back to PyTorch): head dims
+that are powers of two >= 32; key code widths of 1, 2, 3, 4 or 8 bits (TurboQuant), u-codes of
+at most 6 bits (OCTOPUS); value bits 1, 2, 3, 4 or 8 with a power-of-two group.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+import triton
+import triton.language as tl
+
+from ..rotation import hadamard_matrix
+from . import interpreting
+from ._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
+
+KINDS = {"octopus": 0, "octopus-qjl": 1, "turboquant-mse": 2, "turboquant-prod": 3}
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _qfeat(q, qm, COL0: tl.constexpr, NCOL: tl.constexpr, NQ: tl.constexpr, D: tl.constexpr):
+    """q [GP, D] fp32 @ QM[:, COL0:COL0+NCOL] -> [GP, NCOL] fp32. QM entries are exact in bf16 and
+    q is exact in tf32, so the tensor-core product only rounds in the fp32 accumulation."""
+    m = tl.load(qm + tl.arange(0, D)[:, None] * NQ + COL0 + tl.arange(0, NCOL)[None, :]).to(tl.float32)
+    return tl.dot(q, m, input_precision="tf32")
+
+
+@triton.jit
+def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj,
+                  NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
+                  KIND: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, KA_BYTES: tl.constexpr,
+                  KB_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr, BU: tl.constexpr,
+                  BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
+                  VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
+                  CW: tl.constexpr, PREFETCH: tl.constexpr):
+    """One block of BLOCK_N tokens from ``start``: scores, online softmax, values. -> (m, l, acc).
+    The field pointers point at this (batch, head)'s token 0; offsets are int32."""
+    if PREFETCH > 0:  # the block PREFETCH blocks ahead goes to L1 while this one is computed
+        n0 = start + PREFETCH * BLOCK_N
+        n1 = tl.minimum(n0 + BLOCK_N, hi)
+        _prefetch_rows(NORM, n0, n1, 4)
+        _prefetch_rows(KA, n0, n1, KA_BYTES)
+        if KB_BYTES > 0 and KIND <= 1:
+            _prefetch_rows(KB, n0, n1, KB_BYTES)
+        if KIND == 1 or KIND == 3:
+            _prefetch_rows(QJL, n0, n1, QJL_BYTES)
+            _prefetch_rows(RNORM, n0, n1, 2)
+        _prefetch_rows(VC, n0, n1, VC_BYTES)
+        _prefetch_rows(VS, n0, n1, 2 * NVG)
+        _prefetch_rows(VZ, n0, n1, 2 * NVG)
+    offs = start + tl.arange(0, BLOCK_N)
+    mask_n = offs < hi
+    nrm = tl.load(NORM + offs, mask=mask_n, other=0.0)
+    # scores transposed, sT [BLOCK_N, GP] = keys [BLOCK_N, K] @ features^T [K, GP]: the tokens are
+    # the M side of the tensor-core product (wgmma on Hopper), the query heads the small N side
+    if KIND <= 1:
+        u_row = KA + offs * KA_BYTES
+        r_row = KB + offs * KB_BYTES
+        raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
+        for c in tl.static_range(NCH):  # triplet chunks of TN, each consumed at once (registers)
+            x, y, z = _octa_chunk(u_row, r_row, mask_n, CB1, CB2, BLOCK_N, c * TN, TN, NT, BU, BR, KA_BYTES,
+                                  KB_BYTES)
+            raw = tl.dot(x, fk[3 * c], raw)
+            raw = tl.dot(y, fk[3 * c + 1], raw)
+            raw = tl.dot(z, fk[3 * c + 2], raw)
+    else:
+        raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
+        for c in tl.static_range(D // CW):  # coordinate chunks of CW (registers)
+            w0, w1, w2 = _row_words(KA + offs * KA_BYTES, mask_n, c * CW, CW, CBITS)
+            yk = _unpack_tile(w0, w1, w2, BLOCK_N, CW, CBITS, 2, 0.0, 0.0, CB1)
+            raw = tl.dot(yk, fk[c], raw)  # chunk c of the rotated query [CW, GP]
+    s = raw * nrm[:, None]
+    if KIND == 1 or KIND == 3:
+        cq = tl.zeros([BLOCK_N, fj[0].shape[1]], tl.float32)
+        for c in tl.static_range(D // CW):
+            w0, w1, w2 = _row_words(QJL + offs * QJL_BYTES, mask_n, c * CW, CW, 1)
+            bits = _unpack_tile(w0, w1, w2, BLOCK_N, CW, 1, 3, 0.0, 0.0, CB1)
+            cq = tl.dot(bits, fj[c], cq)
+        rn = tl.load(RNORM + offs, mask=mask_n, other=0.0).to(tl.float32)
+        s += (qjl_coef * rn)[:, None] * (2.0 * cq - sj[None, :])
+    s = tl.where(mask_n[:, None], s * s_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    # values: zero + scale * code, in chunks of CW coordinates (every word, or group of three
+    # words at 3 bits, lies in one value group); acc is a tuple of transposed chunks [CW, GP]
+    KV: tl.constexpr = 32 // VBITS if 32 % VBITS == 0 else 32
+    p16 = p.to(tl.float16)
+    acc_new = ()
+    for c in tl.static_range(D // CW):
+        w0, w1, w2 = _row_words(VC + offs * VC_BYTES, mask_n, c * CW, CW, VBITS)
+        gptr = offs[:, None] * NVG + ((c * CW + tl.arange(0, w0.shape[1]) * KV) // VG)[None, :]
+        vs = tl.load(VS + gptr, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        vz = tl.load(VZ + gptr, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        v = _unpack_tile(w0, w1, w2, BLOCK_N, CW, VBITS, 1, vs, vz, CB1)
+        acc_new = acc_new + (tl.dot(tl.trans(v), p16, acc[c] * alpha[None, :]),)
+    acc = acc_new
+    return m_new, l_i, acc
+
+
+# --------------------------------------------------------------------------------------------
+# kernel 1: one (split, batch x KV head) per program
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _split_kernel(
+    Q, QM, NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, LENS, OACC, OML,
+    T_alloc, H, qm_head_stride, chunk, rot_scale, qjl_feat_scale, qjl_coef, sm_scale_log2,
+    KIND: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, NQ: tl.constexpr, JCOL: tl.constexpr,
+    KA_BYTES: tl.constexpr, KB_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr,
+    BU: tl.constexpr, BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
+    VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
+    STATIC_ITERS: tl.constexpr, HAS_LENS: tl.constexpr, CW: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    if HAS_LENS:
+        L = tl.minimum(tl.load(LENS + b), T_alloc)
+    else:
+        L = T_alloc
+    lo = pid_s * chunk
+    hi = tl.minimum(lo + chunk, L)
+
+    # ---- prologue: the query features (rotated once per program) --------------------------
+    g = tl.arange(0, GP)
+    dd = tl.arange(0, D)
+    q = tl.load(Q + (pid_bh * G + g)[:, None] * D + dd[None, :], mask=(g < G)[:, None], other=0.0)
+    q = q.to(tl.float32)
+    # keep fp16 features in range: scale by a power of two when some |q| is huge
+    qmax = tl.max(tl.sqrt(tl.sum(q * q, 1)), 0)
+    qsc = tl.where(qmax > 16384.0, tl.exp2(tl.ceil(tl.log2(qmax / 16384.0))), 1.0)
+    q = q / qsc
+    qm = QM + h * qm_head_stride
+    # features^T per key chunk, [K, GP] fp16: OCTOPUS (x, y, z) of each chunk of TN triplets
+    # (columns 3 * c * TN + {0, TN, 2 TN} of QM); TurboQuant the rotated query
+    fk = ()
+    if KIND <= 1:
+        for c in tl.static_range(3 * NCH):
+            fk = fk + (tl.trans((_qfeat(q, qm, c * TN, TN, NQ, D) * rot_scale).to(tl.float16)),)
+    else:
+        for c in tl.static_range(D // CW):
+            fk = fk + (tl.trans((_qfeat(q, qm, c * CW, CW, NQ, D) * rot_scale).to(tl.float16)),)
+    fj = ()
+    sj = tl.zeros([GP], tl.float32)
+    if KIND == 1 or KIND == 3:  # QJL sketch of the query, chunks [CW, GP]; sj = <features, 1>
+        for c in tl.static_range(D // CW):
+            f = _qfeat(q, qm, JCOL + c * CW, CW, NQ, D)
+            if KIND == 3:  # the Gaussian sketch is stored as bf16 hi + lo
+                f += _qfeat(q, qm, JCOL + D + c * CW, CW, NQ, D)
+            f = (f * qjl_feat_scale).to(tl.float16)
+            sj += tl.sum(f.to(tl.float32), 1)
+            fj = fj + (tl.trans(f),)
+    else:
+        fj = fj + (fk[0],)  # placeholder (never read)
+    s_scale = sm_scale_log2 * qsc
+
+    # ---- main loop over this split's tokens ------------------------------------------------
+    m_i = tl.full([GP], -1.0e30, tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = ()  # transposed output accumulator, chunks [CW, GP]
+    for c in tl.static_range(D // CW):
+        acc = acc + (tl.zeros([CW, GP], tl.float32),)
+    t0 = pid_bh.to(tl.int64) * T_alloc  # this (batch, head)'s token 0
+    NORM += t0
+    KA += t0 * KA_BYTES
+    KB += t0 * KB_BYTES
+    QJL += t0 * QJL_BYTES
+    RNORM += t0
+    VC += t0 * VC_BYTES
+    VS += t0 * NVG
+    VZ += t0 * NVG
+    if STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
+        for it in range(0, STATIC_ITERS):
+            m_i, l_i, acc = _attend_block(
+                lo + it * BLOCK_N, hi, m_i, l_i, acc, fk, fj, sj,
+                NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
+                KIND, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
+                VBITS, VC_BYTES, VG, NVG, CW, PREFETCH)
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            m_i, l_i, acc = _attend_block(
+                start, hi, m_i, l_i, acc, fk, fj, sj,
+                NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
+                KIND, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
+                VBITS, VC_BYTES, VG, NVG, CW, PREFETCH)
+
+    # ---- partial results: normalised output (fp16) and log2-sum-exp per query head ----------
+    part = pid_bh * NUM_SPLITS + pid_s
+    gm = g < G
+    inv_l = tl.where(l_i > 0, 1.0 / tl.maximum(l_i, 1e-30), 0.0)
+    for c in tl.static_range(D // CW):
+        dc = c * CW + tl.arange(0, CW)
+        tl.store(OACC + (part * GP + g)[None, :] * D + dc[:, None], (acc[c] * inv_l[None, :]).to(tl.float16),
+                 mask=gm[None, :])
+    tl.store(OML + part * GP + g, tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -1.0e30), mask=gm)
+
+
+@triton.jit
+def _window_block(w0, wl, q, m, l, acc, kbase, vbase, swk_t, swv_t, sm_scale_log2, d0,
+                  D: tl.constexpr, DC: tl.constexpr, W_BLOCK: tl.constexpr):
+    """Native window tokens [w0, w0 + W_BLOCK) of one query head merged into (m, l, acc), for
+    output coordinates [d0, d0 + DC)."""
+    dd = tl.arange(0, D)
+    wi = w0 + tl.arange(0, W_BLOCK)
+    wm = wi < wl
+    kw = tl.load(kbase + wi[:, None] * swk_t + dd[None, :], mask=wm[:, None], other=0.0)
+    sw = tl.sum(kw.to(tl.float32) * q[None, :], 1) * sm_scale_log2
+    sw = tl.where(wm, sw, float("-inf"))
+    m_new = tl.maximum(m, tl.max(sw, 0))
+    alpha = tl.exp2(m - m_new)
+    pw = tl.exp2(sw - m_new)
+    vw = tl.load(vbase + wi[:, None] * swv_t + (d0 + tl.arange(0, DC))[None, :], mask=wm[:, None], other=0.0)
+    acc = acc * alpha + tl.sum(pw[:, None] * vw.to(tl.float32), 0)
+    l = l * alpha + tl.sum(pw, 0)
+    return m_new, l, acc
+
+
+# --------------------------------------------------------------------------------------------
+# kernel 2: merge the splits and the native window; one query head x DC coordinates per program
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _combine_kernel(
+    Q, WK, WV, WLENS, OPART, OLSE, OUT, LSE,
+    H, W, swk_b, swk_h, swk_t, swv_b, swv_h, swv_t, sm_scale_log2,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, W_BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    W_STATIC_ITERS: tl.constexpr, HAS_WLENS: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    pid = tl.program_id(0)  # b * Hq + hq
+    d0 = tl.program_id(1) * DC
+    bh = pid // G
+    g = pid % G
+    b = bh // H
+    h = bh % H
+    dc = d0 + tl.arange(0, DC)
+
+    # splits: o_s (normalised, fp16) weighted by 2^(lse_s - max lse)
+    si = tl.arange(0, SPLIT_BLOCK)
+    mv = tl.full([SPLIT_BLOCK], -1.0e30, tl.float32)
+    for c0 in range(0, NUM_SPLITS, SPLIT_BLOCK):
+        sc = c0 + si
+        mv = tl.maximum(mv, tl.load(OLSE + (bh * NUM_SPLITS + sc) * GP + g, mask=sc < NUM_SPLITS, other=-1.0e30))
+    m = tl.max(mv, 0)
+    acc = tl.zeros([DC], tl.float32)
+    l = m * 0.0
+    for c0 in range(0, NUM_SPLITS, SPLIT_BLOCK):
+        sc = c0 + si
+        ok = sc < NUM_SPLITS
+        lse = tl.load(OLSE + (bh * NUM_SPLITS + sc) * GP + g, mask=ok, other=-1.0e30)
+        wc = tl.where(lse > -1.0e29, tl.exp2(lse - m), 0.0)  # empty splits weigh nothing
+        o = tl.load(OPART + ((bh * NUM_SPLITS + sc) * GP + g)[:, None] * D + dc[None, :], mask=ok[:, None], other=0.0)
+        acc += tl.sum(o.to(tl.float32) * wc[:, None], 0)
+        l += tl.sum(wc, 0)
+
+    if HAS_WINDOW:
+        q = tl.load(Q + pid * D + tl.arange(0, D)).to(tl.float32)
+        if HAS_WLENS:
+            wl = tl.minimum(tl.load(WLENS + b), W)
+        else:
+            wl = W
+        kbase = WK + b * swk_b + h * swk_h
+        vbase = WV + b * swv_b + h * swv_h
+        if W_STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
+            for it in range(0, W_STATIC_ITERS):
+                m, l, acc = _window_block(it * W_BLOCK, wl, q, m, l, acc, kbase, vbase, swk_t, swv_t,
+                                          sm_scale_log2, d0, D, DC, W_BLOCK)
+        else:
+            for w0 in range(0, wl, W_BLOCK):
+                m, l, acc = _window_block(w0, wl, q, m, l, acc, kbase, vbase, swk_t, swv_t,
+                                          sm_scale_log2, d0, D, DC, W_BLOCK)
+
+    out = acc / tl.maximum(l, 1e-30)  # nothing to attend -> zeros
+    tl.store(OUT + pid * D + dc, out.to(OUT.dtype.element_ty))
+    if WRITE_LSE:  # natural-log log-sum-exp of the scaled scores (-inf when nothing is attended)
+        if d0 == 0:
+            tl.store(LSE + pid, tl.where(l > 0, (m + tl.log2(tl.maximum(l, 1e-30))) * 0.6931471805599453,
+                                         float("-inf")))
+
+
+# --------------------------------------------------------------------------------------------
+# launcher
+# --------------------------------------------------------------------------------------------
+def _triplet_chunks(nt: int) -> tuple[int, int]:
+    """Triplet tiles (TN, number of chunks): chunks of 16 (32 past 48 triplets, head dims > 128),
+    small enough to be decoded and consumed by one tensor-core product at a time."""
+    tn = 16 if nt <= 48 else 32
+    return tn, -(-nt // tn)
+
+
+def _pm1_rotation(rot, head: int) -> torch.Tensor:
+    """sqrt(n) * Rotation.matrix(head), built exactly: H diag(signs), entries ±1 (float64)."""
+    return hadamard_matrix(rot.padded, dtype=torch.float64) * rot.signs[head, 0].cpu().double().unsqueeze(0)
+
+
+class _Plan:
+    """Everything the kernel needs from a codec that does not change between steps."""
+
+    def __init__(self, codec, device):
+        name = codec.name
+        self.kind = KINDS[name]
+        D = codec.head_dim
+        self.D = D
+        if self.kind <= 1:
+            st = codec.stage
+            self.bu, self.br, self.nt = st.b_u, st.b_r, st.nt
+            self.ka_bytes, self.kb_bytes = st.u_field.nbytes, st.r_field.nbytes
+            from ..lloyd_max import codebook
+            self.cb1 = codebook("octa", 0, st.b_u, device=device).contiguous()
+            self.cb2 = codebook("triplet_norm", st.d_pad, st.b_r, device=device).contiguous()
+            self.tn, self.nch = _triplet_chunks(st.nt)
+            rot = codec.rot
+            self.cbits = 0
+        else:
+            st = codec.stage
+            self.bu = self.br = self.nt = self.tn = self.nch = 0
+            self.cbits = st.bits
+            self.ka_bytes, self.kb_bytes = st.field.nbytes, 0
+            self.cb1 = st.centroids(torch.device("cpu")).to(device).contiguous()
+            self.cb2 = self.cb1
+            rot = st.rotation
+        n = rot.padded
+        heads = rot.num_heads
+        mats = []
+        for hh in range(heads):
+            R = _pm1_rotation(rot, hh)  # y = x R^T / sqrt(n)
+            cols = []
+            if self.kind <= 1:
+                for t0, tn in [(k * self.tn, self.tn) for k in range(self.nch)]:
+                    for c in range(3):
+                        sec = torch.zeros(D, tn, dtype=torch.float64)
+                        for j in range(tn):
+                            coord = 3 * (t0 + j) + c
+                            if t0 + j < self.nt and coord < n:
+                                sec[:, j] = R[coord, :D]
+                        cols.append(sec)
+            else:
+                cols.append(R[:, :D].T)
+            if self.kind == 1:
+                R2 = _pm1_rotation(codec.rot2, hh)
+                cols.append((R2 @ R)[:, :D].T)  # integer entries, |.| <= n: exact in bf16
+            if self.kind == 3:
+                S = codec.sketch._S[torch.device("cpu")][hh].double()  # [m, d]
+                hi = S.to(torch.bfloat16).double()
+                cols.append(S.T.to(torch.bfloat16).double())
+                cols.append((S - hi).T)
+            mats.append(torch.cat(cols, dim=1))
+        qm = torch.stack(mats)  # [heads, D, NQ]
+        qm_b = qm.to(torch.bfloat16)
+        if self.kind != 3:
+            assert torch.equal(qm_b.double(), qm), "rotation features must be exact in bf16"
+        self.qm = qm_b.contiguous().to(device)
+        self.nq = qm.shape[-1]
+        self.qm_head_stride = 0 if heads == 1 else D * self.nq
+        self.rot_scale = 1.0 / math.sqrt(n)
+        if self.kind == 1:
+            self.qjl_feat_scale, self.qjl_coef = 1.0 / n, codec.qjl_scale
+        elif self.kind == 3:
+            self.qjl_feat_scale, self.qjl_coef = 1.0, codec.sketch.scale
+        else:
+            self.qjl_feat_scale, self.qjl_coef = 1.0, 0.0
+        vq = codec.value_quantizer
+        self.vbits, self.vg = vq.bits, vq.group
+        self.vc_bytes = vq.field.nbytes
+
+
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+#: the compiled kernels of the latest launch (register and spill counts for the benchmark)
+LAST_LAUNCH: dict = {}
+
+
+def plan_for(codec, device) -> _Plan:
+    per = _PLANS.setdefault(codec, {})
+    key = str(torch.device(device))
+    if key not in per:
+        per[key] = _Plan(codec, device)
+    return per[key]
+
+
+def supports(codec, q_dtype=torch.bfloat16) -> str | None:
+    """None when the fused kernel handles this codec, else the reason it does not."""
+    if codec.name not in KINDS:
+        return f"codec '{codec.name}' has no fused kernel (fused: {', '.join(KINDS)})"
+    D = codec.head_dim
+    if D < 32 or D & (D - 1):
+        return f"head_dim {D} is not a power of two >= 32"
+    if q_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"query dtype {q_dtype} not supported"
+    if KINDS[codec.name] <= 1:
+        if codec.stage.b_u > 6 or codec.stage.b_r > 8:
+            return f"OCTOPUS split (b_u={codec.stage.b_u}, b_r={codec.stage.b_r}) exceeds b_u <= 6, b_r <= 8"
+    elif codec.stage.bits not in (1, 2, 3, 4, 8):
+        return f"TurboQuant code width {codec.stage.bits} not in (1, 2, 3, 4, 8)"
+    vq = codec.value_quantizer
+    if vq.bits not in (1, 2, 3, 4, 8) or vq.group & (vq.group - 1) or vq.padded != D:
+        return f"value quantizer (bits={vq.bits}, group={vq.group}) not supported"
+    return None
+
+
+def _choose_splits(tiles: int, heads: int, slots: int) -> int:
+    """Splits per (batch, head) minimising waves x blocks per program, where a wave is ``slots``
+    resident programs: a split count that leaves a last, nearly empty wave costs a whole wave."""
+    best, best_cost = 1, None
+    for waves in range(1, 9):
+        s = max(1, min(tiles, (waves * slots) // heads))
+        per = -(-tiles // s)
+        s = -(-tiles // per)
+        cost = (-(-(heads * s) // slots)) * per + 0.02 * s  # + a little for the combine's work
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
+def _num_sms(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _as_lengths(lengths, B: int, device) -> torch.Tensor:
+    lens = torch.as_tensor(lengths, device=device)
+    if lens.dtype != torch.int32:
+        lens = lens.to(torch.int32)
+    if lens.shape != (B,):
+        raise ValueError(f"lengths must have shape [{B}], got {tuple(lens.shape)}")
+    return lens.contiguous()
+
+
+def _field(state, name, T):
+    t = state.tensors[name]
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t
+
+
+def decode_attention_fused(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
+                           window_lengths=None, scale=None, block_n: int = 64, num_warps: int = 4,
+                           num_stages: int = 1, num_splits: int | None = None, return_lse: bool = False,
+                           maxnreg: int | None = -1, programs_per_sm: int | None = None, prefetch: int = 1):
+    """Fused decode attention. Shapes as :func:`kernels.attention.decode_attention`; returns
+    out [B, Hq, 1, d] in q's dtype, and with ``return_lse`` also lse [B, Hq] float32, the natural
+    log-sum-exp of the scaled scores (tests use it to check the scores).
+
+    Tuning: ``block_n`` tokens per block; ``num_splits`` (default: ``programs_per_sm`` programs
+    per SM over the batch and heads); ``maxnreg`` caps registers so that 4 programs fit an SM;
+    ``num_stages`` > 1 lets Triton pipeline the loads through shared memory (slower here)."""
+    B, Hq, Tq, D = q.shape
+    assert Tq == 1, "decode attention takes one query token"
+    if block_n % 64:  # tokens are the M side of the Hopper tensor-core product (64 rows per warpgroup)
+        raise ValueError(f"block_n must be a multiple of 64, got {block_n}")
+    dev = q.device
+    plan = plan_for(codec, dev)
+    if maxnreg == -1:  # default: 128 registers (4 programs of 4 warps per SM); 168 with a QJL stage
+        maxnreg = 168 if plan.kind in (1, 3) else 128
+    if programs_per_sm is None:
+        programs_per_sm = 65536 // (max(maxnreg or 168, 64) * 32 * num_warps)
+    t = key_state.tensors
+    Hkv, T = t["norm"].shape[-3], t["norm"].shape[-2]
+    G = Hq // Hkv
+    GP = max(16, triton.next_power_of_2(G))
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    lens = None if lengths is None else _as_lengths(lengths, B, dev)
+    qc = q.reshape(B, Hq, D).contiguous()
+
+    tiles = max(1, triton.cdiv(T, block_n))
+    if num_splits is None:
+        num_splits = _choose_splits(tiles, B * Hkv, programs_per_sm * _num_sms(dev))
+    per = triton.cdiv(tiles, num_splits)
+    chunk = per * block_n
+    num_splits = max(1, triton.cdiv(T, chunk)) if T > 0 else 1
+
+    norm = _field(key_state, "norm", T)
+    ka = _field(key_state, "u" if plan.kind <= 1 else "codes", T)
+    kb = _field(key_state, "r", T) if plan.kind <= 1 else ka
+    if plan.kind in (1, 3):
+        qjl, rnorm = _field(key_state, "qjl", T), _field(key_state, "rnorm", T)
+    else:
+        qjl, rnorm = ka, norm
+    vc, vs, vz = (_field(value_state, k, T) for k in ("codes", "scale", "zero"))
+    if kb.numel() == 0:
+        kb = ka  # b_r = 0: no r field (never read)
+
+    oacc = torch.empty(B * Hkv * num_splits * GP * D, dtype=torch.float16, device=dev)
+    oml = torch.empty(B * Hkv * num_splits * GP, dtype=torch.float32, device=dev)
+    sm_scale_log2 = scale * _LOG2E
+    LAST_LAUNCH["split"] = _split_kernel[(num_splits, B * Hkv)](
+        qc, plan.qm, norm, ka, kb, qjl, rnorm, vc, vs, vz, plan.cb1, plan.cb2, lens if lens is not None else norm,
+        oacc, oml,
+        T, Hkv, plan.qm_head_stride, chunk, plan.rot_scale, plan.qjl_feat_scale, plan.qjl_coef, sm_scale_log2,
+        KIND=plan.kind, G=G, GP=GP, D=D, BLOCK_N=block_n, NUM_SPLITS=num_splits, NQ=plan.nq,
+        JCOL=3 * plan.tn * plan.nch if plan.kind <= 1 else D,
+        KA_BYTES=plan.ka_bytes, KB_BYTES=plan.kb_bytes, QJL_BYTES=D // 8, CBITS=plan.cbits,
+        BU=plan.bu, BR=plan.br, NT=plan.nt, TN=plan.tn, NCH=plan.nch,
+        VBITS=plan.vbits, VC_BYTES=plan.vc_bytes, VG=plan.vg, NVG=D // plan.vg,
+        STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None, CW=min(64, D),
+        PREFETCH=0 if interpreting() else prefetch,
+        num_warps=num_warps, num_stages=num_stages,
+        **({"maxnreg": maxnreg} if maxnreg and not interpreting() else {}),
+    )
+
+    out = torch.empty(B, Hq, 1, D, dtype=q.dtype, device=dev)
+    lse = torch.empty(B, Hq, dtype=torch.float32, device=dev) if return_lse else out
+    has_w = window_k is not None and window_k.shape[-2] > 0
+    if has_w:
+        W = window_k.shape[-2]
+        wk, wv = window_k, window_v
+        if wk.stride(-1) != 1:
+            wk = wk.contiguous()
+        if wv.stride(-1) != 1:
+            wv = wv.contiguous()
+        wl = None if window_lengths is None else _as_lengths(window_lengths, B, dev)
+        wstr = (wk.stride(0), wk.stride(1), wk.stride(2), wv.stride(0), wv.stride(1), wv.stride(2))
+        w_block = min(64, triton.next_power_of_2(W))
+    else:
+        W = 0
+        wk = wv = qc
+        wl = None
+        wstr = (0,) * 6
+        w_block = 16
+    DC = min(32, D)
+    LAST_LAUNCH["combine"] = _combine_kernel[(B * Hq, D // DC)](
+        qc, wk, wv, wl if wl is not None else qc, oacc, oml, out, lse, Hkv, W, *wstr, sm_scale_log2,
+        G=G, GP=GP, D=D, DC=DC, NUM_SPLITS=num_splits, SPLIT_BLOCK=min(64, triton.next_power_of_2(num_splits)),
+        W_BLOCK=w_block, HAS_WINDOW=has_w, HAS_WLENS=wl is not None,
+        WRITE_LSE=return_lse,
+        W_STATIC_ITERS=triton.cdiv(window_k.shape[-2], w_block) if (has_w and interpreting()) else 0,
+        num_warps=4,
+    )
+    return (out, lse) if return_lse else out

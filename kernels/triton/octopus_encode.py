@@ -1,0 +1,158 @@
+"""Fused OCTOPUS key encoder: norm, rotation, triplets, octahedral fold, Lloyd-Max with the 3x3
+joint rounding, and bit packing in one kernel; it writes the reference state
+(:class:`kernels.octopus.Octopus`): "norm" fp32 [..., T, 1], "u" and "r" packed uint8 rows.
+
+Every step follows the PyTorch reference operation for operation (IEEE division and square
+root, the same butterfly order, no multiply-add contraction), so the state matches the
+reference byte for byte except where float summation order differs (the key norm, the
+3-term dot products) and moves a value across a decision boundary: tests/test_triton_encode.py
+states the tolerance (a tiny fraction of codes, each off by one neighbour).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..base import Encoded, check_input
+from ..joint_rounding import direction_grid
+from ..lloyd_max import codebook
+from ._common import count_below, fwht_rows, head_layout, pack_bytes, rotation_signs, thresholds
+
+@triton.jit
+def _octopus_encode_kernel(
+    X, SIGNS, OC_THR, GRID, RHO_THR, NORM_OUT, U_OUT, R_OUT, N, T, H, rot_scale,
+    D: tl.constexpr, NP: tl.constexpr, LOG2N: tl.constexpr, BT: tl.constexpr, NT: tl.constexpr,
+    NTP: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr, UB: tl.constexpr, UBP: tl.constexpr,
+    RB: tl.constexpr, RBP: tl.constexpr, LOCAL: tl.constexpr,
+):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    rm = rows < N
+    cols = tl.arange(0, NP)
+    x = tl.load(X + rows[:, None].to(tl.int64) * D + cols[None, :], mask=rm[:, None] & (cols < D)[None, :],
+                other=0.0).to(tl.float32)
+    # norm and unit direction (zero keys stay zero)
+    norm = tl.sqrt_rn(tl.sum(x * x, 1))
+    unit = tl.div_rn(x, tl.where(norm > 0, norm, 1.0)[:, None])
+    head = (rows // T) % H
+    sg = tl.load(SIGNS + head[:, None] * NP + cols[None, :])
+    y = fwht_rows(unit * sg, BT, NP, LOG2N) * rot_scale  # [BT, NP]
+
+    # triplets (x, y, z) = y[3i : 3i + 3], zero past the padded dim
+    i = tl.arange(0, NTP)
+    ti = (i < NT)[None, :]
+    c0 = 3 * i
+    tx = tl.where(ti & (c0 < NP)[None, :], tl.gather(y, tl.broadcast_to(tl.minimum(c0, NP - 1)[None, :], [BT, NTP]), 1), 0.0)
+    ty = tl.where(ti & (c0 + 1 < NP)[None, :], tl.gather(y, tl.broadcast_to(tl.minimum(c0 + 1, NP - 1)[None, :], [BT, NTP]), 1), 0.0)
+    tz = tl.where(ti & (c0 + 2 < NP)[None, :], tl.gather(y, tl.broadcast_to(tl.minimum(c0 + 2, NP - 1)[None, :], [BT, NTP]), 1), 0.0)
+    rho = tl.sqrt_rn(tx * tx + ty * ty + tz * tz)
+    rs = tl.where(rho > 0, rho, 1.0)
+    sx = tl.div_rn(tx, rs)
+    sy = tl.div_rn(ty, rs)
+    sz = tl.div_rn(tz, rs)
+
+    # octahedral fold of s (kernels.octahedral.octa_encode)
+    l1 = tl.maximum(tl.abs(sx) + tl.abs(sy) + tl.abs(sz), 1.1754943508222875e-38)
+    px = tl.div_rn(sx, l1)
+    py = tl.div_rn(sy, l1)
+    pz = tl.div_rn(sz, l1)
+    lower = pz < 0
+    fu = tl.where(lower, tl.where(px >= 0, 1.0 - tl.abs(py), -(1.0 - tl.abs(py))), px)
+    fv = tl.where(lower, tl.where(py >= 0, 1.0 - tl.abs(px), -(1.0 - tl.abs(px))), py)
+    K: tl.constexpr = 1 << BU
+    iu = count_below(fu, OC_THR, K - 1)
+    iv = count_below(fv, OC_THR, K - 1)
+
+    # 3x3 joint rounding: the candidate pair whose decoded direction maximises <s_hat, s>
+    if LOCAL:
+        best = tl.full([BT, NTP], float("-inf"), tl.float32)
+        bu = iu
+        bv = iv
+        for k in tl.static_range(9):
+            # offsets in joint_rounding._OFFSETS order: the centre, then row-major without it
+            # (m = k - 1 + [k >= 5] walks the 3x3 grid; [k >= 1] zeroes the centre's offset)
+            cu = tl.minimum(tl.maximum(iu + ((k - 1 + (k + 3) // 8) // 3 - 1) * ((k + 7) // 8), 0), K - 1)
+            cv = tl.minimum(tl.maximum(iv + ((k - 1 + (k + 3) // 8) % 3 - 1) * ((k + 7) // 8), 0), K - 1)
+            gp = GRID + (cu * K + cv) * 3
+            sc = tl.load(gp) * sx + tl.load(gp + 1) * sy + tl.load(gp + 2) * sz
+            better = sc > best
+            best = tl.where(better, sc, best)
+            bu = tl.where(better, cu, bu)
+            bv = tl.where(better, cv, bv)
+        iu = bu
+        iv = bv
+    gp = GRID + (iu * K + iv) * 3
+    proj = rho * (tl.load(gp) * sx + tl.load(gp + 1) * sy + tl.load(gp + 2) * sz)
+    ir = count_below(proj, RHO_THR, (1 << BR) - 1)
+
+    # outputs
+    tl.store(NORM_OUT + rows, norm, mask=rm)
+    ub = pack_bytes(iu | (iv << BU), NT, NTP, 2 * BU, UBP)
+    j = tl.arange(0, UBP)
+    tl.store(U_OUT + rows[:, None].to(tl.int64) * UB + j[None, :], ub.to(tl.uint8), mask=rm[:, None] & (j < UB)[None, :])
+    if RB > 0:
+        rbytes = pack_bytes(ir, NT, NTP, BR, RBP)
+        jr = tl.arange(0, RBP)
+        tl.store(R_OUT + rows[:, None].to(tl.int64) * RB + jr[None, :], rbytes.to(tl.uint8),
+                 mask=rm[:, None] & (jr < RB)[None, :])
+
+
+class _Tables:
+    def __init__(self, codec, device):
+        st = codec.stage
+        self.oc_thr = thresholds(codebook("octa", 0, st.b_u)).to(device)
+        self.grid = direction_grid(st.b_u).to(device).contiguous()
+        self.rho_thr = thresholds(codebook("triplet_norm", st.d_pad, st.b_r)).to(device)
+        self.signs = rotation_signs(codec.rot, device)
+
+
+_TABLES: dict = {}
+
+
+def supports(codec) -> str | None:
+    if codec.name not in ("octopus", "octopus-qjl"):
+        return f"not an OCTOPUS codec: {codec.name}"
+    st = codec.stage
+    if st.rounding not in ("local", "nearest"):
+        return f"rounding '{st.rounding}' has no fused kernel (local, nearest)"
+    if st.b_u > 7 or st.b_r > 8:
+        return f"split (b_u={st.b_u}, b_r={st.b_r}) too wide for the fused encoder"
+    return None
+
+
+def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
+    """keys [..., T, d] (``[..., H, T, d]`` when the codec has per-head signs) -> the OCTOPUS state
+    of ``codec`` (an :class:`kernels.octopus.Octopus`), as ``codec.encode(keys)`` would return it."""
+    why = supports(codec)
+    if why:
+        raise ValueError(why)
+    check_input(keys, codec.head_dim)
+    st = codec.stage
+    dev = keys.device
+    key = (id(codec), str(dev))
+    tab = _TABLES.get(key)
+    if tab is None or tab.codec_ref is not codec:
+        tab = _Tables(codec, dev)
+        tab.codec_ref = codec
+        _TABLES[key] = tab
+    D, NP, NT = codec.head_dim, st.d_pad, st.nt
+    x = keys.reshape(-1, D).contiguous()
+    N = x.shape[0]
+    T, H = head_layout(tuple(keys.shape), codec.rot.num_heads)
+    UB, RB = st.u_field.nbytes, st.r_field.nbytes
+    lead = tuple(keys.shape[:-1])
+    norm = torch.empty(lead + (1,), dtype=torch.float32, device=dev)
+    u = torch.empty(lead + (UB,), dtype=torch.uint8, device=dev)
+    r = torch.empty(lead + (RB,), dtype=torch.uint8, device=dev)
+    if N:
+        _octopus_encode_kernel[(triton.cdiv(N, block_t),)](
+            x, tab.signs, tab.oc_thr, tab.grid, tab.rho_thr, norm, u, r if RB else u, N, T, H,
+            1.0 / math.sqrt(NP),
+            D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=block_t, NT=NT, NTP=triton.next_power_of_2(NT),
+            BU=st.b_u, BR=st.b_r, UB=UB, UBP=triton.next_power_of_2(UB), RB=RB,
+            RBP=triton.next_power_of_2(max(RB, 1)), LOCAL=st.rounding == "local",
+            enable_fp_fusion=False, num_warps=4,
+        )
+    return Encoded({"norm": norm, "u": u, "r": r}, tuple(keys.shape), keys.dtype)

@@ -1,0 +1,85 @@
+"""Fused TurboQuant-MSE key encoder: norm, rotation, nearest coordinate centroid and bit packing in
+one kernel; it writes the reference state (:class:`kernels.turboquant.TurboQuantMSE`):
+"norm" fp32 [..., T, 1], "codes" uint8 [..., T, BitField(d_pad, b).nbytes].
+
+Same operations as the reference (IEEE division and square root, the reference butterfly order),
+so codes match byte for byte except where the key norm's summation order moves a rotated
+coordinate across a decision threshold (tests/test_triton_encode.py states the tolerance).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..base import Encoded, check_input
+from ._common import count_below, fwht_rows, head_layout, pack_bytes, rotation_signs, thresholds
+
+
+@triton.jit
+def _turboquant_encode_kernel(
+    X, SIGNS, THR, NORM_OUT, C_OUT, N, T, H, rot_scale,
+    D: tl.constexpr, NP: tl.constexpr, LOG2N: tl.constexpr, BT: tl.constexpr, BITS: tl.constexpr,
+    CB: tl.constexpr, CBP: tl.constexpr,
+):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    rm = rows < N
+    cols = tl.arange(0, NP)
+    x = tl.load(X + rows[:, None].to(tl.int64) * D + cols[None, :], mask=rm[:, None] & (cols < D)[None, :],
+                other=0.0).to(tl.float32)
+    norm = tl.sqrt_rn(tl.sum(x * x, 1))
+    unit = tl.div_rn(x, tl.where(norm > 0, norm, 1.0)[:, None])
+    head = (rows // T) % H
+    sg = tl.load(SIGNS + head[:, None] * NP + cols[None, :])
+    y = fwht_rows(unit * sg, BT, NP, LOG2N) * rot_scale
+    codes = count_below(y, THR, (1 << BITS) - 1)
+    tl.store(NORM_OUT + rows, norm, mask=rm)
+    packed = pack_bytes(codes, NP, NP, BITS, CBP)
+    j = tl.arange(0, CBP)
+    tl.store(C_OUT + rows[:, None].to(tl.int64) * CB + j[None, :], packed.to(tl.uint8),
+             mask=rm[:, None] & (j < CB)[None, :])
+
+
+_TABLES: dict = {}
+
+
+def supports(codec) -> str | None:
+    if codec.name not in ("turboquant-mse", "turboquant-prod"):
+        return f"not a TurboQuant codec: {codec.name}"
+    if codec.stage.bits > 8:
+        return f"code width {codec.stage.bits} > 8"
+    return None
+
+
+def turboquant_mse_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
+    """keys [..., T, d] -> the state ``codec.encode(keys)`` returns for a TurboQuant-MSE codec
+    (for TurboQuant-prod: its (b-1)-bit MSE stage's "norm" and "codes" only)."""
+    why = supports(codec)
+    if why:
+        raise ValueError(why)
+    check_input(keys, codec.head_dim)
+    st = codec.stage
+    dev = keys.device
+    key = (id(codec), str(dev))
+    tab = _TABLES.get(key)
+    if tab is None or tab[0] is not codec:
+        tab = (codec, thresholds(st.centroids(torch.device("cpu"))).to(dev), rotation_signs(st.rotation, dev))
+        _TABLES[key] = tab
+    _, thr, signs = tab
+    D, NP = codec.head_dim, st.padded
+    x = keys.reshape(-1, D).contiguous()
+    N = x.shape[0]
+    T, H = head_layout(tuple(keys.shape), st.rotation.num_heads)
+    CB = st.field.nbytes
+    lead = tuple(keys.shape[:-1])
+    norm = torch.empty(lead + (1,), dtype=torch.float32, device=dev)
+    codes = torch.empty(lead + (CB,), dtype=torch.uint8, device=dev)
+    if N:
+        _turboquant_encode_kernel[(triton.cdiv(N, block_t),)](
+            x, signs, thr, norm, codes, N, T, H, 1.0 / math.sqrt(NP),
+            D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=block_t, BITS=st.bits, CB=CB,
+            CBP=triton.next_power_of_2(CB), enable_fp_fusion=False, num_warps=4,
+        )
+    return Encoded({"norm": norm, "codes": codes}, tuple(keys.shape), keys.dtype)

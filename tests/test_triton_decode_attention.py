@@ -1,0 +1,170 @@
+"""Fused decode attention (kernels/triton/decode_attention.py) against the PyTorch reference
+(kernels.attention.decode_attention_torch, i.e. codec.score + codec.decode_values).
+
+Runs on CUDA when present, else on the CPU under TRITON_INTERPRET=1 (small shapes).
+Tolerances: the kernel feeds fp16 tensor-core dots (rotated query, reconstructed keys,
+probabilities, values), so with fp32 queries the output is within ~1e-3 (relative Frobenius)
+of the fp32 reference; bf16/fp16 outputs add their own rounding (2^-9 / 2^-11 per element).
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+from kernels import make_codec  # noqa: E402
+from kernels.attention import decode_attention, decode_attention_torch  # noqa: E402
+
+# a module imported before TRITON_INTERPRET was set holds compiled (not interpreted) kernels
+for _m in ("kernels.triton._common", "kernels.triton._unpack", "kernels.triton.decode_attention"):
+    if _m in sys.modules and not CUDA:
+        importlib.reload(sys.modules[_m])
+from kernels.triton.decode_attention import decode_attention_fused  # noqa: E402
+
+DEV = "cuda" if CUDA else "cpu"
+FUSED = ("octopus", "octopus-qjl", "turboquant-mse", "turboquant-prod")
+OUT_TOL = {torch.float32: 2e-3, torch.float16: 3e-3, torch.bfloat16: 8e-3}
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _case(name, bits, d, B, Hkv, G, T, W, seed=0, dtype=torch.bfloat16, q_scale=2.0, num_heads=None):
+    g = _gen(seed)
+    codec = make_codec(name, bits, d, seed=seed, layer=1, num_heads=Hkv if num_heads is None else num_heads,
+                       device=DEV)
+    k = torch.randn(B, Hkv, T, d, generator=g)
+    k = k * (1 + torch.rand(B, Hkv, T, 1, generator=g) * 3)  # keys of varied norms
+    v = torch.randn(B, Hkv, T, d, generator=g)
+    q = (torch.randn(B, Hkv * G, 1, d, generator=g) * q_scale).to(dtype)
+    ks = codec.encode(k.to(DEV))
+    vs = codec.encode_values(v.to(DEV))
+    wk = torch.randn(B, Hkv, W, d, generator=g).to(dtype).to(DEV) if W else None
+    wv = torch.randn(B, Hkv, W, d, generator=g).to(dtype).to(DEV) if W else None
+    return codec, q.to(DEV), ks, vs, wk, wv
+
+
+def _rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def _ref_lse(q, ks, codec, wk, lengths, scale):
+    """natural log-sum-exp of the reference's scaled scores, [B, Hq]."""
+    B, Hq, _, d = q.shape
+    Hkv = ks.tensors["norm"].shape[-3]
+    qg = q.reshape(B, Hkv, Hq // Hkv, d)
+    s = codec.score(qg, ks).float()
+    if lengths is not None:
+        keep = torch.arange(s.shape[-1], device=s.device) < torch.as_tensor(lengths, device=s.device).reshape(B, 1, 1, 1)
+        s = s.masked_fill(~keep, float("-inf"))
+    if wk is not None:
+        s = torch.cat([s, qg.float() @ wk.float().transpose(-1, -2)], -1)
+    return torch.logsumexp(s * scale, -1).reshape(B, Hq)
+
+
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_codecs_bits(name, bits):
+    """Every fused codec at every bit width: output and log-sum-exp (i.e. the scores)."""
+    codec, q, ks, vs, wk, wv = _case(name, bits, 64, B=2, Hkv=2, G=3, T=45, W=5, seed=bits, dtype=torch.float32)
+    lengths = torch.tensor([45, 30], dtype=torch.int32)
+    out, lse = decode_attention_fused(q, ks, vs, codec, wk, wv, lengths.to(DEV), return_lse=True)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lengths.to(DEV))
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert torch.isfinite(out).all()
+    assert _rel(out, ref) < OUT_TOL[torch.float32]
+    ref_lse = _ref_lse(q, ks, codec, wk, lengths.to(DEV), 1 / math.sqrt(64))
+    assert (lse - ref_lse).abs().max() < 2e-3 * ref_lse.abs().max().clamp_min(1)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["octopus", "turboquant-prod"])
+def test_head_dims_dtypes(name, d, dtype):
+    codec, q, ks, vs, wk, wv = _case(name, 3, d, B=1, Hkv=2, G=7, T=70, W=8, seed=d, dtype=dtype)
+    out = decode_attention_fused(q, ks, vs, codec, wk, wv)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
+    assert out.dtype == dtype
+    assert _rel(out, ref) < OUT_TOL[dtype]
+
+
+@pytest.mark.parametrize("G", [1, 4, 16])
+def test_gqa_groups(G):
+    """MHA (G=1), GQA, and a group that fills the whole padded tile."""
+    codec, q, ks, vs, wk, wv = _case("octopus-qjl", 3, 64, B=1, Hkv=2, G=G, T=33, W=3, seed=G)
+    out = decode_attention_fused(q, ks, vs, codec, wk, wv)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
+    assert _rel(out, ref) < OUT_TOL[torch.bfloat16]
+
+
+def test_batch_lengths_and_window_lengths():
+    """Per-sequence lengths (including an empty prefix) and per-sequence window lengths."""
+    codec, q, ks, vs, wk, wv = _case("octopus", 2, 64, B=3, Hkv=1, G=2, T=40, W=6, seed=7, dtype=torch.float32)
+    lengths = torch.tensor([40, 0, 17], dtype=torch.int32, device=DEV)
+    wlen = torch.tensor([6, 2, 0], dtype=torch.int32, device=DEV)
+    out = decode_attention_fused(q, ks, vs, codec, wk, wv, lengths, wlen)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lengths, window_lengths=wlen)
+    assert _rel(out, ref) < OUT_TOL[torch.float32]
+
+
+def test_no_window_and_nothing_to_attend():
+    codec, q, ks, vs, _, _ = _case("turboquant-mse", 2, 64, B=2, Hkv=1, G=1, T=20, W=0, seed=3, dtype=torch.float32)
+    lengths = torch.tensor([20, 0], dtype=torch.int32, device=DEV)
+    out = decode_attention_fused(q, ks, vs, codec, None, None, lengths)
+    ref = decode_attention_torch(q, ks, vs, codec, None, None, lengths)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))  # an empty sequence attends nothing
+    assert _rel(out[0], ref[0]) < OUT_TOL[torch.float32]
+
+
+def test_many_splits_and_shared_rotation():
+    """More splits than one combine chunk (64), a last block cut short, and a codec built with
+    num_heads=1 (every head shares the rotation)."""
+    codec, q, ks, vs, wk, wv = _case("octopus", 3, 64, B=1, Hkv=1, G=2, T=64 * 70 - 5, W=4, seed=11,
+                                     dtype=torch.float32, num_heads=1)
+    out = decode_attention_fused(q, ks, vs, codec, wk, wv, num_splits=70)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
+    assert _rel(out, ref) < OUT_TOL[torch.float32]
+    with pytest.raises(ValueError, match="multiple of 64"):
+        decode_attention_fused(q, ks, vs, codec, wk, wv, block_n=16)
+
+
+def test_large_query_norm_is_rescaled():
+    """Queries whose rotated coordinates would overflow fp16 are scaled by a power of two."""
+    codec, q, ks, vs, wk, wv = _case("turboquant-mse", 4, 64, B=1, Hkv=1, G=2, T=20, W=2, seed=5,
+                                     dtype=torch.float32, q_scale=1e4)
+    scale = 1e-4
+    out = decode_attention_fused(q, ks, vs, codec, wk, wv, scale=scale)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv, scale=scale)
+    assert torch.isfinite(out).all() and _rel(out, ref) < OUT_TOL[torch.float32]
+
+
+def test_dispatch_backends(monkeypatch):
+    codec, q, ks, vs, wk, wv = _case("octopus", 3, 64, B=1, Hkv=1, G=2, T=20, W=2, seed=2)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
+    assert torch.equal(decode_attention(q, ks, vs, codec, wk, wv, backend="torch"), ref)
+    fused = decode_attention(q, ks, vs, codec, wk, wv, backend="triton")
+    assert _rel(fused, ref) < OUT_TOL[torch.bfloat16]
+    monkeypatch.setenv("KVCODEC_BACKEND", "torch")
+    assert torch.equal(decode_attention(q, ks, vs, codec, wk, wv), ref)
+    monkeypatch.setenv("KVCODEC_BACKEND", "triton")
+    assert _rel(decode_attention(q, ks, vs, codec, wk, wv), ref) < OUT_TOL[torch.bfloat16]
+    with pytest.raises(ValueError, match="Unknown backend"):
+        decode_attention(q, ks, vs, codec, wk, wv, backend="cuda")
+
+
+def test_dispatch_falls_back_for_uncovered_codec():
+    codec, q, ks, vs, wk, wv = _case("turboquant-mse", 5, 64, B=1, Hkv=1, G=1, T=10, W=2, seed=1)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
+    assert torch.equal(decode_attention(q, ks, vs, codec, wk, wv, backend="auto"), ref)
+    with pytest.raises(RuntimeError, match="code width 5"):
+        decode_attention(q, ks, vs, codec, wk, wv, backend="triton")

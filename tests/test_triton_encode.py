@@ -1,0 +1,97 @@
+"""Fused key encoders (kernels/triton/octopus_encode.py, turboquant_encode.py) against the reference
+codecs' ``encode``.
+
+Stated tolerance: packed codes byte-identical to the reference except where a value lies within
+float rounding of a decision boundary (the kernel sums the key norm and the 3-term dot products
+in another order than torch); we allow at most 1 differing byte in 1000 (none seen so far) and
+require norms to agree to 4 ulp (rtol 5e-7). Runs on CUDA, else on the CPU under TRITON_INTERPRET=1.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+from kernels import make_codec  # noqa: E402
+
+for _m in ("kernels.triton._common", "kernels.triton.octopus_encode", "kernels.triton.turboquant_encode"):
+    if _m in sys.modules and not CUDA:
+        importlib.reload(sys.modules[_m])
+from kernels.triton.octopus_encode import octopus_encode  # noqa: E402
+from kernels.triton.turboquant_encode import turboquant_mse_encode  # noqa: E402
+
+DEV = "cuda" if CUDA else "cpu"
+MAX_BYTE_MISMATCH = 1e-3
+
+
+def _keys(shape, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(*shape, generator=g) * (0.5 + torch.rand(*shape[:-1], 1, generator=g) * 4)
+    k[..., 0, :] = 0.0  # a zero key: stays zero, never NaN
+    return k.to(dtype).to(DEV)
+
+
+def _check(out, ref, fields):
+    assert set(fields) <= set(out.tensors)
+    for f in fields:
+        a, b = out.tensors[f], ref.tensors[f]
+        assert a.shape == b.shape and a.dtype == b.dtype, f
+        if a.dtype == torch.uint8:
+            frac = float((a != b).float().mean()) if a.numel() else 0.0
+            assert frac <= MAX_BYTE_MISMATCH, f"{f}: {frac:.2e} of bytes differ"
+        else:
+            torch.testing.assert_close(a, b, rtol=5e-7, atol=0)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+@pytest.mark.parametrize("d", [64, 128, 96])
+def test_octopus_encode_matches_reference(bits, d):
+    codec = make_codec("octopus", bits, d, seed=bits, layer=2, num_heads=2, device=DEV)
+    k = _keys((2, 2, 37, d), seed=d + bits)
+    _check(octopus_encode(codec, k), codec.encode(k), ("norm", "u", "r"))
+
+
+@pytest.mark.parametrize("split", [(2, 2), (5, 3), (3, 0)])
+def test_octopus_encode_splits_and_bf16(split):
+    codec = make_codec("octopus", 3, 128, seed=1, num_heads=1, split=split, device=DEV)
+    k = _keys((3, 29, 128), seed=7, dtype=torch.bfloat16)
+    _check(octopus_encode(codec, k), codec.encode(k), ("norm", "u", "r"))
+
+
+def test_octopus_encode_nearest_rounding_and_qjl_stage():
+    codec = make_codec("octopus", 2, 64, seed=4, num_heads=1, rounding="nearest", device=DEV)
+    k = _keys((50, 64), seed=3)
+    _check(octopus_encode(codec, k), codec.encode(k), ("norm", "u", "r"))
+    qjl = make_codec("octopus-qjl", 3, 64, seed=4, num_heads=2, device=DEV)  # its (b-1)-bit OCTOPUS stage
+    k = _keys((2, 21, 64), seed=5)
+    _check(octopus_encode(qjl, k), qjl.encode(k), ("norm", "u", "r"))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("d", [64, 128, 80])
+def test_turboquant_encode_matches_reference(bits, d):
+    codec = make_codec("turboquant-mse", bits, d, seed=bits, layer=1, num_heads=2, device=DEV)
+    k = _keys((1, 2, 41, d), seed=bits * d)
+    _check(turboquant_mse_encode(codec, k), codec.encode(k), ("norm", "codes"))
+
+
+def test_turboquant_prod_mse_stage_and_bf16():
+    codec = make_codec("turboquant-prod", 3, 128, seed=9, num_heads=1, device=DEV)
+    k = _keys((33, 128), seed=1, dtype=torch.bfloat16)
+    _check(turboquant_mse_encode(codec, k), codec.encode(k), ("norm", "codes"))
+
+
+def test_unsupported_codec_is_refused():
+    codec = make_codec("octopus", 3, 64, rounding="full", device=DEV)
+    with pytest.raises(ValueError, match="rounding 'full'"):
+        octopus_encode(codec, _keys((4, 64), seed=0))
+    with pytest.raises(ValueError, match="not a TurboQuant"):
+        turboquant_mse_encode(codec, _keys((4, 64), seed=0))
