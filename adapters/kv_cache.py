@@ -8,11 +8,17 @@ layers (by default none; ``protect='boundary-1'`` keeps the first and last) stay
 Shapes: keys and values are ``[B, Hkv, T, d]``; queries ``[B, Hq, Tq, d]`` with Hq a
 multiple of Hkv (GQA: query head h reads KV head h // (Hq // Hkv), as transformers'
 ``repeat_kv`` does).
+
+Reading a layer (:meth:`LayerKV.attend`) sees, in token order: the committed tokens through
+the codec (its ``score`` estimator, or decode-then-dot with ``attend='reconstruct'``), the
+native window, and optionally extra native tokens in flight (``k_new``/``v_new``: a prefill
+chunk, a video block) that are attended but not stored; the adapter appends them afterwards.
 """
 from __future__ import annotations
 
+import importlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -21,6 +27,7 @@ from kernels import Codec, Encoded, make_codec
 #: Default residual window, in tokens (text). KIVI and the OCTOPUS paper keep a small
 #: full-precision window of recent tokens; 32 is small next to the contexts we score.
 DEFAULT_RESIDUAL = 32
+CACHE_CONFIG_VERSION = 2
 
 
 @dataclass
@@ -38,9 +45,20 @@ class CacheConfig:
     attend: str = "score"  # "score": codec score path; "reconstruct": decode keys then attend
     backend: str = "auto"  # "auto" (fused kernel on CUDA), "triton", "torch"
     options: dict = field(default_factory=dict)
+    #: keep the decoded committed keys/values of non-estimator codecs between reads (speed only:
+    #: decoding is deterministic, so results are identical; not counted as cache bytes)
+    memo_decoded: bool = True
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {"version": CACHE_CONFIG_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CacheConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known - {"version"}
+        if unknown:
+            raise ValueError(f"unknown CacheConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
 
     @property
     def label(self) -> str:
@@ -56,10 +74,41 @@ class CacheConfig:
         return {int(i) % num_layers for i in self.protect}
 
 
+def _decode_attention_kernel():
+    """``kernels.attention.decode_attention`` where that module exists, else None."""
+    try:
+        mod = importlib.import_module("kernels.attention")
+    except ModuleNotFoundError as e:
+        if e.name != "kernels.attention":
+            raise
+        return None
+    return getattr(mod, "decode_attention", None)
+
+
+def _tail(state: Encoded, start: int) -> Encoded:
+    """The tokens [start:] of a state (``start`` a multiple of the codec's token block): every field
+    is [..., T, k] or, for token groups, [..., T // G, k], so rows are cut in proportion."""
+    T = state.num_tokens
+    if start == 0:
+        return state
+    tensors = {}
+    for name, t in state.tensors.items():
+        rows = t.shape[-2]
+        if (start * rows) % T:
+            raise ValueError(f"field '{name}' ({rows} rows for {T} tokens) cannot be cut at token {start}")
+        tensors[name] = t[..., start * rows // T:, :]
+    return Encoded(tensors, (*state.shape[:-2], T - start, state.shape[-1]), state.dtype)
+
+
+def _tensor_bytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
 class LayerKV:
     """One layer's cache: compressed committed tokens + a native window.
 
-    ``codec`` None means this layer is native (codec 'none' or a protected layer).
+    ``codec`` None means this layer is native (codec 'none' or a protected layer): it never
+    commits, the window holds every token.
     """
 
     def __init__(self, codec: Codec | None, config: CacheConfig):
@@ -72,11 +121,22 @@ class LayerKV:
         self._append_sizes: list[int] = []  # sizes of the appends still in the window
         self.committed = 0
         self._uncompressed_bytes = 0  # what the native cache would hold
+        # decoded committed tokens (memo_decoded): [B, Hkv, n, d] for the first n committed tokens
+        self._dec_k: torch.Tensor | None = None
+        self._dec_v: torch.Tensor | None = None
+
+    def fork(self) -> "LayerKV":
+        """An independent copy that shares the codec and the (immutable) encoded states."""
+        other = LayerKV.__new__(LayerKV)
+        other.__dict__.update(self.__dict__)
+        other.key_states, other.value_states = list(self.key_states), list(self.value_states)
+        other._append_sizes = list(self._append_sizes)
+        return other
 
     # --- writing --------------------------------------------------------------------------
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Add new tokens k, v [B, Hkv, t, d] (native), then commit what leaves the window."""
-        self._uncompressed_bytes += k.numel() * k.element_size() + v.numel() * v.element_size()
+        self._uncompressed_bytes += _tensor_bytes(k, v)
         if self.window_k is None:
             self.window_k, self.window_v = k, v
         else:
@@ -99,8 +159,9 @@ class LayerKV:
         if n == 0:
             return
         k_old, v_old = self.window_k[..., :n, :], self.window_v[..., :n, :]
-        self.key_states.append(self.codec.encode(k_old))
-        self.value_states.append(self.codec.encode_values(v_old))
+        ks, vs = self.codec.encode(k_old), self.codec.encode_values(v_old)
+        self.key_states.append(ks)
+        self.value_states.append(vs)
         self.window_k = self.window_k[..., n:, :].clone()  # clone: drop the native storage of committed tokens
         self.window_v = self.window_v[..., n:, :].clone()
         self.committed += n
@@ -131,13 +192,35 @@ class LayerKV:
         self.compressed_keys()
         return self.value_states[0] if self.value_states else None
 
+    def _uses_memo(self) -> bool:
+        return (self.config.memo_decoded and self.codec is not None
+                and (self.config.attend == "reconstruct" or not self.codec.has_score_estimator))
+
+    def decoded(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Committed keys and values decoded, [B, Hkv, committed, d] each (input dtype), or None.
+
+        With ``memo_decoded`` each encoded state is decoded once and kept; otherwise every call decodes.
+        """
+        if self.codec is None or self.committed == 0:
+            return None
+        if not self.config.memo_decoded:
+            return self.codec.decode(self.compressed_keys()), self.codec.decode_values(self.compressed_values())
+        done = 0 if self._dec_k is None else self._dec_k.shape[-2]
+        if done < self.committed:  # decode only the tokens committed since the last read
+            k = self.codec.decode(_tail(self.compressed_keys(), done))
+            v = self.codec.decode_values(_tail(self.compressed_values(), done))
+            if self._dec_k is not None:
+                k, v = torch.cat([self._dec_k, k], -2), torch.cat([self._dec_v, v], -2)
+            self._dec_k, self._dec_v = k, v
+        return self._dec_k, self._dec_v
+
     def reconstruct(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All keys and values [B, Hkv, T, d], committed ones decoded (reconstruct-then-attend)."""
         ks, vs = [], []
-        kc = self.compressed_keys()
-        if kc is not None:
-            ks.append(self.codec.decode(kc))
-            vs.append(self.codec.decode_values(self.compressed_values()))
+        dec = self.decoded()
+        if dec is not None:
+            ks.append(dec[0])
+            vs.append(dec[1])
         if self.window_k is not None:
             ks.append(self.window_k)
             vs.append(self.window_v)
@@ -145,49 +228,82 @@ class LayerKV:
         return torch.cat([k.to(dtype) for k in ks], -2), torch.cat([v.to(dtype) for v in vs], -2)
 
     def attend(self, q: torch.Tensor, scale: float | None = None, mask: torch.Tensor | None = None,
-               k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None) -> torch.Tensor:
+               k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
+               causal: bool = False) -> torch.Tensor:
         """softmax(q K^T * scale + mask) V over [committed, window, (k_new)] in token order.
 
         q: [B, Hq, Tq, d]; mask: additive or boolean, broadcastable to [B, Hq, Tq, T_total]
         (True = keep); k_new/v_new [B, Hkv, t, d]: extra native tokens attended but not stored
-        (a video block in flight). Returns [B, Hq, Tq, d] in q's dtype.
+        (a prefill chunk, a video block in flight). ``causal``: the Tq queries are the last Tq
+        positions of the T_total keys and see only keys up to their own position (applied on
+        top of ``mask``). Returns [B, Hq, Tq, d] in q's dtype.
         """
         B, Hq, Tq, d = q.shape
         scale = 1.0 / math.sqrt(d) if scale is None else scale
+        fast = self._fast_decode(q, scale, mask, k_new, v_new)
+        if fast is not None:
+            return fast
         parts_s, parts_v = [], []
         kc = self.compressed_keys()
-        Hkv = (kc.shape[-3] if kc is not None else (self.window_k if self.window_k is not None else k_new).shape[1])
+        ref = next(t for t in (self.window_k, k_new) if t is not None) if kc is None else None
+        Hkv = kc.shape[-3] if kc is not None else ref.shape[1]
         G = Hq // Hkv
         qg = q.reshape(B, Hkv, G * Tq, d)  # query heads grouped by the KV head they read
         if kc is not None:
-            if self.config.attend == "reconstruct":
-                kd = self.codec.decode(kc).float()
-                s = qg.float() @ kd.transpose(-1, -2)
+            if self._uses_memo() or self.config.attend == "reconstruct":
+                kd, vd = self.decoded()
+                parts_s.append(qg.float() @ kd.float().transpose(-1, -2))
+                parts_v.append(vd.float())
             else:
-                s = self.codec.score(qg, kc)
-            parts_s.append(s)
-            parts_v.append(self.codec.decode_values(self.compressed_values()).float())
+                parts_s.append(self.codec.score(qg, kc))
+                parts_v.append(self.codec.decode_values(self.compressed_values()).float())
         for k, v in ((self.window_k, self.window_v), (k_new, v_new)):
             if k is not None and k.shape[-2] > 0:
                 parts_s.append(qg.float() @ k.float().transpose(-1, -2))
                 parts_v.append(v.float())
         s = torch.cat(parts_s, -1).reshape(B, Hq, Tq, -1) * scale
+        T = s.shape[-1]
         if mask is not None:
             if mask.dtype == torch.bool:
                 s = s.masked_fill(~mask, float("-inf"))
             else:
                 s = s + mask.float()
+        if causal and Tq > 1:
+            qpos = torch.arange(T - Tq, T, device=s.device).unsqueeze(-1)
+            s = s.masked_fill(torch.arange(T, device=s.device) > qpos, float("-inf"))
         p = torch.softmax(s, dim=-1).reshape(B, Hkv, G * Tq, -1)
         out = p @ torch.cat(parts_v, -2)
         return out.reshape(B, Hq, Tq, d).to(q.dtype)
 
+    def _fast_decode(self, q, scale, mask, k_new, v_new) -> torch.Tensor | None:
+        """Single-token decode through ``kernels.attention.decode_attention`` (the fused Triton
+        kernel reading packed codes): on CUDA with backend 'auto', anywhere with 'triton' (which
+        then fails loudly if the kernel cannot run). None means: take the torch path below."""
+        backend = self.config.backend
+        if (backend == "torch" or (backend == "auto" and not q.is_cuda) or q.shape[2] != 1 or self.codec is None
+                or mask is not None or self.committed == 0):
+            return None
+        fn = _decode_attention_kernel()
+        if fn is None:
+            if backend == "triton":
+                raise RuntimeError("backend='triton' asked for the fused decode kernel, but kernels.attention "
+                                   "(decode_attention) is not available")
+            return None
+        wk, wv = self.window_k, self.window_v
+        if k_new is not None:
+            wk = k_new if wk is None else torch.cat([wk, k_new], -2)
+            wv = v_new if wv is None else torch.cat([wv, v_new], -2)
+        return fn(q, self.compressed_keys(), self.compressed_values(), self.codec, wk, wv, scale=scale,
+                  backend=backend)
+
     # --- accounting -----------------------------------------------------------------------
     def nbytes(self) -> dict[str, int]:
-        comp = sum(s.nbytes() for s in self.key_states) + sum(s.nbytes() for s in self.value_states)
-        win = 0 if self.window_k is None else (self.window_k.numel() * self.window_k.element_size()
-                                              + self.window_v.numel() * self.window_v.element_size())
+        kb = sum(s.nbytes() for s in self.key_states)
+        vb = sum(s.nbytes() for s in self.value_states)
+        win = _tensor_bytes(self.window_k, self.window_v)
         native = win if self.codec is None else 0
-        return {"compressed": comp, "window": 0 if self.codec is None else win, "native_layers": native,
+        return {"compressed": kb + vb, "compressed_keys": kb, "compressed_values": vb,
+                "window": 0 if self.codec is None else win, "native_layers": native,
                 "uncompressed": self._uncompressed_bytes}
 
 
@@ -198,6 +314,8 @@ class CompressedKVCache:
     def __init__(self, config: CacheConfig, num_layers: int, num_kv_heads: int, head_dim: int, device="cpu"):
         self.config = config
         self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
         protected = config.protected_layers(num_layers)
         self.layers: list[LayerKV] = []
         for i in range(num_layers):
@@ -214,6 +332,13 @@ class CompressedKVCache:
     def __len__(self) -> int:
         return self.num_layers
 
+    def fork(self) -> "CompressedKVCache":
+        """An independent copy (e.g. to branch a rollout after a shared prefill); codecs are shared."""
+        other = CompressedKVCache.__new__(CompressedKVCache)
+        other.__dict__.update(self.__dict__)
+        other.layers = [layer.fork() for layer in self.layers]
+        return other
+
     def nbytes(self) -> dict[str, int]:
         tot: dict[str, int] = {}
         for layer in self.layers:
@@ -221,6 +346,40 @@ class CompressedKVCache:
                 tot[k] = tot.get(k, 0) + v
         tot["total"] = tot["compressed"] + tot["window"] + tot["native_layers"]
         return tot
+
+    def stats(self) -> dict[str, float | int]:
+        """Rate figures for a report row, all from stored bytes.
+
+        ``cache_bytes``: everything the cache holds (codec states + native windows + native
+        layers); ``uncompressed_bytes``: what a native cache of the same tokens holds;
+        ``bits_per_coord``: true bits per key coordinate of the committed (codec) tokens;
+        ``value_bits_per_coord`` likewise for values; ``cache_bits_per_coord``: 8 * cache_bytes
+        over every cached key and value coordinate (window and protected layers included).
+        Codec 'none' reports the native dtype's bits.
+        """
+        b = self.nbytes()
+        committed = sum(layer.committed for layer in self.layers if layer.codec is not None)
+        tokens = sum(layer.length for layer in self.layers)
+        coords = committed * self.num_kv_heads * self.head_dim * self._batch()
+        all_coords = 2 * tokens * self.num_kv_heads * self.head_dim * self._batch()
+        native_bits = 8.0 * b["uncompressed"] / max(all_coords, 1)
+        return {
+            "cache_bytes": b["total"],
+            "uncompressed_bytes": b["uncompressed"],
+            "compressed_bytes": b["compressed"],
+            "committed_tokens": committed // max(1, sum(1 for l in self.layers if l.codec is not None)),
+            "bits_per_coord": 8.0 * b["compressed_keys"] / coords if coords else native_bits,
+            "value_bits_per_coord": 8.0 * b["compressed_values"] / coords if coords else native_bits,
+            "cache_bits_per_coord": 8.0 * b["total"] / max(all_coords, 1),
+        }
+
+    def _batch(self) -> int:
+        for layer in self.layers:
+            if layer.window_k is not None:
+                return layer.window_k.shape[0]
+            if layer.key_states:
+                return layer.key_states[0].shape[0]
+        return 1
 
     def assert_compressed(self) -> None:
         """Fail loudly if a compressing codec did not actually shrink what the cache holds."""

@@ -1,6 +1,6 @@
 """The task contract the runner drives. A new task is one module in ``harness/tasks/`` that
-subclasses :class:`Task`, decorates it with ``@register_task(name)`` and is listed in
-``harness/tasks/__init__.py``.
+subclasses :class:`Task` and decorates it with ``@register_task(name)``; ``harness/tasks/__init__.py``
+imports every module of the package.
 
 The runner, per prompt: ``baseline = task.baseline(model, prompt, seed)`` once (uncompressed,
 reused for every codec), then for each cache configuration
@@ -28,9 +28,30 @@ class Task:
     name: ClassVar[str] = ""
     modality: ClassVar[str] = ""  # "text", "video", "audio"
     metrics: ClassVar[tuple[str, ...]] = ()  # names in the metrics registry, in report order
+    #: optional: option name -> (default, help). ``harness list`` shows them; ``--task-opt NAME=VALUE``
+    #: values are parsed by the default's type (see :func:`parse_option`).
+    option_defaults: ClassVar[dict[str, tuple[Any, str]]] = {}
 
     def __init__(self, **options):
         self.options = options
+
+    def opt(self, name: str):
+        """An option's value: given, else its declared default."""
+        if name in self.options:
+            return parse_option(self.options[name], self.option_defaults.get(name, (None, ""))[0])
+        return self.option_defaults[name][0]
+
+    # The runner stores each prompt's baseline on disk so a resumed run reuses it. Override both
+    # where torch.save cannot hold the object.
+    def save_baseline(self, baseline: Any, path: Path) -> None:
+        import torch
+
+        torch.save(baseline, path)
+
+    def load_baseline(self, path: Path) -> Any:
+        import torch
+
+        return torch.load(path, weights_only=False)
 
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         raise NotImplementedError
@@ -40,6 +61,25 @@ class Task:
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: Any, out_dir: Path) -> dict:
         raise NotImplementedError
+
+
+def parse_option(value: Any, default: Any) -> Any:
+    """Parse a command-line option string by the type of its default: "512,1024" -> (512, 1024)
+    for a tuple of ints, "0.5" -> 0.5 for a float, "true" -> True for a bool; other values pass."""
+    if not isinstance(value, str):
+        return value
+    if isinstance(default, bool):
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"expected a boolean, got '{value}'")
+    if isinstance(default, (tuple, list)):
+        kind = type(default[0]) if default else str
+        return tuple(kind(v) for v in value.split(",") if v.strip())
+    if isinstance(default, (int, float)):
+        return type(default)(value)
+    return value
 
 
 TASKS: dict[str, type[Task]] = {}

@@ -1,0 +1,253 @@
+"""The compressed KV cache inside a Hugging Face transformers model (transformers >= 5).
+
+Two pieces, used together:
+
+- :class:`CompressedCache`, a ``transformers.Cache`` whose layers (:class:`CompressedLayer`)
+  each hold a :class:`adapters.kv_cache.LayerKV`. ``update`` does not store anything: it
+  parks the new (post-RoPE) keys/values and hands them to the attention function, tagged
+  with their layer.
+- ``kvcodec`` attention, registered through ``AttentionInterface``: it attends the queries to
+  the compressed past + the native window + the new tokens themselves (causal; a prefill
+  chunk therefore attends to itself natively), then appends the new tokens, so tokens enter
+  the codec only as they leave the window. Native layers (codec 'none', protected layers),
+  the first prefill into an empty cache (plain attention: nothing is cached yet) and untagged
+  keys (a plain ``DynamicCache``) go through the model's own attention function on exactly the
+  tensors a ``DynamicCache`` would hold, so 'none' reproduces the model's logits bit for bit and
+  a prefill's logits do not depend on the codec.
+
+``with attach(model) as new_cache:`` switches the model's attention implementation to
+``kvcodec`` and restores it on exit; ``new_cache(cache_config)`` builds a cache to pass as
+``past_key_values=`` to ``model(...)`` or ``model.generate(...)``.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .kv_cache import CacheConfig, CompressedKVCache, LayerKV
+
+ATTN_NAME = "kvcodec"
+_NATIVE_ATTR = "_kvcodec_native_attn"  # on the model config while attached: the implementation to delegate to
+_TAG = "_kvcodec_layer"  # on the key tensor that CompressedLayer.update returns
+
+
+def geometry(config) -> tuple[int, int, int]:
+    """(num_layers, num_kv_heads, head_dim) of a transformers decoder config."""
+    c = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    return c.num_hidden_layers, getattr(c, "num_key_value_heads", None) or heads, head_dim
+
+
+class CompressedLayer(CacheLayerMixin):
+    """A transformers cache layer backed by a :class:`LayerKV`."""
+
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, kv: LayerKV, layer_idx: int):
+        super().__init__()
+        self.kv = kv
+        self.layer_idx = layer_idx
+        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """key_states, value_states: [B, Hkv, t, d] post-RoPE, new tokens only. Returns them, the
+        keys tagged with this layer; the ``kvcodec`` attention attends and then appends them."""
+        if self.pending is not None:
+            raise RuntimeError(
+                f"layer {self.layer_idx}: the previous step's keys were never attended. The model's attention "
+                f"implementation is not '{ATTN_NAME}': use a CompressedCache inside `with attach(model):`"
+            )
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.pending = (key_states, value_states)
+        setattr(key_states, _TAG, self)
+        return key_states, value_states
+
+    def attend_and_commit(self, query: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+        """query [B, Hq, Tq, d] -> attention output [B, Hq, Tq, d]; then the new tokens are appended."""
+        k, v = self.pending
+        self.pending = None
+        out = self.kv.attend(query, scale=scaling, mask=mask, k_new=k, v_new=v, causal=mask is None)
+        self.kv.append(k, v)
+        return out
+
+    def native_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new tokens and return the keys/values to attend natively [B, Hkv, T, d]: for a
+        native layer the whole history (the same concatenation a DynamicCache makes), for a codec
+        layer's first prefill the new tokens themselves (the codec commits after the append)."""
+        k, v = self.pending
+        self.pending = None
+        self.kv.append(k, v)
+        if self.kv.codec is not None:  # the first prefill of a codec layer (which has just committed)
+            return k, v
+        return self.kv.window_k, self.kv.window_v  # no codec: nothing commits, the window is the history
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.kv.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        raise NotImplementedError("a CompressedCache cannot be reset: build a new one per rollout")
+
+    def reorder_cache(self, beam_idx) -> None:
+        raise NotImplementedError("beam search is not supported with a compressed KV cache (use greedy or sampling)")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a compressed KV cache cannot be cropped (assisted generation is not supported)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if repeats != 1:
+            raise NotImplementedError("num_return_sequences > 1 is not supported with a compressed KV cache")
+
+    def batch_select_indices(self, indices) -> None:
+        raise NotImplementedError("batch selection is not supported with a compressed KV cache")
+
+    def offload(self):  # the cache lives where the model runs
+        pass
+
+    def prefetch(self):
+        pass
+
+
+class CompressedCache(Cache):
+    """``past_key_values`` for a transformers causal LM: one :class:`CompressedLayer` per decoder layer.
+
+    ``cache.kv`` is the underlying :class:`CompressedKVCache` (byte counts, ``stats()``).
+    """
+
+    def __init__(self, model_config, cache_config: CacheConfig, device="cpu"):
+        n_layers, n_kv, head_dim = geometry(model_config)
+        self.kv = CompressedKVCache(cache_config, n_layers, n_kv, head_dim, device=device)
+        super().__init__(layers=[CompressedLayer(self.kv[i], i) for i in range(n_layers)])
+        self.cache_config = cache_config
+
+    def fork(self) -> "CompressedCache":
+        """An independent copy after, e.g., a shared prefill (codecs and encoded states are shared)."""
+        other = CompressedCache.__new__(CompressedCache)
+        other.__dict__.update(self.__dict__)
+        other.kv = self.kv.fork()
+        other.layers = [CompressedLayer(other.kv[i], i) for i in range(len(self.layers))]
+        for new, old in zip(other.layers, self.layers):
+            new.is_initialized = old.is_initialized
+            if old.is_initialized:
+                new.dtype, new.device = old.dtype, old.device
+        return other
+
+    def stats(self) -> dict:
+        return self.kv.stats()
+
+    def replay(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append a prefill's keys/values [B, Hkv, t, d], computed elsewhere by plain attention, to an
+        empty layer: what the ``kvcodec`` attention does after a live first prefill."""
+        layer = self.layers[layer_idx]
+        if layer.kv.length or layer.pending is not None:
+            raise RuntimeError(f"layer {layer_idx}: replay needs an empty cache layer")
+        if not layer.is_initialized:
+            layer.lazy_initialization(k, v)
+        layer.kv.append(k, v)
+
+
+def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              attention_mask: torch.Tensor | None, scaling: float | None = None,
+                              dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
+    """The ``kvcodec`` attention implementation. query [B, Hq, Tq, d]; key/value [B, Hkv, t, d] (new
+    tokens, tagged by :class:`CompressedLayer`, or a plain cache's full keys). Returns [B, Tq, Hq, d]."""
+    layer: CompressedLayer | None = getattr(key, _TAG, None)
+    native = _native_attention(module)
+    if layer is None:  # not our cache: plain attention, as the model would do it
+        return native(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if getattr(module, "sliding_window", None) is not None or kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("sliding-window attention layers are not supported by the compressed cache")
+    if layer.kv.codec is None:  # native layer: bit-identical to the model's own path
+        k, v = layer.native_kv()
+        return native(module, query, k, v, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if layer.kv.length == 0:  # the first prefill: nothing cached yet, so it is plain (native) attention
+        k, v = layer.native_kv()
+        return native(module, query, k, v, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] != layer.kv.length + key.shape[-2]:
+        raise ValueError(f"attention mask covers {attention_mask.shape[-1]} keys, the cache holds "
+                         f"{layer.kv.length + key.shape[-2]}")
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    out = layer.attend_and_commit(query, attention_mask, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _native_attention(module) -> Callable:
+    """The model's own attention function, called with the masks sdpa gets (see ``_register``)."""
+    if getattr(module.config, _NATIVE_ATTR, "sdpa") != "eager":
+        return ALL_ATTENTION_FUNCTIONS["sdpa"]
+    eager = sys.modules[type(module).__module__].eager_attention_forward  # eager lives in each modeling file
+
+    def eager_with_sdpa_mask(module, query, key, value, mask, **kw):
+        # sdpa masks are None (causal) or boolean (True = keep); eager adds a float mask
+        Tq, T = query.shape[-2], key.shape[-2]
+        if mask is None:
+            mask = torch.arange(T, device=query.device) <= torch.arange(T - Tq, T, device=query.device)[:, None]
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
+                ~mask, torch.finfo(query.dtype).min)
+        return eager(module, query, key, value, mask, **kw)
+
+    return eager_with_sdpa_mask
+
+
+def _register() -> None:
+    if ATTN_NAME not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+        AttentionInterface.register(ATTN_NAME, kvcodec_attention_forward)
+        # the same masks sdpa gets: None where sdpa would use is_causal, else a boolean [B, 1, Tq, T] (True = keep)
+        AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+
+
+@contextmanager
+def attach(model) -> Iterator[Callable[[CacheConfig], CompressedCache]]:
+    """Route ``model``'s attention through the compressed cache; restore the model on exit.
+
+    Yields ``new_cache(cache_config) -> CompressedCache``. Inside the block a plain
+    ``DynamicCache`` (or no cache) still runs the model's own attention, unchanged.
+    """
+    _register()
+    config = model.config
+    original = config._attn_implementation
+    if original == ATTN_NAME:
+        raise RuntimeError("this model is already attached to a compressed cache")
+    native = "eager" if original == "eager" else "sdpa"  # flash / flex models run native layers through sdpa
+    model.set_attn_implementation(ATTN_NAME)
+    for sub in _configs(model):
+        setattr(sub, _NATIVE_ATTR, native)
+    try:
+        yield lambda cache_config: CompressedCache(model.config, cache_config, device=model.device)
+    finally:
+        for sub in _configs(model):
+            if hasattr(sub, _NATIVE_ATTR):
+                delattr(sub, _NATIVE_ATTR)
+        model.set_attn_implementation(original)
+
+
+def _configs(model) -> list:
+    """Every distinct config object the model's attention modules read."""
+    seen, out = set(), []
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if c is not None and id(c) not in seen:
+            seen.add(id(c))
+            out.append(c)
+    return out

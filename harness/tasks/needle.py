@@ -1,0 +1,184 @@
+"""``needle``: multi-key needle in a haystack, in the style of RULER's ``niah_multikey_1``.
+
+``needles`` sentences "One of the special magic numbers for <key> is: <7-digit value>." with
+keys and values from a private generator of (seed, prompt id) are inserted into a haystack of
+real text (the default corpus, or ``--prompts``); the queried needle sits at the prompt's depth,
+the others at random depths. The question asks for the queried key's value; the model answers
+greedily through the compressed cache (the prompt is prefilled natively, then committed; every
+generated token reads the compressed cache). Scores: exact match of the first 7-digit number,
+whether the whole output equals the baseline's, and, teacher-forcing the baseline's answer on a
+fork of the cache taken after the prefill, the KL and top-1 agreement of the next-token
+distributions along that answer.
+
+Prompts sweep ``contexts`` (tokens) x ``depths`` (fraction of the haystack) x ``repeats``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernels import private_generator
+from metrics.text import exact_match, first_number, kl_topk, topk_logprobs
+
+from .base import Prompt, Task, register_task
+from .text_corpus import load_excerpts, text_hash
+
+ADJECTIVES = ("amber", "bold", "brisk", "calm", "clever", "crimson", "dusty", "eager", "faint", "gentle", "golden",
+              "hollow", "icy", "jolly", "keen", "lively", "lucky", "misty", "noble", "olive", "pale", "proud",
+              "quiet", "rapid", "rosy", "rusty", "silent", "silver", "sleepy", "smooth", "sturdy", "tidy", "vivid",
+              "wild", "windy", "witty")
+NOUNS = ("anchor", "badger", "beacon", "canyon", "cedar", "comet", "cradle", "falcon", "fern", "garden", "harbor",
+         "island", "kettle", "lantern", "meadow", "mirror", "orchard", "otter", "pebble", "pillow", "quarry",
+         "raven", "ribbon", "saddle", "spindle", "summit", "teapot", "thistle", "tunnel", "valley", "violin",
+         "walrus", "willow", "window", "wizard", "yarrow")
+INSTRUCTION = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+               "I will quiz you about the numbers afterwards.")
+QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
+ANSWER_PREFIX = "The special magic number for {key} mentioned in the provided text is"
+NEEDLE = "One of the special magic numbers for {key} is: {value}."
+
+
+def _sentences(text: str) -> list[str]:
+    """Split prose into sentences (after '. ', '? ', '! ' or a blank line), whitespace collapsed."""
+    out, buf = [], []
+    for word in text.split():
+        buf.append(word)
+        if word.endswith((".", "?", "!", ":")) and len(buf) > 3:
+            out.append(" ".join(buf))
+            buf = []
+    if buf:
+        out.append(" ".join(buf))
+    return out
+
+
+@register_task("needle")
+class NeedleTask(Task):
+    modality = "text"
+    metrics = ("exact_match", "output_match", "kl", "top1_agree")
+    option_defaults = {
+        "contexts": ((1024,), "prompt lengths in tokens (comma list)"),
+        "depths": ((0.1, 0.3, 0.5, 0.7, 0.9), "depths of the queried needle, fractions of the haystack (comma list)"),
+        "repeats": (1, "prompts per (context, depth), each with other keys, values and haystack"),
+        "needles": (2, "needles per prompt (1 queried + distractors; RULER uses 4, too hard for a 135M model)"),
+        "max_new_tokens": (12, "greedy tokens generated per answer"),
+        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)"),
+    }
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self._haystack: list[str] | None = None
+        self._source: str | None = None
+        self._sent_tokens: dict = {}
+
+    def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
+        self._source = source
+        out = []
+        for ctx in self.opt("contexts"):
+            for depth in self.opt("depths"):
+                if not 0.0 <= depth <= 1.0:
+                    raise ValueError(f"needle depth must be in [0, 1], got {depth}")
+                for rep in range(self.opt("repeats")):
+                    pid = f"niah-c{ctx}-d{depth:g}" + (f"-r{rep}" if self.opt("repeats") > 1 else "")
+                    out.append(Prompt(pid, {"context": int(ctx), "depth": float(depth), "repeat": rep},
+                                      {"source": source or "default"}))
+        return out[:limit] if limit else out
+
+    # --- building a prompt -----------------------------------------------------------------
+    def _hay(self) -> list[str]:
+        if self._haystack is None:
+            excerpts = load_excerpts(self._source, chars=200_000, limit=None if not self._source else 4)
+            self._haystack = [s for e in excerpts for s in _sentences(e.text)]
+        return self._haystack
+
+    def build(self, model, prompt: Prompt, seed: int) -> dict:
+        """{'ids': prompt token ids, 'key', 'value', 'needle_depths', 'text_sha'}; deterministic in (prompt, seed)."""
+        ctx, depth, rep = prompt.data["context"], prompt.data["depth"], prompt.data["repeat"]
+        g = private_generator("needle", prompt.id, seed)
+        k = self.opt("needles")
+        picks = torch.randperm(len(ADJECTIVES) * len(NOUNS), generator=g)[:k].tolist()
+        keys = [f"{ADJECTIVES[i // len(NOUNS)]}-{NOUNS[i % len(NOUNS)]}" for i in picks]
+        values = [str(int(v)) for v in torch.randint(1_000_000, 10_000_000, (k,), generator=g)]
+        needles = [NEEDLE.format(key=a, value=b) for a, b in zip(keys, values)]
+
+        hay = self._hay()
+        overhead = len(self._render(model, "", keys[0]))
+        budget = ctx - overhead - sum(len(model.encode(" " + n)) for n in needles)
+        if budget < 16:
+            raise ValueError(f"needle: context {ctx} leaves no room for a haystack (the template takes {overhead} tokens)")
+        # sentences from a start that depends on the repeat, until the token budget is spent
+        start = (rep * 997) % len(hay)
+        body, used, i = [], 0, start
+        while True:
+            s = hay[i % len(hay)]
+            n = self._count(model, s)
+            if used + n > budget:  # fill the rest with the longest word prefix that fits
+                words = s.split()
+                lo, hi = 0, len(words)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if len(model.encode(" " + " ".join(words[:mid]))) <= budget - used:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                if lo:
+                    body.append(" ".join(words[:lo]))
+                break
+            body.append(s)
+            used += n
+            i += 1
+        slots = len(body)
+        where = [round(depth * slots)] + torch.randint(0, slots + 1, (k - 1,), generator=g).tolist()
+        for pos, needle in sorted(zip(where, needles), key=lambda t: -t[0]):
+            body.insert(pos, needle)
+        text = " ".join(body)
+        ids = self._render(model, text, keys[0])
+        return {"ids": ids, "key": keys[0], "value": values[0], "needle_depths": [w / max(slots, 1) for w in where],
+                "text_sha": text_hash(text)}
+
+    def _count(self, model, sentence: str) -> int:
+        n = self._sent_tokens.get(sentence)
+        if n is None:
+            n = self._sent_tokens[sentence] = len(model.encode(" " + sentence))
+        return n
+
+    @staticmethod
+    def _render(model, context: str, key: str) -> list[int]:
+        user = f"{INSTRUCTION}\n{context}\n{QUESTION.format(key=key)}"
+        tok = model.tokenizer
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                           add_generation_prompt=True)
+            return model.encode(text + ANSWER_PREFIX.format(key=key))
+        return model.encode(f"{user}\nAnswer: {ANSWER_PREFIX.format(key=key)}")
+
+    # --- the contract ------------------------------------------------------------------------
+    def baseline(self, model, prompt: Prompt, seed: int) -> dict:
+        p = self.build(model, prompt, seed)
+        # the baseline's distributions along its own answer, computed exactly as a codec's are
+        r = model.greedy(p["ids"], self.opt("max_new_tokens"), None, force="self")
+        top_ids, top_logp = topk_logprobs(r["forced_logits"], self.opt("topk"))
+        answer = model.decode(r["tokens"])
+        return {"ids_sha": text_hash(repr(p["ids"])), "tokens": r["tokens"], "answer": answer,
+                "top_ids": top_ids, "top_logp": top_logp, "value": p["value"], "prompt_tokens": len(p["ids"])}
+
+    def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: dict, out_dir: Path) -> dict:
+        p = self.build(model, prompt, seed)
+        if text_hash(repr(p["ids"])) != baseline["ids_sha"]:
+            raise RuntimeError(f"prompt '{prompt.id}': the stored baseline was made from another prompt "
+                               f"(another tokenizer or haystack?); start a fresh run")
+        r = model.greedy(p["ids"], self.opt("max_new_tokens"), cache_config, force=baseline["tokens"])
+        r["cache"].kv.assert_compressed()
+        answer = model.decode(r["tokens"])
+        forced = r["forced_logits"]
+        row = {
+            "exact_match": exact_match(first_number(answer, 7), p["value"]),
+            "output_match": float(r["tokens"] == list(baseline["tokens"])),
+            "kl": float(kl_topk(baseline["top_ids"], baseline["top_logp"], forced).double().mean()),
+            "top1_agree": float((forced.argmax(-1) == baseline["top_ids"][:, 0].long()).double().mean()),
+            "baseline_exact_match": exact_match(first_number(baseline["answer"], 7), p["value"]),
+            "answer": answer.strip(),
+            "tokens": len(p["ids"]),
+        }
+        row.update(r["cache"].stats())
+        return row

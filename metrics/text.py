@@ -1,0 +1,100 @@
+"""Text metrics: pure functions of logits, token ids and strings (no model, no cache).
+
+Shapes: ``logits`` [N, V] (one row per scored position), ``targets`` [N] int64 (the token each
+row should predict). Divergence from the uncompressed baseline is measured on the baseline's
+top-k next-token distribution (stored once per prompt, so a run never keeps [N, V] baseline
+logits): the KL between the two distributions coarsened onto {top-k tokens of the baseline,
+everything else}. Coarsening can only lower a KL (data processing inequality), so this is a
+lower bound on the full-vocabulary KL, tight when the baseline's tail mass is small.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from .registry import register_metric
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood of each target, [N] float32 (natural log)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -logp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+
+
+@register_metric("perplexity", higher_is_better=False, modality="text",
+                 description="exp(mean token NLL) over the scored tokens")
+def perplexity(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """exp(mean NLL) of ``targets`` under ``logits``."""
+    return perplexity_from_nll(token_nll(logits, targets))
+
+
+def perplexity_from_nll(nll: torch.Tensor) -> float:
+    return float(math.exp(float(nll.double().mean()))) if nll.numel() else float("nan")
+
+
+def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, V] -> (ids [N, k] int32, log-probabilities [N, k] float32), most likely first."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    vals, ids = logp.topk(min(k, logp.shape[-1]), dim=-1)
+    return ids.to(torch.int32), vals
+
+
+def kl_topk(base_ids: torch.Tensor, base_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(baseline || model) per position on {baseline top-k, tail}, [N] float32 (nats).
+
+    base_ids, base_logp: [N, k] from :func:`topk_logprobs` of the baseline; logits: [N, V] of
+    the run being compared.
+    """
+    q_logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, base_ids.long())  # [N, k]
+    p = base_logp.double().exp()
+    kl = (p * (base_logp.double() - q_logp.double())).sum(-1)
+    p_tail = (1.0 - p.sum(-1)).clamp_min(0.0)
+    q_tail = (1.0 - q_logp.double().exp().sum(-1)).clamp_min(0.0)
+    tail = torch.where(p_tail > 0, p_tail * (torch.log(p_tail.clamp_min(1e-300)) - torch.log(q_tail.clamp_min(1e-300))),
+                       torch.zeros_like(p_tail))
+    return (kl + tail).clamp_min(0.0).float()
+
+
+@register_metric("kl", higher_is_better=False, modality="text",
+                 description="mean KL(baseline || compressed) of next-token distributions on the scored tokens "
+                             "(baseline top-k + tail bucket; nats)")
+def mean_kl(base_ids: torch.Tensor, base_logp: torch.Tensor, logits: torch.Tensor) -> float:
+    kl = kl_topk(base_ids, base_logp, logits)
+    return float(kl.double().mean()) if kl.numel() else float("nan")
+
+
+@register_metric("top1_agree", higher_is_better=True, modality="text",
+                 description="fraction of scored tokens where the compressed run's argmax equals the baseline's")
+def top1_agreement(base_top1: torch.Tensor, logits: torch.Tensor) -> float:
+    if base_top1.numel() == 0:
+        return float("nan")
+    return float((logits.argmax(-1) == base_top1.long()).double().mean())
+
+
+_PUNCT = re.compile(r"[^\w\s]")
+
+
+def normalize_answer(s: str) -> str:
+    """Lower-case, drop punctuation, collapse whitespace."""
+    return " ".join(_PUNCT.sub(" ", s.lower()).split())
+
+
+@register_metric("exact_match", higher_is_better=True, modality="text",
+                 description="1 if the normalized answer equals the reference, else 0 (mean over prompts = accuracy)")
+def exact_match(prediction: str, reference: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(reference))
+
+
+def first_number(text: str, digits: int | None = None) -> str:
+    """The first run of digits in ``text`` (of exactly ``digits`` digits if given), or ''."""
+    pat = r"(?<!\d)\d{%d}(?!\d)" % digits if digits else r"\d+"
+    m = re.search(pat, text)
+    return m.group(0) if m else ""
+
+
+@register_metric("output_match", higher_is_better=True, modality="text",
+                 description="1 if the compressed run generated exactly the baseline's tokens")
+def output_match(tokens: list[int], base_tokens: list[int]) -> float:
+    return float(list(tokens) == list(base_tokens))

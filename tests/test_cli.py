@@ -1,0 +1,84 @@
+"""harness/cli.py: list, run end to end on a tiny checkpoint (--model hf --model-path), compare,
+report, delegation to probe/bench, and clear errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny_lm import save_tiny_checkpoint
+
+from harness.cli import _delegate, main
+from kernels import list_codecs
+
+CODEC = next(c for c in ("octopus", "turboquant-mse", "quarot") if c in list_codecs())
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for word in ("models:", "smollm2-135m", "qwen2.5-7b-instruct-1m", "codecs (bits):", CODEC, "tasks:",
+                 "perplexity", "needle", "--task-opt needle.contexts=", "metrics (direction):", "kl"):
+        assert word in out
+
+
+def test_run_compare_report(ckpt, tmp_path, capsys):
+    text = tmp_path / "t.txt"
+    text.write_text("Colorless green ideas sleep furiously, and the cat sat on the mat. " * 20)
+    args = ["run", "--model", "hf", "--model-path", str(ckpt), "--codec", CODEC, "--bits", "2,4", "--task",
+            "perplexity", "--prompts", str(text), "--limit", "1", "--residual", "8", "--quiet",
+            "--task-opt", "perplexity.context=120", "--task-opt", "perplexity.prefix=40", "--task-opt",
+            "perplexity.chunk=16", "--out", str(tmp_path / "run")]
+    assert main(args) == 0
+    rows = [json.loads(l) for l in (tmp_path / "run" / "rows.jsonl").read_text().splitlines()]
+    assert [r["label"] for r in rows] == ["none", f"{CODEC}@2", f"{CODEC}@4"]
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert {k: cfg["task_options"]["perplexity"][k] for k in ("context", "prefix", "chunk")} == \
+        {"context": 120, "prefix": 40, "chunk": 16}
+    assert cfg["task_options"]["perplexity"]["topk"] == 256  # defaults are written out too
+    assert cfg["bits"] == [2, 4] and cfg["codecs"] == [CODEC]
+    assert main(args) == 0  # a rerun resumes: nothing to do, same rows
+    assert len((tmp_path / "run" / "rows.jsonl").read_text().splitlines()) == 3
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "run")]) == 0
+    assert "## perplexity" in capsys.readouterr().out
+    (tmp_path / "run" / "report.md").unlink()
+    assert main(["report", str(tmp_path / "run")]) == 0 and (tmp_path / "run" / "report.md").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--model", "nope"], "Unknown model 'nope'. Available:"),
+    (["run", "--model", "hf", "--model-path", "/nonexistent/ckpt"], "expected a directory with config.json"),
+    (["run", "--model", "hf"], "needs --model-path"),
+    (["run", "--codec", "nope"], "Unknown codec 'nope'. Available:"),
+    (["run", "--task", "nope"], "Unknown task 'nope'. Available:"),
+])
+def test_clear_errors(args, message, capsys, tmp_path):
+    assert main(args + ["--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_rejected_bit_width_is_a_clear_error(ckpt, capsys, tmp_path):
+    codec, bits = next((c, b) for c, b in list_codecs().items() if c != "none")
+    bad = max(bits) + 1
+    assert main(["run", "--model", "hf", "--model-path", str(ckpt), "--codec", codec, "--bits", str(bad),
+                 "--quiet", "--out", str(tmp_path / "x")]) == 2
+    assert f"does not support bits={bad}" in capsys.readouterr().err
+
+
+def test_delegation(capsys):
+    assert _delegate("harness.not_written_yet", "bench", []) == 2
+    assert "not available" in capsys.readouterr().err
+
+
+def test_bad_task_option(capsys, tmp_path):
+    assert main(["run", "--task", "perplexity", "--task-opt", "perplexity.contxt=5", "--quiet",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "unknown option(s) ['contxt'] for task 'perplexity'. Available: context" in capsys.readouterr().err
+    assert main(["run", "--task", "perplexity", "--task-opt", "perplexity.context=lots", "--quiet",
+                 "--out", str(tmp_path / "y")]) == 2
+    assert "perplexity.context='lots'" in capsys.readouterr().err

@@ -1,0 +1,263 @@
+"""adapters/kv_cache.py: encode once, window semantics, byte formulas, protected layers, and the
+read paths (native = plain attention; score = reconstruct for codecs without an estimator)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from adapters.kv_cache import CacheConfig, CompressedKVCache, LayerKV
+from kernels import list_codecs, make_codec
+
+CODECS = [c for c in list_codecs() if c != "none"]
+B, HKV, HQ, D = 1, 2, 4, 64
+
+
+def _plain() -> str:
+    """A codec that encodes token by token (no token groups)."""
+    return next(c for c in CODECS if make_codec(c, _bits(c), D).token_block == 1)
+
+
+def _bits(codec: str) -> int:
+    supported = list_codecs()[codec]
+    return 3 if 3 in supported else supported[0]
+
+
+def _kv(T: int, seed: int = 0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, HKV, T, D, generator=g).to(dtype), torch.randn(B, HKV, T, D, generator=g).to(dtype))
+
+
+def _layer(codec: str | None, **cfg) -> LayerKV:
+    config = CacheConfig(codec=codec or "none", bits=_bits(codec) if codec else 16, **cfg)
+    c = None if codec is None else make_codec(codec, config.bits, D, num_heads=HKV, layer=0)
+    return LayerKV(c, config)
+
+
+def _reference(q, k, v, scale=None, causal_from=None):
+    """Plain softmax attention with GQA (query head h reads KV head h // G), float64."""
+    G = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(G, dim=1).double()
+    v = v.repeat_interleave(G, dim=1).double()
+    s = q.double() @ k.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1]))
+    if causal_from is not None:
+        T, Tq = k.shape[-2], q.shape[-2]
+        s = s.masked_fill(torch.arange(T) > torch.arange(T - Tq, T)[:, None], float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_encode_once_in_order(codec):
+    layer = _layer(codec, residual=8)
+    seen = []
+    enc = layer.codec.encode
+
+    def spy(x):
+        seen.append(x.clone())
+        return enc(x)
+
+    layer.codec.encode = spy
+    k, v = _kv(150)
+    start = 0
+    for n in (37, 1, 1, 20, 5, 1, 40, 45):
+        layer.append(k[..., start:start + n, :], v[..., start:start + n, :])
+        start += n
+        layer.reconstruct()  # reads never encode
+    encoded = torch.cat(seen, dim=-2)
+    assert encoded.shape[-2] == layer.committed  # every committed token encoded exactly once ...
+    assert torch.equal(encoded, k[..., : layer.committed, :])  # ... in token order
+    assert torch.equal(layer.window_k, k[..., layer.committed:, :])
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_window_token_semantics(codec):
+    layer = _layer(codec, residual=16)
+    block = layer.codec.token_block
+    k, v = _kv(200)
+    for t in range(0, 200, 7):
+        layer.append(k[..., t:t + 7, :], v[..., t:t + 7, :])
+        T = min(t + 7, 200)
+        W = layer.window_k.shape[-2]
+        assert layer.length == T
+        assert layer.committed % block == 0
+        assert 16 <= W < 16 + block or (T < 16 + block and layer.committed == 0)
+
+
+def test_window_append_semantics():
+    layer = _layer(_plain(), residual=2, residual_unit="append")
+    k, v = _kv(60)
+    sizes, start = [10, 5, 7, 20, 3], 0
+    for n in sizes:
+        layer.append(k[..., start:start + n, :], v[..., start:start + n, :])
+        start += n
+    assert layer.window_k.shape[-2] == sum(sizes[-2:])  # exactly the last two appends stay native
+    assert layer.committed == sum(sizes[:-2])
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_bytes_match_formula(codec):
+    layer = _layer(codec, residual=8)
+    k, v = _kv(101)
+    layer.append(k[..., :90, :], v[..., :90, :])
+    layer.append(k[..., 90:, :], v[..., 90:, :])
+    n = layer.committed
+    b = layer.nbytes()
+    assert b["compressed_keys"] == layer.codec.expected_nbytes((B, HKV, n, D))
+    assert b["compressed_values"] == layer.codec.value_quantizer.expected_nbytes((B, HKV, n, D))
+    assert b["window"] == 2 * B * HKV * (101 - n) * D * 4
+    assert b["uncompressed"] == 2 * B * HKV * 101 * D * 4
+    cache = CompressedKVCache(CacheConfig(codec=codec, bits=_bits(codec), residual=8), 3, HKV, D)
+    for layer in cache.layers:
+        layer.append(k, v)
+    s = cache.stats()
+    n = cache[0].committed
+    assert s["bits_per_coord"] == pytest.approx(8 * 3 * layer.codec.expected_nbytes((B, HKV, n, D)) / (3 * n * HKV * D))
+    assert s["cache_bytes"] == sum(sum(v for key, v in l.nbytes().items()
+                                       if key in ("compressed", "window", "native_layers")) for l in cache.layers)
+    assert s["cache_bytes"] < s["uncompressed_bytes"]
+    cache.assert_compressed()
+
+
+def test_protected_layers_native():
+    codec = CODECS[0]
+    k, v = _kv(80)
+    for protect, native in (("boundary-1", {0, 3}), ([1, -1], {1, 3}), ("none", set())):
+        cache = CompressedKVCache(CacheConfig(codec=codec, bits=_bits(codec), residual=4, protect=protect), 4, HKV, D)
+        for layer in cache.layers:
+            layer.append(k, v)
+        for i, layer in enumerate(cache.layers):
+            if i in native:
+                assert layer.codec is None and layer.committed == 0 and torch.equal(layer.window_k, k)
+            else:
+                assert layer.codec is not None and layer.committed > 0
+    with pytest.raises(ValueError, match="protect"):
+        CacheConfig(protect="first").protected_layers(4)
+
+
+def test_native_is_plain_attention():
+    layer = _layer(None)
+    k, v = _kv(50)
+    layer.append(k[..., :30, :], v[..., :30, :])
+    layer.append(k[..., 30:45, :], v[..., 30:45, :])
+    q = torch.randn(B, HQ, 5, D, generator=torch.Generator().manual_seed(1))
+    out = layer.attend(q, k_new=k[..., 45:, :], v_new=v[..., 45:, :], causal=True)
+    ref = _reference(q, k, v, causal_from=45)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
+    assert layer.length == 45  # k_new is attended, not stored
+    r_k, r_v = layer.reconstruct()
+    assert torch.equal(r_k, k[..., :45, :]) and torch.equal(r_v, v[..., :45, :])
+
+
+def test_causal_flag_equals_explicit_mask():
+    layer = _layer(_plain(), residual=4)
+    k, v = _kv(60)
+    layer.append(k[..., :40, :], v[..., :40, :])
+    q = torch.randn(B, HQ, 20, D)
+    T = 60
+    mask = torch.arange(T) <= torch.arange(40, 60)[:, None]
+    a = layer.attend(q, k_new=k[..., 40:, :], v_new=v[..., 40:, :], causal=True)
+    b = layer.attend(q, k_new=k[..., 40:, :], v_new=v[..., 40:, :], mask=mask)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("codec", [c for c in CODECS if not make_codec(c, _bits(c), D).has_score_estimator])
+def test_attend_equals_reconstruct(codec):
+    """For codecs without a score estimator the score path is <q, decode(k)>: attend == attention over reconstruct()."""
+    k, v = _kv(120)
+    q = torch.randn(B, HQ, 3, D, generator=torch.Generator().manual_seed(2))
+    outs = {}
+    for attend, memo in (("score", True), ("score", False), ("reconstruct", False)):
+        layer = _layer(codec, residual=8, attend=attend, memo_decoded=memo)
+        layer.append(k, v)
+        outs[(attend, memo)] = layer.attend(q)
+        rk, rv = layer.reconstruct()
+    ref = _reference(q, rk, rv)
+    for out in outs.values():
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("codec", [c for c in CODECS if make_codec(c, _bits(c), D).has_score_estimator])
+def test_estimator_codecs_use_their_score(codec):
+    layer = _layer(codec, residual=8)
+    k, v = _kv(120)
+    layer.append(k, v)
+    q = torch.randn(B, HQ, 2, D, generator=torch.Generator().manual_seed(3))
+    out = layer.attend(q)
+    qg = q.reshape(B, HKV, -1, D)
+    s = torch.cat([layer.codec.score(qg, layer.compressed_keys()), qg @ layer.window_k.transpose(-1, -2)], -1)
+    p = torch.softmax(s.reshape(B, HQ, 2, -1) / math.sqrt(D), -1).reshape(B, HKV, -1, s.shape[-1])
+    vals = torch.cat([layer.codec.decode_values(layer.compressed_values()).float(), layer.window_v], -2)
+    torch.testing.assert_close(out, (p @ vals).reshape(B, HQ, 2, D), rtol=1e-5, atol=1e-5)
+
+
+def test_fork_is_independent():
+    layer = _layer(_plain(), residual=4)
+    k, v = _kv(40)
+    layer.append(k[..., :30, :], v[..., :30, :])
+    other = layer.fork()
+    other.append(k[..., 30:, :], v[..., 30:, :])
+    assert layer.length == 30 and other.length == 40
+    assert layer.key_states[0] is other.key_states[0]  # shared, never re-encoded
+
+
+def test_cache_config_json_round_trip():
+    c = CacheConfig(codec="octopus", bits=2, residual=16, protect=[0, 5], value_bits=4, options={"a": 1})
+    d = c.to_json()
+    assert d["version"] >= 1
+    assert CacheConfig.from_json(d) == c
+    with pytest.raises(ValueError, match="unknown CacheConfig field"):
+        CacheConfig.from_json({**d, "bitz": 3})
+    assert c.label == "octopus@2" and CacheConfig().label == "none"
+
+
+def test_assert_compressed_when_window_covers_everything():
+    codec = CODECS[0]
+    cache = CompressedKVCache(CacheConfig(codec=codec, bits=_bits(codec), residual=500), 2, HKV, D)
+    k, v = _kv(40)
+    for layer in cache.layers:
+        layer.append(k, v)
+    with pytest.raises(RuntimeError, match="committed no token"):
+        cache.assert_compressed()
+
+
+def test_decode_fast_path_matches_torch():
+    """backend='triton' routes a single-token decode through kernels.attention.decode_attention
+    (here Triton's interpreter, on CUDA the fused kernel); it must agree with the torch path."""
+    pytest.importorskip("triton")
+    attention = pytest.importorskip("kernels.attention")
+    from kernels.triton import available
+
+    codec = next((c for c in ("octopus", "turboquant-mse") if c in CODECS), None)
+    if codec is None or not available(torch.device("cpu")) and not torch.cuda.is_available():
+        pytest.skip("no fused codec, or no way to run Triton here")
+    k, v = _kv(40)
+    q = torch.randn(B, HQ, 1, D, generator=torch.Generator().manual_seed(4))
+    outs = {}
+    for backend in ("torch", "triton"):
+        layer = LayerKV(make_codec(codec, 2, D, num_heads=HKV), CacheConfig(codec=codec, bits=2, residual=4,
+                                                                             backend=backend))
+        layer.append(k[..., :39, :], v[..., :39, :])
+        if backend == "triton" and attention.fused_unsupported(q, layer.codec):
+            pytest.skip(attention.fused_unsupported(q, layer.codec))
+        outs[backend] = layer.attend(q, k_new=k[..., 39:, :], v_new=v[..., 39:, :])
+    torch.testing.assert_close(outs["triton"], outs["torch"], rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_incremental_decode_memo_equals_full_decode(codec):
+    """Reads between commits decode only the new tokens (cut from the merged state); the memo then
+    equals decoding everything at once."""
+    layer = _layer(codec, residual=8)
+    k, v = _kv(170)
+    q = torch.randn(B, HQ, 1, D)
+    start = 0
+    for n in (50, 3, 40, 1, 1, 35, 40):
+        layer.append(k[..., start:start + n, :], v[..., start:start + n, :])
+        start += n
+        layer.decoded()
+        layer.attend(q)
+    dk, dv = layer.decoded()
+    assert dk.shape[-2] == layer.committed
+    assert torch.equal(dk, layer.codec.decode(layer.compressed_keys()))
+    assert torch.equal(dv, layer.codec.decode_values(layer.compressed_values()))

@@ -1,0 +1,59 @@
+"""metrics/text.py: pure functions, checked against closed forms."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from metrics import get_metric
+from metrics.text import (exact_match, first_number, kl_topk, normalize_answer, output_match, perplexity,
+                          perplexity_from_nll, token_nll, top1_agreement, topk_logprobs)
+
+
+def test_perplexity_closed_forms():
+    V = 50
+    assert perplexity(torch.zeros(7, V), torch.randint(0, V, (7,))) == pytest.approx(V)  # uniform
+    logits = torch.full((3, V), -1e4)
+    logits[torch.arange(3), torch.tensor([1, 2, 3])] = 0.0
+    assert perplexity(logits, torch.tensor([1, 2, 3])) == pytest.approx(1.0)
+    nll = token_nll(torch.zeros(4, V), torch.zeros(4, dtype=torch.long))
+    assert perplexity_from_nll(nll) == pytest.approx(V)
+    assert math.isnan(perplexity_from_nll(torch.zeros(0)))
+
+
+def test_kl_topk_is_exact_with_full_support_and_a_lower_bound_otherwise():
+    g = torch.Generator().manual_seed(0)
+    p_logits, q_logits = torch.randn(5, 40, generator=g) * 2, torch.randn(5, 40, generator=g) * 2
+    p, q = torch.log_softmax(p_logits, -1), torch.log_softmax(q_logits, -1)
+    full = (p.exp() * (p - q)).sum(-1)
+    ids, lp = topk_logprobs(p_logits, 40)
+    torch.testing.assert_close(kl_topk(ids, lp, q_logits), full, rtol=1e-5, atol=1e-6)
+    for k in (1, 5, 20):
+        ids, lp = topk_logprobs(p_logits, k)
+        part = kl_topk(ids, lp, q_logits)
+        assert (part <= full + 1e-6).all() and (part >= 0).all()
+    ids, lp = topk_logprobs(p_logits, 8)
+    assert kl_topk(ids, lp, p_logits).abs().max() < 1e-6  # identical distributions
+    assert get_metric("kl").fn(ids, lp, p_logits) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_top1_and_matches():
+    logits = torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 3.0]])
+    assert top1_agreement(torch.tensor([1, 0, 0]), logits) == pytest.approx(2 / 3)
+    assert exact_match(" 1234567.", "1234567") == 1.0
+    assert exact_match("The Answer!", "the answer") == 1.0
+    assert exact_match("12345678", "1234567") == 0.0
+    assert normalize_answer("  A,  b. ") == "a b"
+    assert first_number("is: 12345678 or 7654321.", 7) == "7654321"
+    assert first_number("no digits", 7) == ""
+    assert output_match([1, 2], [1, 2]) == 1.0 and output_match([1], [1, 2]) == 0.0
+
+
+def test_directions_registered():
+    assert get_metric("perplexity").higher_is_better is False
+    assert get_metric("kl").higher_is_better is False
+    assert get_metric("top1_agree").higher_is_better is True
+    assert get_metric("exact_match").higher_is_better is True
+    with pytest.raises(ValueError, match="Unknown metric 'nope'. Available:"):
+        get_metric("nope")
