@@ -323,7 +323,7 @@ class CompressedKVCache:
             if config.codec != "none" and i not in protected:
                 codec = make_codec(config.codec, config.bits, head_dim, seed=config.seed, layer=i,
                                    num_heads=num_kv_heads, device=device, value_bits=config.value_bits,
-                                   value_group=config.value_group, **config.options)
+                                   value_group=config.value_group, backend=config.backend, **config.options)
             self.layers.append(LayerKV(codec, config))
 
     def __getitem__(self, i: int) -> LayerKV:

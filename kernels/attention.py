@@ -10,13 +10,11 @@ either: 'auto' | 'triton' | 'torch'.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
-from .base import Codec, Encoded
+from .base import BACKENDS, Codec, Encoded, resolve_backend
 
-BACKENDS = ("auto", "triton", "torch")
 
 
 def _lengths_mask(lengths, B: int, T: int, device) -> torch.Tensor | None:
@@ -61,15 +59,6 @@ def decode_attention_torch(q: torch.Tensor, key_state: Encoded | None, value_sta
     return out.reshape(B, Hq, Tq, d).to(q.dtype)
 
 
-def _resolve_backend(backend: str | None) -> str:
-    backend = backend or "auto"
-    if backend == "auto":
-        backend = os.environ.get("KVCODEC_BACKEND", "auto") or "auto"
-    if backend not in BACKENDS:
-        raise ValueError(f"Unknown backend '{backend}'. Available: {', '.join(BACKENDS)}")
-    return backend
-
-
 def fused_unsupported(q: torch.Tensor, codec: Codec) -> str | None:
     """None when the fused kernel can run this call, else the reason it cannot."""
     try:
@@ -103,7 +92,7 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
                   'triton' (fused kernel or an error saying why not) or 'torch' (reference).
     Returns [B, Hq, 1, d] in q's dtype.
     """
-    backend = _resolve_backend(backend)
+    backend = resolve_backend(backend)
     if backend == "auto" and q.device.type != "cuda":
         backend = "torch"
     if backend != "torch" and key_state is not None and key_state.num_tokens > 0:

@@ -8,6 +8,8 @@ formula alone, so a codec cannot under-report what it stores.
 from __future__ import annotations
 
 import hashlib
+import importlib
+import os
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
@@ -16,6 +18,17 @@ import torch
 from .packing import BitField
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BACKENDS = ("auto", "triton", "torch")
+
+
+def resolve_backend(backend: str | None) -> str:
+    """'auto' | 'triton' | 'torch'; the environment variable KVCODEC_BACKEND overrides 'auto'."""
+    backend = backend or "auto"
+    if backend == "auto":
+        backend = os.environ.get("KVCODEC_BACKEND", "auto") or "auto"
+    if backend not in BACKENDS:
+        raise ValueError(f"Unknown backend '{backend}'. Available: {', '.join(BACKENDS)}")
+    return backend
 
 
 def derive_seed(*parts) -> int:
@@ -131,9 +144,13 @@ class Codec:
     token_block: int = 1
     #: True where ``score`` uses an estimator that differs from <q, decode(k)> (QJL-corrected).
     has_score_estimator: ClassVar[bool] = False
+    #: "module:function" of a fused Triton encoder writing this codec's exact state, or None.
+    #: The module also defines ``supports(codec) -> reason | None``.
+    fused_encoder: ClassVar[str | None] = None
 
     def __init__(self, bits: int, head_dim: int, seed: int = 0, layer: int = 0, num_heads: int = 1,
-                 device="cpu", value_bits: int | None = None, value_group: int = 32, **options):
+                 device="cpu", value_bits: int | None = None, value_group: int = 32, backend: str = "auto",
+                 **options):
         if bits not in self.bits_supported:
             raise ValueError(
                 f"codec '{self.name}' does not support bits={bits}; supported: {list(self.bits_supported)}"
@@ -146,6 +163,8 @@ class Codec:
         self.layer = layer
         self.num_heads = num_heads
         self.device = torch.device(device)
+        self.backend = resolve_backend(backend)  # validated now, re-read (env) at each encode
+        self._backend_arg = backend
         self.options = options
         from .values import ValueQuantizer  # local: values imports base
 
@@ -157,8 +176,33 @@ class Codec:
     # --- keys -------------------------------------------------------------------------
     def encode(self, keys: torch.Tensor) -> Encoded:
         """keys: [..., T, d] float -> Encoded (packed codes + side information)."""
+        fused = self._fused_encode_fn(keys)
+        if fused is not None:
+            return fused(self, keys)  # checks its input the same way
         check_input(keys, self.head_dim)
         return self._encode(keys)
+
+    def _fused_encode_fn(self, keys: torch.Tensor):
+        """The fused encoder for this call: on CUDA with backend 'auto', always with 'triton' (which
+        fails loudly when the kernel cannot run); None means the PyTorch reference."""
+        backend = resolve_backend(self._backend_arg)
+        if self.fused_encoder is None or backend == "torch" or (backend == "auto" and not keys.is_cuda):
+            if backend == "triton" and self.fused_encoder is None:
+                raise RuntimeError(f"backend='triton': codec '{self.name}' has no fused encoder; use 'auto' or 'torch'")
+            return None
+        module, fn = self.fused_encoder.split(":")
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:
+            if backend == "triton":
+                raise RuntimeError(f"backend='triton' needs triton: {e}") from e
+            return None
+        why = mod.supports(self)
+        if why is not None:
+            if backend == "triton":
+                raise RuntimeError(f"backend='triton' cannot encode with {self.describe()}: {why}")
+            return None
+        return getattr(mod, fn)
 
     def decode(self, state: Encoded) -> torch.Tensor:
         """Encoded -> reconstructed keys [..., T, d] in the input dtype."""

@@ -106,6 +106,7 @@ def _resolve_split(bits: int, split) -> tuple[int, int]:
 
 @register_codec("octopus")
 class Octopus(Codec):
+    fused_encoder = "kernels.triton.octopus_encode:octopus_encode"
     """OCTOPUS, PyTorch reference. Options: ``split=(b_u, b_r)`` (default (b+1, b-1)),
     ``rounding='local'|'full'|'nearest'`` (default 'local', the paper's 3x3 joint search)."""
 
@@ -139,6 +140,7 @@ class Octopus(Codec):
 
 @register_codec("octopus-qjl")
 class OctopusQJL(Octopus):
+    fused_encoder = None  # the fused encoder writes the MSE stage only
     """OCTOPUS at b - 1 bits (split rule applied to b - 1; ``split`` sets that stage) plus a 1-bit
     QJL sketch of the residual.
 

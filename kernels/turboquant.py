@@ -68,6 +68,7 @@ class _MSEStage:
 
 @register_codec("turboquant-mse")
 class TurboQuantMSE(Codec):
+    fused_encoder = "kernels.triton.turboquant_encode:turboquant_mse_encode"
     bits_supported = tuple(range(1, 9))
 
     def __init__(self, bits: int, head_dim: int, **kw):

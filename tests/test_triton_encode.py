@@ -32,6 +32,13 @@ DEV = "cuda" if CUDA else "cpu"
 MAX_BYTE_MISMATCH = 1e-3
 
 
+@pytest.fixture(autouse=True)
+def _reference_encode(monkeypatch):
+    """``codec.encode`` is the oracle here: keep 'auto' on the PyTorch reference (on CUDA it would
+    otherwise dispatch to the very kernels under test)."""
+    monkeypatch.setenv("KVCODEC_BACKEND", "torch")
+
+
 def _keys(shape, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(*shape, generator=g) * (0.5 + torch.rand(*shape[:-1], 1, generator=g) * 4)
@@ -95,3 +102,28 @@ def test_unsupported_codec_is_refused():
         octopus_encode(codec, _keys((4, 64), seed=0))
     with pytest.raises(ValueError, match="not a TurboQuant"):
         turboquant_mse_encode(codec, _keys((4, 64), seed=0))
+
+
+def test_codec_encode_dispatches_to_the_fused_encoder():
+    """Codec.encode takes the fused kernel when the backend asks for it (here forced, under the
+    interpreter) and the PyTorch reference with 'torch'; both write the same bytes."""
+    from kernels import make_codec
+
+    g = torch.Generator().manual_seed(5)
+    k = torch.randn(2, 2, 24, 64, generator=g).to(DEV)
+    for name in ("octopus", "turboquant-mse"):
+        fused = make_codec(name, 3, 64, seed=1, num_heads=2, backend="triton", device=DEV)
+        ref = make_codec(name, 3, 64, seed=1, num_heads=2, backend="torch", device=DEV)
+        assert fused._fused_encode_fn(k) is not None and ref._fused_encode_fn(k) is None
+        _check(fused.encode(k), ref.encode(k), ref.encode(k).tensors)
+
+
+def test_triton_backend_fails_loudly_where_no_fused_encoder_exists():
+    from kernels import make_codec
+
+    with pytest.raises(RuntimeError, match="no fused encoder"):
+        make_codec("kivi", 2, 64, backend="triton").encode(torch.randn(32, 64))
+    with pytest.raises(RuntimeError, match="cannot encode"):
+        make_codec("octopus", 3, 64, backend="triton", rounding="full").encode(torch.randn(4, 64))
+    with pytest.raises(ValueError, match="Unknown backend 'gpu'"):
+        make_codec("octopus", 3, 64, backend="gpu")
