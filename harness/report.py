@@ -32,7 +32,8 @@ def fmt(x, digits: int = 4) -> str:
 
 
 def fmt_delta(x) -> str:
-    if x is None:
+    x = num(x) if not isinstance(x, float) else x
+    if x is None or math.isnan(x) or math.isinf(x):  # e.g. SNR against itself is inf: no difference to show
         return "—"
     s = fmt(x, 3)
     return s if s.startswith("-") or s in ("0", "nan") else "+" + s
@@ -132,6 +133,7 @@ def write_report(out: Path) -> Path:
     order = [t for t in config.get("tasks", []) if t in summary["tasks"]]
     for task in order + [t for t in summary["tasks"] if t not in order]:
         md += _task_section(out, task, summary["tasks"][task], rows)
+    md += _unavailable(rows)
     md += _artifacts(rows)
     (out / "report.md").write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
     return out / "report.md"
@@ -147,18 +149,20 @@ def _header(config: dict, m: dict, summary: dict) -> list[str]:
         md.append(f"**Model**: `{config['model']}` ({', '.join(p for p in parts if p)})"
                   + (f", from `{m['source']}`" if m.get("source") else "") + ".")
     vb = config.get("value_bits")
+    # video and audio models keep their own native window (a frame, a scale) and say so
+    window = m.get("window_note") or m.get("cache_window") or f"the last {config['residual']} tokens"
     md += [
-        f"**Cache**: native window of the last {config['residual']} tokens; protected layers: {config['protect']}; "
+        f"**Cache**: native window of {window}; protected layers: {config['protect']}; "
         f"values quantized per token in groups of {config['value_group']} at "
         f"{'the key bit width' if vb is None else f'{vb} bits'}; keys read through each codec's "
         f"{'score estimator' if config['attend'] == 'score' else 'reconstruction'}; seed {config['seed']}.",
         f"**Codecs**: {', '.join(config['codecs'])} at bits {', '.join(map(str, config['bits']))}; "
-        f"baseline = the uncompressed cache (label `none`, run through the same cache path: its KL must be 0).",
+        f"baseline = the uncompressed cache (label `none`, run through the same cache path, so it must match the native model exactly).",
         "",
         "Rates are true: *key bits/coord* = 8 × bytes of the codec's key state / key coordinates committed; "
         "*cache bytes* = everything the cache held at the end (codec states, native window, native layers), "
         "*× native* = cache bytes / bytes of an uncompressed cache of the same tokens. "
-        "Δ = mean over prompts of (codec − baseline) on the same prompt.",
+        "Δ = mean over prompts of (codec − baseline) on the same prompt (— where either is not finite).",
         "",
     ]
     if summary.get("skipped"):
@@ -220,6 +224,20 @@ def _task_section(out: Path, task: str, t: dict, rows: list[dict]) -> list[str]:
         md += [f"**{m['name']}**{arrow(m['higher_is_better'])}", "", per_prompt_table(entries, t["prompts"]), ""]
     md += ["</details>", ""]
     return md
+
+
+def _unavailable(rows: list[dict]) -> list[str]:
+    """What a task could not measure, and why (e.g. LPIPS without its backbone weights): a '—' in
+    the tables is never silent."""
+    reasons: dict[str, set[str]] = {}
+    for r in rows:
+        for what, why in (r.get("unavailable") or {}).items():
+            reasons.setdefault(what, set()).add(str(why))
+    if not reasons:
+        return []
+    md = ["## Not measured", ""]
+    md += [f"- **{what}**: " + "; ".join(sorted(whys)) for what, whys in sorted(reasons.items())]
+    return md + [""]
 
 
 def _artifacts(rows: list[dict]) -> list[str]:

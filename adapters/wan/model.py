@@ -126,8 +126,8 @@ class CausalWan:
                 "q_heads": heads, "kv_heads": heads, "head_dim": head_dim,
                 "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device),
                 "tokens_per_frame": self.tokens_per_frame,
-                "window_note": (f"the video task keeps a native window of `residual_frames` latent frames "
-                                f"(default 1 = {self.tokens_per_frame} tokens), not --residual tokens"),
+                "window_note": (f"`residual_frames` latent frames (task option; default 1 = {self.tokens_per_frame} "
+                                f"tokens; --residual does not apply)"),
                 "spec": self.spec.to_json()}
 
     # --- text -----------------------------------------------------------------------------
