@@ -80,3 +80,41 @@ def test_needle_task(lm, tmp_path):
 def test_unknown_task_lists_what_exists():
     with pytest.raises(ValueError, match=r"Unknown task 'nope'. Available: .*needle.*perplexity"):
         get_task("nope")
+
+
+def test_wikitext2_and_c4_go_through_datasets(monkeypatch):
+    """The dataset sources call datasets.load_dataset with the public names; a local stand-in
+    dataset replaces the Hub here (no download in tests)."""
+    import datasets
+
+    from harness.tasks.text_corpus import load_excerpts
+
+    seen = []
+    para = "The quick brown fox jumps over the lazy dog near the river bank. " * 40
+
+    def fake_load(name, config=None, split=None, streaming=False):
+        seen.append((name, config, split, streaming))
+        if "wikitext" in name:
+            return datasets.Dataset.from_dict({"text": [para, "\n", para]})
+        return iter([{"text": para}, {"text": para}, {"text": para}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    wt = load_excerpts("wikitext2", 500, 2)
+    c4 = load_excerpts("c4", 500, 2)
+    assert [e.source for e in wt] == ["wikitext2"] * 2 and len(c4) == 2
+    assert all(len(e.text) >= 250 and "fox" in e.text for e in wt + c4)
+    assert seen[0][:3] == ("Salesforce/wikitext", "wikitext-2-raw-v1", "test")
+    assert seen[-1] == ("allenai/c4", "en", "validation", True)
+
+
+def test_dataset_without_hub_access_says_what_to_do(monkeypatch):
+    import datasets
+
+    from harness.tasks.text_corpus import load_excerpts
+
+    def offline(*a, **k):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(RuntimeError, match="could not load 'c4'.*offline default corpus"):
+        load_excerpts("c4", 500, 1)
