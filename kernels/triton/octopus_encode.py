@@ -11,6 +11,7 @@ states the tolerance (a tiny fraction of codes, each off by one neighbour).
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import triton
@@ -108,7 +109,8 @@ class _Tables:
         self.signs = rotation_signs(codec.rot, device)
 
 
-_TABLES: dict = {}
+# per codec, per device; weak keys so the tables go when the codec does
+_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def supports(codec) -> str | None:
@@ -131,12 +133,10 @@ def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
     check_input(keys, codec.head_dim)
     st = codec.stage
     dev = keys.device
-    key = (id(codec), str(dev))
-    tab = _TABLES.get(key)
-    if tab is None or tab.codec_ref is not codec:
-        tab = _Tables(codec, dev)
-        tab.codec_ref = codec
-        _TABLES[key] = tab
+    per = _TABLES.setdefault(codec, {})
+    tab = per.get(str(dev))
+    if tab is None:
+        tab = per[str(dev)] = _Tables(codec, dev)
     D, NP, NT = codec.head_dim, st.d_pad, st.nt
     x = keys.reshape(-1, D).contiguous()
     N = x.shape[0]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import weakref
+
 import torch
 import triton
 import triton.language as tl
@@ -42,7 +44,8 @@ def _turboquant_encode_kernel(
              mask=rm[:, None] & (j < CB)[None, :])
 
 
-_TABLES: dict = {}
+# per codec, per device; weak keys so the tables go when the codec does
+_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def supports(codec) -> str | None:
@@ -62,12 +65,11 @@ def turboquant_mse_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encod
     check_input(keys, codec.head_dim)
     st = codec.stage
     dev = keys.device
-    key = (id(codec), str(dev))
-    tab = _TABLES.get(key)
-    if tab is None or tab[0] is not codec:
-        tab = (codec, thresholds(st.centroids(torch.device("cpu"))).to(dev), rotation_signs(st.rotation, dev))
-        _TABLES[key] = tab
-    _, thr, signs = tab
+    per = _TABLES.setdefault(codec, {})
+    tab = per.get(str(dev))
+    if tab is None:
+        tab = per[str(dev)] = (thresholds(st.centroids(torch.device("cpu"))).to(dev), rotation_signs(st.rotation, dev))
+    thr, signs = tab
     D, NP = codec.head_dim, st.padded
     x = keys.reshape(-1, D).contiguous()
     N = x.shape[0]
