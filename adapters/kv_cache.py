@@ -16,13 +16,13 @@ chunk, a video block) that are attended but not stored; the adapter appends them
 """
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
 from kernels import Codec, Encoded, make_codec
+from kernels.attention import decode_attention
 
 #: Default residual window, in tokens (text). KIVI and the OCTOPUS paper keep a small
 #: full-precision window of recent tokens; 32 is small next to the contexts we score.
@@ -72,17 +72,6 @@ class CacheConfig:
         if isinstance(self.protect, str):
             raise ValueError(f"protect must be 'none', 'boundary-1' or a list of layer indices, got {self.protect!r}")
         return {int(i) % num_layers for i in self.protect}
-
-
-def _decode_attention_kernel():
-    """``kernels.attention.decode_attention`` where that module exists, else None."""
-    try:
-        mod = importlib.import_module("kernels.attention")
-    except ModuleNotFoundError as e:
-        if e.name != "kernels.attention":
-            raise
-        return None
-    return getattr(mod, "decode_attention", None)
 
 
 def _tail(state: Encoded, start: int) -> Encoded:
@@ -283,17 +272,11 @@ class LayerKV:
         if (backend == "torch" or (backend == "auto" and not q.is_cuda) or q.shape[2] != 1 or self.codec is None
                 or mask is not None or self.committed == 0):
             return None
-        fn = _decode_attention_kernel()
-        if fn is None:
-            if backend == "triton":
-                raise RuntimeError("backend='triton' asked for the fused decode kernel, but kernels.attention "
-                                   "(decode_attention) is not available")
-            return None
         wk, wv = self.window_k, self.window_v
         if k_new is not None:
             wk = k_new if wk is None else torch.cat([wk, k_new], -2)
             wv = v_new if wv is None else torch.cat([wv, v_new], -2)
-        return fn(q, self.compressed_keys(), self.compressed_values(), self.codec, wk, wv, scale=scale,
+        return decode_attention(q, self.compressed_keys(), self.compressed_values(), self.codec, wk, wv, scale=scale,
                   backend=backend)
 
     # --- accounting -----------------------------------------------------------------------

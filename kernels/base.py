@@ -70,6 +70,14 @@ def check_input(x: torch.Tensor, head_dim: int, what: str = "keys") -> None:
     check_finite(x, what)
 
 
+def reject_unknown_options(codec: Codec, allowed: tuple[str, ...]) -> None:
+    """Raise on an option the codec does not read (a typo must not silently give the default)."""
+    unknown = sorted(set(codec.options) - set(allowed))
+    if unknown:
+        raise ValueError(f"codec '{codec.name}' got unknown option(s) {unknown}; "
+                         f"it takes {list(allowed) or 'none'}")
+
+
 @dataclass
 class Encoded:
     """A compressed block of vectors ``[..., T, d]``.

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from .base import Codec, Encoded, bitfield_bytes
+from .base import Codec, Encoded, bitfield_bytes, reject_unknown_options
 from .joint_rounding import decode_triplets, encode_triplets, local_full_agreement  # noqa: F401 (probe)
 from .packing import BitField
 from .registry import register_codec
@@ -106,15 +106,16 @@ def _resolve_split(bits: int, split) -> tuple[int, int]:
 
 @register_codec("octopus")
 class Octopus(Codec):
-    fused_encoder = "kernels.triton.octopus_encode:octopus_encode"
     """OCTOPUS, PyTorch reference. Options: ``split=(b_u, b_r)`` (default (b+1, b-1)),
     ``rounding='local'|'full'|'nearest'`` (default 'local', the paper's 3x3 joint search)."""
+    fused_encoder = "kernels.triton.octopus_encode:octopus_encode"
 
     bits_supported = (1, 2, 3, 4, 5, 6)
 
     def __init__(self, bits: int, head_dim: int, split=None, rounding: str = "local", **kw):
         b_u, b_r = _resolve_split(self._stage_bits(bits), split)
         super().__init__(bits=bits, head_dim=head_dim, split=[b_u, b_r], rounding=rounding, **kw)
+        reject_unknown_options(self, ("split", "rounding"))
         self.rot = Rotation(head_dim, self.seed, self.layer, self.num_heads, device=self.device)
         self.stage = _OctopusStage(head_dim, b_u, b_r, self.rot, rounding)
         self.d_pad = self.rot.padded
@@ -140,7 +141,6 @@ class Octopus(Codec):
 
 @register_codec("octopus-qjl")
 class OctopusQJL(Octopus):
-    fused_encoder = None  # the fused encoder writes the MSE stage only
     """OCTOPUS at b - 1 bits (split rule applied to b - 1; ``split`` sets that stage) plus a 1-bit
     QJL sketch of the residual.
 
@@ -149,6 +149,7 @@ class OctopusQJL(Octopus):
     ``decode`` returns the MSE stage plus the unbiased QJL back-projection
     sqrt(pi/2)/sqrt(m) * rnorm * R^{-1} R2^{-1} sign(R2 r), so <q, decode(k)> equals ``score``.
     """
+    fused_encoder = None  # the fused encoder writes the MSE stage only
 
     bits_supported = (2, 3, 4, 5, 6)
     has_score_estimator = True

@@ -16,9 +16,8 @@ import math
 
 import torch
 
-from .base import Codec, Encoded
+from .base import Codec, Encoded, reject_unknown_options
 from .packing import BitField
-from .qjl import reject_unknown_options
 from .registry import register_codec
 from .values import group_dequantize, group_quantize
 

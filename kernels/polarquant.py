@@ -19,10 +19,9 @@ import math
 
 import torch
 
-from .base import Codec, Encoded
+from .base import Codec, Encoded, reject_unknown_options
 from .lloyd_max import codebook, quantize
 from .packing import BitField
-from .qjl import reject_unknown_options
 from .registry import register_codec
 from .rotation import Rotation
 

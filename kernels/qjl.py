@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .base import Codec, Encoded, private_generator
+from .base import Codec, Encoded, private_generator, reject_unknown_options
 from .packing import BitField
 from .registry import register_codec
 
@@ -68,14 +68,6 @@ class GaussianSketch:
     def inner(self, q: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
         """q [..., Tq, d], bits [..., T, m] -> <S q, sign(S k)>: [..., Tq, T] (float32)."""
         return self.project(q) @ (bits.float() * 2 - 1).transpose(-1, -2)
-
-
-def reject_unknown_options(codec: Codec, allowed: tuple[str, ...]) -> None:
-    """Raise on an option the codec does not read (a typo must not silently give the default)."""
-    unknown = sorted(set(codec.options) - set(allowed))
-    if unknown:
-        raise ValueError(f"codec '{codec.name}' got unknown option(s) {unknown}; "
-                         f"it takes {list(allowed) or 'none'}")
 
 
 @register_codec("qjl")

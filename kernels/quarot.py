@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .base import Codec, Encoded
+from .base import Codec, Encoded, reject_unknown_options
 from .packing import BitField
-from .qjl import reject_unknown_options
 from .registry import register_codec
 from .rotation import Rotation
 from .values import group_dequantize, group_quantize

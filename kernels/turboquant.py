@@ -24,10 +24,10 @@ import math
 
 import torch
 
-from .base import Codec, Encoded
+from .base import Codec, Encoded, reject_unknown_options
 from .lloyd_max import codebook, quantize
 from .packing import BitField
-from .qjl import GaussianSketch, reject_unknown_options
+from .qjl import GaussianSketch
 from .registry import register_codec
 from .rotation import Rotation
 

@@ -373,3 +373,8 @@ def test_cuda_matches_cpu(name):
     q = _keys(2, 4, 5, 128, seed=22)
     sa, sb = cpu.score(q, a), gpu.score(q.cuda(), b).cpu()
     assert float((sb - sa).norm() / sa.norm()) < 1e-2
+
+
+def test_unknown_option_is_an_error():
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['splitt'\]"):
+        make_codec("octopus", 3, 64, splitt=(3, 3))
