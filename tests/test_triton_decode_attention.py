@@ -127,11 +127,11 @@ def test_no_window_and_nothing_to_attend():
 
 
 def test_many_splits_and_shared_rotation():
-    """More splits than one combine chunk (64), a last block cut short, and a codec built with
+    """More splits than one combine pass (16), a last block cut short, and a codec built with
     num_heads=1 (every head shares the rotation)."""
     codec, q, ks, vs, wk, wv = _case("octopus", 3, 64, B=1, Hkv=1, G=2, T=64 * 70 - 5, W=4, seed=11,
                                      dtype=torch.float32, num_heads=1)
-    out = decode_attention_fused(q, ks, vs, codec, wk, wv, num_splits=70)
+    out = decode_attention_fused(q, ks, vs, codec, wk, wv, num_splits=70, combine_block=16)
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
     assert _rel(out, ref) < OUT_TOL[torch.float32]
     with pytest.raises(ValueError, match="multiple of 64"):
@@ -168,3 +168,33 @@ def test_dispatch_falls_back_for_uncovered_codec():
     assert torch.equal(decode_attention(q, ks, vs, codec, wk, wv, backend="auto"), ref)
     with pytest.raises(RuntimeError, match="code width 5"):
         decode_attention(q, ks, vs, codec, wk, wv, backend="triton")
+
+
+@pytest.mark.parametrize("split,value_bits,value_group", [((6, 3), 8, 128), ((3, 0), 1, 32), ((5, 2), 2, 64)])
+def test_octopus_splits_and_value_layouts(split, value_bits, value_group):
+    """Code windows of 3 words (b_u = 6), no norm codes (b_r = 0), and value groups smaller than,
+    equal to and larger than one 64-coordinate chunk, at 8, 1 and 2 value bits."""
+    g = _gen(11)
+    d, B, Hkv, G, T = 128, 2, 2, 3, 70
+    codec = make_codec("octopus", 3, d, seed=3, layer=0, num_heads=Hkv, split=split, value_bits=value_bits,
+                       value_group=value_group, device=DEV)
+    k = torch.randn(B, Hkv, T, d, generator=g) * 2
+    v = torch.randn(B, Hkv, T, d, generator=g) + torch.rand(B, Hkv, T, 1, generator=g) * 4  # offset groups
+    q = torch.randn(B, Hkv * G, 1, d, generator=g).to(DEV)
+    ks, vs = codec.encode(k.to(DEV)), codec.encode_values(v.to(DEV))
+    out, lse = decode_attention_fused(q, ks, vs, codec, lengths=[T, 33], return_lse=True)
+    ref = decode_attention_torch(q, ks, vs, codec, lengths=[T, 33])
+    assert _rel(out, ref) < OUT_TOL[torch.float32]
+    assert torch.allclose(lse, _ref_lse(q, ks, codec, None, [T, 33], 1 / math.sqrt(d)), atol=2e-3)
+
+
+def test_value_group_smaller_than_a_word_falls_back():
+    """1-bit values in groups of 16: one 32-bit word would span two scales, so the kernel declines."""
+    codec = make_codec("octopus", 3, 64, seed=0, num_heads=1, value_bits=1, value_group=16, device=DEV)
+    g = _gen(2)
+    k, v = torch.randn(1, 1, 9, 64, generator=g).to(DEV), torch.randn(1, 1, 9, 64, generator=g).to(DEV)
+    q = torch.randn(1, 2, 1, 64, generator=g).to(DEV)
+    ks, vs = codec.encode(k), codec.encode_values(v)
+    with pytest.raises(RuntimeError, match="value group 16 at 1 bits"):
+        decode_attention(q, ks, vs, codec, backend="triton")
+    assert torch.equal(decode_attention(q, ks, vs, codec), decode_attention_torch(q, ks, vs, codec))

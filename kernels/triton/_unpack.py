@@ -83,29 +83,30 @@ def _unpack_tile(w0, w1, w2, BLOCK_N: tl.constexpr, NCODES: tl.constexpr, BITS: 
 
 
 @triton.jit
-def _octa_lane(u_row, r_row, mask_n, OC, RHO, i, NT: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr,
-               UB: tl.constexpr, RB: tl.constexpr):
-    """Triplets i [TV] of BLOCK_N tokens -> rotated-frame (x, y, z), each fp16 [BLOCK_N, TV]:
-    rho_c[r] * octa_decode(oc[u], oc[v]). Triplets >= NT decode code 0 (finite); the query
-    features of those columns are zero."""
-    m2 = mask_n[:, None] & (i < NT)[None, :]
-    o = i * (2 * BU)  # bit offset of the (u_i, v_i) pair
-    byte = o >> 3
-    w = tl.load(u_row[:, None] + byte[None, :], mask=m2, other=0).to(tl.int32)
-    if 8 % (2 * BU) != 0:  # the pair can straddle a byte boundary (BU <= 6: two bytes suffice)
-        w2 = tl.load(u_row[:, None] + (byte + 1)[None, :], mask=m2 & (byte + 1 < UB)[None, :], other=0)
-        w = w | (w2.to(tl.int32) << 8)
-    sh = (o & 7)[None, :]
-    cu = tl.load(OC + ((w >> sh) & ((1 << BU) - 1)))
-    cv = tl.load(OC + ((w >> (sh + BU)) & ((1 << BU) - 1)))
+def _bit_window(WORDS, bit0, mask, nwords, THREE: tl.constexpr):
+    """The 64 bits from absolute bit offset bit0 (int64 tensor) of a 4-byte aligned byte array
+    read as uint32 words (nwords of them): two aligned words and a funnel shift, a third word
+    when THREE (else only the low 64 - (bit0 % 32) >= 33 bits are valid). -> uint64."""
+    wi = bit0 >> 5
+    sh = (bit0 & 31).to(tl.uint64)
+    w0 = tl.load(WORDS + wi, mask=mask, other=0).to(tl.uint64)
+    w1 = tl.load(WORDS + wi + 1, mask=mask & (wi + 1 < nwords), other=0).to(tl.uint64)
+    win = ((w1 << 32) | w0) >> sh
+    if THREE:
+        w2 = tl.load(WORDS + wi + 2, mask=mask & (wi + 2 < nwords), other=0).to(tl.uint64)
+        win = (win & 0xFFFFFFFF) | ((((w2 << 32) | w1) >> sh) << 32)
+    return win
+
+
+@triton.jit
+def _octa_lane(uw, rw, K: tl.constexpr, OC, RHO, BU: tl.constexpr, BR: tl.constexpr):
+    """Triplet K of the 4-triplet groups whose (u, v) codes are the bit window uw and norm codes
+    rw -> rotated-frame (x, y, z), each fp16: rho_c[r] * octa_decode(oc[u], oc[v])."""
+    pair = ((uw >> (K * 2 * BU)) & ((1 << (2 * BU)) - 1)).to(tl.int32)
+    cu = tl.load(OC + (pair & ((1 << BU) - 1)))
+    cv = tl.load(OC + (pair >> BU))
     if BR > 0:
-        orr = i * BR
-        rb = orr >> 3
-        wr = tl.load(r_row[:, None] + rb[None, :], mask=m2, other=0).to(tl.int32)
-        if 8 % BR != 0:
-            wr2 = tl.load(r_row[:, None] + (rb + 1)[None, :], mask=m2 & (rb + 1 < RB)[None, :], other=0)
-            wr = wr | (wr2.to(tl.int32) << 8)
-        rho = tl.load(RHO + ((wr >> (orr & 7)[None, :]) & ((1 << BR) - 1)))
+        rho = tl.load(RHO + ((rw >> (K * BR)) & ((1 << BR) - 1)).to(tl.int32))
     else:
         rho = tl.load(RHO)
     au = tl.abs(cu)
@@ -124,16 +125,26 @@ def _octa_lane(u_row, r_row, mask_n, OC, RHO, i, NT: tl.constexpr, BU: tl.conste
 
 
 @triton.jit
-def _octa_chunk(u_row, r_row, mask_n, OC, RHO, BLOCK_N: tl.constexpr, T0: tl.constexpr, TN: tl.constexpr,
-                NT: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr, UB: tl.constexpr, RB: tl.constexpr):
-    """Triplets [T0, T0 + TN) -> (x, y, z) fp16 [BLOCK_N, TN]. Decoded as four interleaved lanes
-    (triplets T0 + 4m + t) joined so that each thread holds 4 consecutive triplets of a token:
-    the tile then goes to shared memory (tensor-core operand) in 8-byte vectors."""
-    m4 = T0 + 4 * tl.arange(0, TN // 4)
-    x0, y0, z0 = _octa_lane(u_row, r_row, mask_n, OC, RHO, m4, NT, BU, BR, UB, RB)
-    x1, y1, z1 = _octa_lane(u_row, r_row, mask_n, OC, RHO, m4 + 1, NT, BU, BR, UB, RB)
-    x2, y2, z2 = _octa_lane(u_row, r_row, mask_n, OC, RHO, m4 + 2, NT, BU, BR, UB, RB)
-    x3, y3, z3 = _octa_lane(u_row, r_row, mask_n, OC, RHO, m4 + 3, NT, BU, BR, UB, RB)
+def _octa_chunk(KA, KB, rows, mask_n, OC, RHO, ka_words, kb_words, BLOCK_N: tl.constexpr, T0: tl.constexpr,
+                TN: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr, UB: tl.constexpr, RB: tl.constexpr):
+    """Triplets [T0, T0 + TN) of the tokens at global rows ``rows`` (int64) -> (x, y, z) fp16
+    [BLOCK_N, TN]. Each thread element reads the codes of 4 consecutive triplets as one bit
+    window (u: 8 BU bits, r: 4 BR bits; rows are not word aligned) and decodes them as four
+    lanes, joined so that each thread holds 4 consecutive triplets of a token. Triplets past the
+    last decode whatever bits follow (finite: every code is a valid index); the query features
+    of those columns are zero."""
+    j = T0 + 4 * tl.arange(0, TN // 4)
+    ubit = (rows * (8 * UB))[:, None] + (j * (2 * BU))[None, :]
+    uw = _bit_window(KA.to(tl.pointer_type(tl.uint32)), ubit, mask_n[:, None], ka_words, 8 * BU > 33)
+    if BR > 0:
+        rbit = (rows * (8 * RB))[:, None] + (j * BR)[None, :]
+        rw = _bit_window(KB.to(tl.pointer_type(tl.uint32)), rbit, mask_n[:, None], kb_words, False)
+    else:
+        rw = uw
+    x0, y0, z0 = _octa_lane(uw, rw, 0, OC, RHO, BU, BR)
+    x1, y1, z1 = _octa_lane(uw, rw, 1, OC, RHO, BU, BR)
+    x2, y2, z2 = _octa_lane(uw, rw, 2, OC, RHO, BU, BR)
+    x3, y3, z3 = _octa_lane(uw, rw, 3, OC, RHO, BU, BR)
     x = tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), [BLOCK_N, TN])
     y = tl.reshape(tl.join(tl.join(y0, y2), tl.join(y1, y3)), [BLOCK_N, TN])
     z = tl.reshape(tl.join(tl.join(z0, z2), tl.join(z1, z3)), [BLOCK_N, TN])

@@ -55,13 +55,13 @@ def _qfeat(q, qm, COL0: tl.constexpr, NCOL: tl.constexpr, NQ: tl.constexpr, D: t
 
 
 @triton.jit
-def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj,
+def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, kb_words,
                   NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
                   KIND: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, KA_BYTES: tl.constexpr,
                   KB_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr, BU: tl.constexpr,
                   BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
                   VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
-                  CW: tl.constexpr, PREFETCH: tl.constexpr):
+                  CW: tl.constexpr, PREFETCH: tl.constexpr, ABLATE: tl.constexpr = 0):
     """One block of BLOCK_N tokens from ``start``: scores, online softmax, values. -> (m, l, acc).
     The field pointers point at this (batch, head)'s token 0; offsets are int32."""
     if PREFETCH > 0:  # the block PREFETCH blocks ahead goes to L1 while this one is computed
@@ -82,13 +82,14 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj,
     nrm = tl.load(NORM + offs, mask=mask_n, other=0.0)
     # scores transposed, sT [BLOCK_N, GP] = keys [BLOCK_N, K] @ features^T [K, GP]: the tokens are
     # the M side of the tensor-core product (wgmma on Hopper), the query heads the small N side
-    if KIND <= 1:
-        u_row = KA + offs * KA_BYTES
-        r_row = KB + offs * KB_BYTES
+    if ABLATE & 1:  # profiling only: no key decode
+        raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
+    elif KIND <= 1:
+        rows = t0 + offs  # global token rows: the code fields are read relative to their (aligned) start
         raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
         for c in tl.static_range(NCH):  # triplet chunks of TN, each consumed at once (registers)
-            x, y, z = _octa_chunk(u_row, r_row, mask_n, CB1, CB2, BLOCK_N, c * TN, TN, NT, BU, BR, KA_BYTES,
-                                  KB_BYTES)
+            x, y, z = _octa_chunk(KA0, KB0, rows, mask_n, CB1, CB2, ka_words, kb_words, BLOCK_N, c * TN, TN,
+                                  BU, BR, KA_BYTES, KB_BYTES)
             raw = tl.dot(x, fk[3 * c], raw)
             raw = tl.dot(y, fk[3 * c + 1], raw)
             raw = tl.dot(z, fk[3 * c + 2], raw)
@@ -117,14 +118,15 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj,
     KV: tl.constexpr = 32 // VBITS if 32 % VBITS == 0 else 32
     p16 = p.to(tl.float16)
     acc_new = ()
-    for c in tl.static_range(D // CW):
+    for c in tl.static_range(D // CW if (ABLATE & 2) == 0 else 0):
         w0, w1, w2 = _row_words(VC + offs * VC_BYTES, mask_n, c * CW, CW, VBITS)
         gptr = offs[:, None] * NVG + ((c * CW + tl.arange(0, w0.shape[1]) * KV) // VG)[None, :]
         vs = tl.load(VS + gptr, mask=mask_n[:, None], other=0.0).to(tl.float32)
         vz = tl.load(VZ + gptr, mask=mask_n[:, None], other=0.0).to(tl.float32)
         v = _unpack_tile(w0, w1, w2, BLOCK_N, CW, VBITS, 1, vs, vz, CB1)
         acc_new = acc_new + (tl.dot(tl.trans(v), p16, acc[c] * alpha[None, :]),)
-    acc = acc_new
+    if (ABLATE & 2) == 0:
+        acc = acc_new
     return m_new, l_i, acc
 
 
@@ -134,13 +136,14 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj,
 @triton.jit
 def _split_kernel(
     Q, QM, NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, LENS, OACC, OML,
-    T_alloc, H, qm_head_stride, chunk, rot_scale, qjl_feat_scale, qjl_coef, sm_scale_log2,
+    ka_words, kb_words, T_alloc, H, qm_head_stride, chunk, rot_scale, qjl_feat_scale, qjl_coef, sm_scale_log2,
     KIND: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, NQ: tl.constexpr, JCOL: tl.constexpr,
     KA_BYTES: tl.constexpr, KB_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr,
     BU: tl.constexpr, BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
     VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
     STATIC_ITERS: tl.constexpr, HAS_LENS: tl.constexpr, CW: tl.constexpr, PREFETCH: tl.constexpr,
+    ABLATE: tl.constexpr = 0,
 ):
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -193,6 +196,8 @@ def _split_kernel(
     for c in tl.static_range(D // CW):
         acc = acc + (tl.zeros([CW, GP], tl.float32),)
     t0 = pid_bh.to(tl.int64) * T_alloc  # this (batch, head)'s token 0
+    KA0 = KA
+    KB0 = KB
     NORM += t0
     KA += t0 * KA_BYTES
     KB += t0 * KB_BYTES
@@ -204,17 +209,17 @@ def _split_kernel(
     if STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
         for it in range(0, STATIC_ITERS):
             m_i, l_i, acc = _attend_block(
-                lo + it * BLOCK_N, hi, m_i, l_i, acc, fk, fj, sj,
+                lo + it * BLOCK_N, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, kb_words,
                 NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
                 KIND, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
-                VBITS, VC_BYTES, VG, NVG, CW, PREFETCH)
+                VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
     else:
         for start in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _attend_block(
-                start, hi, m_i, l_i, acc, fk, fj, sj,
+                start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, kb_words,
                 NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
                 KIND, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
-                VBITS, VC_BYTES, VG, NVG, CW, PREFETCH)
+                VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
 
     # ---- partial results: normalised output (fp16) and log2-sum-exp per query head ----------
     part = pid_bh * NUM_SPLITS + pid_s
@@ -266,24 +271,9 @@ def _combine_kernel(
     h = bh % H
     dc = d0 + tl.arange(0, DC)
 
-    # splits: o_s (normalised, fp16) weighted by 2^(lse_s - max lse)
-    si = tl.arange(0, SPLIT_BLOCK)
-    mv = tl.full([SPLIT_BLOCK], -1.0e30, tl.float32)
-    for c0 in range(0, NUM_SPLITS, SPLIT_BLOCK):
-        sc = c0 + si
-        mv = tl.maximum(mv, tl.load(OLSE + (bh * NUM_SPLITS + sc) * GP + g, mask=sc < NUM_SPLITS, other=-1.0e30))
-    m = tl.max(mv, 0)
+    m = tl.full([], -1.0e30, tl.float32)
+    l = tl.zeros([], tl.float32)
     acc = tl.zeros([DC], tl.float32)
-    l = m * 0.0
-    for c0 in range(0, NUM_SPLITS, SPLIT_BLOCK):
-        sc = c0 + si
-        ok = sc < NUM_SPLITS
-        lse = tl.load(OLSE + (bh * NUM_SPLITS + sc) * GP + g, mask=ok, other=-1.0e30)
-        wc = tl.where(lse > -1.0e29, tl.exp2(lse - m), 0.0)  # empty splits weigh nothing
-        o = tl.load(OPART + ((bh * NUM_SPLITS + sc) * GP + g)[:, None] * D + dc[None, :], mask=ok[:, None], other=0.0)
-        acc += tl.sum(o.to(tl.float32) * wc[:, None], 0)
-        l += tl.sum(wc, 0)
-
     if HAS_WINDOW:
         q = tl.load(Q + pid * D + tl.arange(0, D)).to(tl.float32)
         if HAS_WLENS:
@@ -300,6 +290,21 @@ def _combine_kernel(
             for w0 in range(0, wl, W_BLOCK):
                 m, l, acc = _window_block(w0, wl, q, m, l, acc, kbase, vbase, swk_t, swv_t,
                                           sm_scale_log2, d0, D, DC, W_BLOCK)
+
+    # splits: o_s (normalised, fp16) weighted by 2^lse_s, merged online; one pass (SPLIT_BLOCK covers
+    # up to 256 splits) so that the loads of all splits are in flight at once
+    si = tl.arange(0, SPLIT_BLOCK)
+    for c0 in range(0, NUM_SPLITS, SPLIT_BLOCK):
+        sc = c0 + si
+        ok = sc < NUM_SPLITS
+        lse = tl.load(OLSE + (bh * NUM_SPLITS + sc) * GP + g, mask=ok, other=-1.0e30)
+        o = tl.load(OPART + ((bh * NUM_SPLITS + sc) * GP + g)[:, None] * D + dc[None, :], mask=ok[:, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        alpha = tl.exp2(m - m_new)
+        wc = tl.where(lse > -1.0e29, tl.exp2(lse - m_new), 0.0)  # empty splits weigh nothing
+        acc = acc * alpha + tl.sum(o.to(tl.float32) * wc[:, None], 0)
+        l = l * alpha + tl.sum(wc, 0)
+        m = m_new
 
     out = acc / tl.maximum(l, 1e-30)  # nothing to attend -> zeros
     tl.store(OUT + pid * D + dc, out.to(OUT.dtype.element_ty))
@@ -425,6 +430,9 @@ def supports(codec, q_dtype=torch.bfloat16) -> str | None:
     vq = codec.value_quantizer
     if vq.bits not in (1, 2, 3, 4, 8) or vq.group & (vq.group - 1) or vq.padded != D:
         return f"value quantizer (bits={vq.bits}, group={vq.group}) not supported"
+    per_word = 32 if vq.bits == 3 else 32 // vq.bits  # codes read with one scale (a word; 3 words at 3 bits)
+    if vq.group < per_word:
+        return f"value group {vq.group} at {vq.bits} bits is smaller than the {per_word} codes the kernel reads at once"
     return None
 
 
@@ -467,14 +475,16 @@ def _field(state, name, T):
 def decode_attention_fused(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
                            window_lengths=None, scale=None, block_n: int = 64, num_warps: int = 4,
                            num_stages: int = 1, num_splits: int | None = None, return_lse: bool = False,
-                           maxnreg: int | None = -1, programs_per_sm: int | None = None, prefetch: int = 1):
+                           maxnreg: int | None = -1, programs_per_sm: int | None = None, prefetch: int = 1,
+                           combine_block: int = 256, _ablate: int = 0):
     """Fused decode attention. Shapes as :func:`kernels.attention.decode_attention`; returns
     out [B, Hq, 1, d] in q's dtype, and with ``return_lse`` also lse [B, Hq] float32, the natural
     log-sum-exp of the scaled scores (tests use it to check the scores).
 
     Tuning: ``block_n`` tokens per block; ``num_splits`` (default: ``programs_per_sm`` programs
     per SM over the batch and heads); ``maxnreg`` caps registers so that 4 programs fit an SM;
-    ``num_stages`` > 1 lets Triton pipeline the loads through shared memory (slower here)."""
+    ``num_stages`` > 1 lets Triton pipeline the loads through shared memory (slower here);
+    ``combine_block`` splits merged per pass of the combine kernel (a power of two)."""
     B, Hq, Tq, D = q.shape
     assert Tq == 1, "decode attention takes one query token"
     if block_n % 64:  # tokens are the M side of the Hopper tensor-core product (64 rows per warpgroup)
@@ -510,6 +520,8 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
     vc, vs, vz = (_field(value_state, k, T) for k in ("codes", "scale", "zero"))
     if kb.numel() == 0:
         kb = ka  # b_r = 0: no r field (never read)
+    if plan.kind <= 1:  # the OCTOPUS fields are read as 32-bit words from their start
+        ka, kb = (f if f.data_ptr() % 4 == 0 else f.clone() for f in (ka, kb))
 
     oacc = torch.empty(B * Hkv * num_splits * GP * D, dtype=torch.float16, device=dev)
     oml = torch.empty(B * Hkv * num_splits * GP, dtype=torch.float32, device=dev)
@@ -517,14 +529,14 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
     LAST_LAUNCH["split"] = _split_kernel[(num_splits, B * Hkv)](
         qc, plan.qm, norm, ka, kb, qjl, rnorm, vc, vs, vz, plan.cb1, plan.cb2, lens if lens is not None else norm,
         oacc, oml,
-        T, Hkv, plan.qm_head_stride, chunk, plan.rot_scale, plan.qjl_feat_scale, plan.qjl_coef, sm_scale_log2,
+        -(-ka.numel() // 4), -(-kb.numel() // 4), T, Hkv, plan.qm_head_stride, chunk, plan.rot_scale, plan.qjl_feat_scale, plan.qjl_coef, sm_scale_log2,
         KIND=plan.kind, G=G, GP=GP, D=D, BLOCK_N=block_n, NUM_SPLITS=num_splits, NQ=plan.nq,
         JCOL=3 * plan.tn * plan.nch if plan.kind <= 1 else D,
         KA_BYTES=plan.ka_bytes, KB_BYTES=plan.kb_bytes, QJL_BYTES=D // 8, CBITS=plan.cbits,
         BU=plan.bu, BR=plan.br, NT=plan.nt, TN=plan.tn, NCH=plan.nch,
         VBITS=plan.vbits, VC_BYTES=plan.vc_bytes, VG=plan.vg, NVG=D // plan.vg,
         STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None, CW=min(64, D),
-        PREFETCH=0 if interpreting() else prefetch,
+        PREFETCH=0 if interpreting() else prefetch, ABLATE=_ablate,
         num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": maxnreg} if maxnreg and not interpreting() else {}),
     )
@@ -549,9 +561,11 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
         wstr = (0,) * 6
         w_block = 16
     DC = min(32, D)
+    if _ablate & 4:  # profiling only: the split kernel alone
+        return out
     LAST_LAUNCH["combine"] = _combine_kernel[(B * Hq, D // DC)](
         qc, wk, wv, wl if wl is not None else qc, oacc, oml, out, lse, Hkv, W, *wstr, sm_scale_log2,
-        G=G, GP=GP, D=D, DC=DC, NUM_SPLITS=num_splits, SPLIT_BLOCK=min(64, triton.next_power_of_2(num_splits)),
+        G=G, GP=GP, D=D, DC=DC, NUM_SPLITS=num_splits, SPLIT_BLOCK=min(combine_block, triton.next_power_of_2(num_splits)),
         W_BLOCK=w_block, HAS_WINDOW=has_w, HAS_WLENS=wl is not None,
         WRITE_LSE=return_lse,
         W_STATIC_ITERS=triton.cdiv(window_k.shape[-2], w_block) if (has_w and interpreting()) else 0,
