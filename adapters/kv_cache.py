@@ -89,6 +89,19 @@ def _tail(state: Encoded, start: int) -> Encoded:
     return Encoded(tensors, (*state.shape[:-2], T - start, state.shape[-1]), state.dtype)
 
 
+def _keeps_everything(mask: torch.Tensor) -> bool:
+    """True when an attention mask masks nothing (boolean all True, or additive all zero), as the
+    masks transformers passes for a decode step without padding are. The answer is kept on the
+    mask tensor itself (for its current version), so a model's layers, which share one mask per
+    forward pass, pay for one device sync per step, not one per layer."""
+    memo = getattr(mask, "_kvcodec_keeps_all", None)
+    if memo is not None and memo[0] == mask._version:
+        return memo[1]
+    keeps = bool(mask.all()) if mask.dtype == torch.bool else bool((mask == 0).all())
+    mask._kvcodec_keeps_all = (mask._version, keeps)
+    return keeps
+
+
 def _tensor_bytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
@@ -270,7 +283,7 @@ class LayerKV:
         then fails loudly if the kernel cannot run). None means: take the torch path below."""
         backend = self.config.backend
         if (backend == "torch" or (backend == "auto" and not q.is_cuda) or q.shape[2] != 1 or self.codec is None
-                or mask is not None or self.committed == 0):
+                or (mask is not None and not _keeps_everything(mask)) or self.committed == 0):
             return None
         wk, wv = self.window_k, self.window_v
         if k_new is not None:

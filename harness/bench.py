@@ -176,12 +176,14 @@ def bench_encode(codec_name, bits, Hkv, d, tokens, dev, rep_ms) -> dict:
     from kernels.triton.turboquant_encode import turboquant_mse_encode
 
     codec = make_codec(codec_name, bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
+    # the reference: the same codec forced onto the PyTorch path ('auto' would take the fused one on CUDA)
+    ref = make_codec(codec_name, bits, d, seed=0, layer=0, num_heads=Hkv, device=dev, backend="torch")
     fused = octopus_encode if codec_name == "octopus" else turboquant_mse_encode
     k = torch.randn(1, Hkv, tokens, d, device=dev).to(torch.bfloat16)
-    a, b = fused(codec, k), codec.encode(k)
+    a, b = fused(codec, k), ref.encode(k)
     same = {f: float((a.tensors[f] == b.tensors[f]).float().mean()) for f in a.tensors if a.tensors[f].dtype == torch.uint8}
     t_fused = _time_eager(lambda: fused(codec, k), rep_ms)
-    t_ref = _time_eager(lambda: codec.encode(k), rep_ms)
+    t_ref = _time_eager(lambda: ref.encode(k), rep_ms)
     n = Hkv * tokens
     return {"codec": codec_name, "bits": bits, "vectors": n, "fused_s": t_fused, "torch_s": t_ref,
             "fused_vec_per_s": n / t_fused, "torch_vec_per_s": n / t_ref, "speedup": t_ref / t_fused,

@@ -51,8 +51,11 @@ def timed_generate(model, ids, cache, n_new, device):
     clock = StepClock(device)
     sync(device)
     t0 = time.perf_counter()
-    out = model.generate(ids, past_key_values=cache, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
-                         pad_token_id=0, logits_processor=LogitsProcessorList([clock]))
+    # an explicit all-ones mask: generate would otherwise infer padding from pad_token_id, masking
+    # every random id that happens to equal it (and a masked step cannot take the fused kernel)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=n_new,
+                         min_new_tokens=n_new, do_sample=False, pad_token_id=0,
+                         logits_processor=LogitsProcessorList([clock]))
     t = clock.times
     return t[0] - t0, (len(t) - 1) / max(t[-1] - t[0], 1e-9), out
 
@@ -80,7 +83,7 @@ def main(argv=None) -> int:
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa").eval()
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, shape["vocab_size"], (1, context), generator=g).to(device)
+    ids = torch.randint(1, shape["vocab_size"], (1, context), generator=g).to(device)  # 0 is the pad id
     results = []
     with torch.no_grad():
         runs = [("native", None, None)]

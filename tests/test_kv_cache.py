@@ -244,6 +244,30 @@ def test_decode_fast_path_matches_torch():
     torch.testing.assert_close(outs["triton"], outs["torch"], rtol=2e-3, atol=2e-3)
 
 
+def test_decode_fast_path_takes_masks_that_mask_nothing(monkeypatch):
+    """transformers passes an all-True boolean mask on plain decode steps: that must not push the
+    step off the fused path; a mask that hides a key must (the kernel has no general masks)."""
+    import adapters.kv_cache as kvc
+
+    calls = []
+    monkeypatch.setattr(kvc, "decode_attention", lambda *a, **kw: calls.append(kw) or "fused")
+    codec = CODECS[0]
+    layer = LayerKV(make_codec(codec, _bits(codec), D, num_heads=HKV),
+                    CacheConfig(codec=codec, bits=_bits(codec), residual=4, backend="triton"))
+    k, v = _kv(40)
+    layer.append(k, v)
+    q = torch.randn(B, HQ, 1, D)
+    keep = torch.ones(B, 1, 1, 40, dtype=torch.bool)
+    assert layer.attend(q, mask=keep) == "fused" and len(calls) == 1
+    assert layer.attend(q, mask=torch.zeros(B, 1, 1, 40)) == "fused"  # additive, all zero
+    hide = keep.clone()
+    hide[0, 0, 0, 3] = False
+    out = layer.attend(q, mask=hide)
+    assert isinstance(out, torch.Tensor) and len(calls) == 2
+    keep[0, 0, 0, 5] = False  # the mask changed in place: its memo is stale and re-checked
+    assert isinstance(layer.attend(q, mask=keep), torch.Tensor) and len(calls) == 2
+
+
 @pytest.mark.parametrize("codec", CODECS)
 def test_incremental_decode_memo_equals_full_decode(codec):
     """Reads between commits decode only the new tokens (cut from the merged state); the memo then

@@ -185,7 +185,8 @@ def test_octopus_splits_and_value_layouts(split, value_bits, value_group):
     out, lse = decode_attention_fused(q, ks, vs, codec, lengths=[T, 33], return_lse=True)
     ref = decode_attention_torch(q, ks, vs, codec, lengths=[T, 33])
     assert _rel(out, ref) < OUT_TOL[torch.float32]
-    assert torch.allclose(lse, _ref_lse(q, ks, codec, None, [T, 33], 1 / math.sqrt(d)), atol=2e-3)
+    ref_lse = _ref_lse(q, ks, codec, None, [T, 33], 1 / math.sqrt(d))
+    assert (lse - ref_lse).abs().max() < 2e-3 * ref_lse.abs().max().clamp_min(1)
 
 
 def test_value_group_smaller_than_a_word_falls_back():
