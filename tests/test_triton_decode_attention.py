@@ -199,3 +199,29 @@ def test_value_group_smaller_than_a_word_falls_back():
     with pytest.raises(RuntimeError, match="value group 16 at 1 bits"):
         decode_attention(q, ks, vs, codec, backend="triton")
     assert torch.equal(decode_attention(q, ks, vs, codec), decode_attention_torch(q, ks, vs, codec))
+
+
+@pytest.mark.skipif(not CUDA, reason="counts compiled kernels (the interpreter compiles nothing)")
+def test_growing_cache_compiles_each_kernel_once():
+    """A decode loop grows T by one token per step: lengths are run-time values, so the kernels are
+    not recompiled when T, the split count or the field sizes cross a multiple of 16."""
+    from kernels.triton import decode_attention as da
+
+    codec, q, ks, vs, wk, wv = _case("octopus", 3, 64, B=1, Hkv=2, G=2, T=1200, W=3, seed=4)
+
+    def variants(fn):
+        return sum(len(c[0]) for c in fn.device_caches.values())
+
+    decode_attention_fused(q, _tail_state(ks, 1000), _tail_state(vs, 1000), codec, wk, wv)
+    before = (variants(da._split_kernel), variants(da._combine_kernel))
+    for T in range(1001, 1200, 7):
+        decode_attention_fused(q, _tail_state(ks, T), _tail_state(vs, T), codec, wk, wv)
+    assert (variants(da._split_kernel), variants(da._combine_kernel)) == before
+
+
+def _tail_state(state, T):
+    """The first T tokens of an encoded state, as a fresh contiguous state."""
+    from kernels.base import Encoded
+
+    return Encoded({k: t[..., :T, :].contiguous() for k, t in state.tensors.items()},
+                   tuple(state.shape[:-2]) + (T, state.shape[-1]), state.dtype)

@@ -133,12 +133,18 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, 
 # --------------------------------------------------------------------------------------------
 # kernel 1: one (split, batch x KV head) per program
 # --------------------------------------------------------------------------------------------
-@triton.jit
+# the sizes that grow with the cache are plain run-time values (no specialisation on them), so a
+# decode loop compiles each kernel once rather than whenever a length crosses a multiple of 16
+_GROWING = ["ka_words", "kb_words", "T_alloc", "chunk", "num_splits"]
+
+
+@triton.jit(do_not_specialize=_GROWING)
 def _split_kernel(
     Q, QM, NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, LENS, OACC, OML,
-    ka_words, kb_words, T_alloc, H, qm_head_stride, chunk, rot_scale, qjl_feat_scale, qjl_coef, sm_scale_log2,
+    ka_words, kb_words, T_alloc, H, qm_head_stride, chunk, num_splits, rot_scale, qjl_feat_scale, qjl_coef,
+    sm_scale_log2,
     KIND: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, NQ: tl.constexpr, JCOL: tl.constexpr,
+    NQ: tl.constexpr, JCOL: tl.constexpr,
     KA_BYTES: tl.constexpr, KB_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr,
     BU: tl.constexpr, BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
     VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
@@ -222,7 +228,7 @@ def _split_kernel(
                 VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
 
     # ---- partial results: normalised output (fp16) and log2-sum-exp per query head ----------
-    part = pid_bh * NUM_SPLITS + pid_s
+    part = pid_bh * num_splits + pid_s
     gm = g < G
     inv_l = tl.where(l_i > 0, 1.0 / tl.maximum(l_i, 1e-30), 0.0)
     for c in tl.static_range(D // CW):
@@ -252,15 +258,32 @@ def _window_block(w0, wl, q, m, l, acc, kbase, vbase, swk_t, swv_t, sm_scale_log
     return m_new, l, acc
 
 
+@triton.jit
+def _merge_splits(c0, m, l, acc, OPART, OLSE, bh, g, dc, num_splits, GP: tl.constexpr, D: tl.constexpr,
+                  SPLIT_BLOCK: tl.constexpr):
+    """Splits [c0, c0 + SPLIT_BLOCK) of one query head merged online into (m, l, acc): o_s
+    (normalised, fp16) weighted by 2^lse_s. All SPLIT_BLOCK (up to 256) splits are loaded at once."""
+    sc = c0 + tl.arange(0, SPLIT_BLOCK)
+    ok = sc < num_splits
+    lse = tl.load(OLSE + (bh * num_splits + sc) * GP + g, mask=ok, other=-1.0e30)
+    o = tl.load(OPART + ((bh * num_splits + sc) * GP + g)[:, None] * D + dc[None, :], mask=ok[:, None], other=0.0)
+    m_new = tl.maximum(m, tl.max(lse, 0))
+    alpha = tl.exp2(m - m_new)
+    wc = tl.where(lse > -1.0e29, tl.exp2(lse - m_new), 0.0)  # empty splits weigh nothing
+    acc = acc * alpha + tl.sum(o.to(tl.float32) * wc[:, None], 0)
+    l = l * alpha + tl.sum(wc, 0)
+    return m_new, l, acc
+
+
 # --------------------------------------------------------------------------------------------
 # kernel 2: merge the splits and the native window; one query head x DC coordinates per program
 # --------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "W", "swk_b", "swk_h", "swv_b", "swv_h"])
 def _combine_kernel(
     Q, WK, WV, WLENS, OPART, OLSE, OUT, LSE,
-    H, W, swk_b, swk_h, swk_t, swv_b, swv_h, swv_t, sm_scale_log2,
-    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr, W_BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    H, W, swk_b, swk_h, swk_t, swv_b, swv_h, swv_t, sm_scale_log2, num_splits,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DC: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr, S_STATIC_ITERS: tl.constexpr, W_BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr,
     W_STATIC_ITERS: tl.constexpr, HAS_WLENS: tl.constexpr, WRITE_LSE: tl.constexpr,
 ):
     pid = tl.program_id(0)  # b * Hq + hq
@@ -293,18 +316,13 @@ def _combine_kernel(
 
     # splits: o_s (normalised, fp16) weighted by 2^lse_s, merged online; one pass (SPLIT_BLOCK covers
     # up to 256 splits) so that the loads of all splits are in flight at once
-    si = tl.arange(0, SPLIT_BLOCK)
-    for c0 in range(0, NUM_SPLITS, SPLIT_BLOCK):
-        sc = c0 + si
-        ok = sc < NUM_SPLITS
-        lse = tl.load(OLSE + (bh * NUM_SPLITS + sc) * GP + g, mask=ok, other=-1.0e30)
-        o = tl.load(OPART + ((bh * NUM_SPLITS + sc) * GP + g)[:, None] * D + dc[None, :], mask=ok[:, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse, 0))
-        alpha = tl.exp2(m - m_new)
-        wc = tl.where(lse > -1.0e29, tl.exp2(lse - m_new), 0.0)  # empty splits weigh nothing
-        acc = acc * alpha + tl.sum(o.to(tl.float32) * wc[:, None], 0)
-        l = l * alpha + tl.sum(wc, 0)
-        m = m_new
+    if S_STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
+        for it in range(0, S_STATIC_ITERS):
+            m, l, acc = _merge_splits(it * SPLIT_BLOCK, m, l, acc, OPART, OLSE, bh, g, dc, num_splits, GP, D,
+                                      SPLIT_BLOCK)
+    else:
+        for c0 in range(0, num_splits, SPLIT_BLOCK):
+            m, l, acc = _merge_splits(c0, m, l, acc, OPART, OLSE, bh, g, dc, num_splits, GP, D, SPLIT_BLOCK)
 
     out = acc / tl.maximum(l, 1e-30)  # nothing to attend -> zeros
     tl.store(OUT + pid * D + dc, out.to(OUT.dtype.element_ty))
@@ -529,8 +547,9 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
     LAST_LAUNCH["split"] = _split_kernel[(num_splits, B * Hkv)](
         qc, plan.qm, norm, ka, kb, qjl, rnorm, vc, vs, vz, plan.cb1, plan.cb2, lens if lens is not None else norm,
         oacc, oml,
-        -(-ka.numel() // 4), -(-kb.numel() // 4), T, Hkv, plan.qm_head_stride, chunk, plan.rot_scale, plan.qjl_feat_scale, plan.qjl_coef, sm_scale_log2,
-        KIND=plan.kind, G=G, GP=GP, D=D, BLOCK_N=block_n, NUM_SPLITS=num_splits, NQ=plan.nq,
+        -(-ka.numel() // 4), -(-kb.numel() // 4), T, Hkv, plan.qm_head_stride, chunk, num_splits, plan.rot_scale,
+        plan.qjl_feat_scale, plan.qjl_coef, sm_scale_log2,
+        KIND=plan.kind, G=G, GP=GP, D=D, BLOCK_N=block_n, NQ=plan.nq,
         JCOL=3 * plan.tn * plan.nch if plan.kind <= 1 else D,
         KA_BYTES=plan.ka_bytes, KB_BYTES=plan.kb_bytes, QJL_BYTES=D // 8, CBITS=plan.cbits,
         BU=plan.bu, BR=plan.br, NT=plan.nt, TN=plan.tn, NCH=plan.nch,
@@ -563,9 +582,11 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
     DC = min(32, D)
     if _ablate & 4:  # profiling only: the split kernel alone
         return out
+    split_block = min(combine_block, 64 if num_splits <= 64 else 256)  # two compiled variants
     LAST_LAUNCH["combine"] = _combine_kernel[(B * Hq, D // DC)](
-        qc, wk, wv, wl if wl is not None else qc, oacc, oml, out, lse, Hkv, W, *wstr, sm_scale_log2,
-        G=G, GP=GP, D=D, DC=DC, NUM_SPLITS=num_splits, SPLIT_BLOCK=min(combine_block, triton.next_power_of_2(num_splits)),
+        qc, wk, wv, wl if wl is not None else qc, oacc, oml, out, lse, Hkv, W, *wstr, sm_scale_log2, num_splits,
+        G=G, GP=GP, D=D, DC=DC, SPLIT_BLOCK=split_block,
+        S_STATIC_ITERS=triton.cdiv(num_splits, split_block) if interpreting() else 0,
         W_BLOCK=w_block, HAS_WINDOW=has_w, HAS_WLENS=wl is not None,
         WRITE_LSE=return_lse,
         W_STATIC_ITERS=triton.cdiv(window_k.shape[-2], w_block) if (has_w and interpreting()) else 0,

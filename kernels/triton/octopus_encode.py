@@ -22,7 +22,8 @@ from ..joint_rounding import direction_grid
 from ..lloyd_max import codebook
 from ._common import count_below, fwht_rows, head_layout, pack_bytes, rotation_signs, thresholds
 
-@triton.jit
+# token counts change with every call: no specialisation on them (one compiled kernel for all)
+@triton.jit(do_not_specialize=["N", "T"])
 def _octopus_encode_kernel(
     X, SIGNS, OC_THR, GRID, RHO_THR, NORM_OUT, U_OUT, R_OUT, N, T, H, rot_scale,
     D: tl.constexpr, NP: tl.constexpr, LOG2N: tl.constexpr, BT: tl.constexpr, NT: tl.constexpr,

@@ -20,7 +20,8 @@ from ..base import Encoded, check_input
 from ._common import count_below, fwht_rows, head_layout, pack_bytes, rotation_signs, thresholds
 
 
-@triton.jit
+# token counts change with every call: no specialisation on them (one compiled kernel for all)
+@triton.jit(do_not_specialize=["N", "T"])
 def _turboquant_encode_kernel(
     X, SIGNS, THR, NORM_OUT, C_OUT, N, T, H, rot_scale,
     D: tl.constexpr, NP: tl.constexpr, LOG2N: tl.constexpr, BT: tl.constexpr, BITS: tl.constexpr,
