@@ -283,5 +283,7 @@ def test_incremental_decode_memo_equals_full_decode(codec):
         layer.attend(q)
     dk, dv = layer.decoded()
     assert dk.shape[-2] == layer.committed
-    assert torch.equal(dk, layer.codec.decode(layer.compressed_keys()))
+    # equal up to float rounding: a sketch codec's decode is a matrix product, and BLAS may block
+    # a product of 50 rows differently from one of 170 (seen with torch 2.11's CPU BLAS)
+    torch.testing.assert_close(dk, layer.codec.decode(layer.compressed_keys()), rtol=1e-5, atol=1e-6)
     assert torch.equal(dv, layer.codec.decode_values(layer.compressed_values()))
