@@ -25,7 +25,8 @@ from kernels import make_codec  # noqa: E402
 from kernels.attention import decode_attention, decode_attention_torch  # noqa: E402
 
 # a module imported before TRITON_INTERPRET was set holds compiled (not interpreted) kernels
-for _m in ("kernels.triton._common", "kernels.triton._unpack", "kernels.triton.decode_attention"):
+for _m in ("kernels.triton._common", "kernels.triton._unpack", "kernels.triton.combine",
+           "kernels.triton.decode_attention"):
     if _m in sys.modules and not CUDA:
         importlib.reload(sys.modules[_m])
 from kernels.triton.decode_attention import decode_attention_fused  # noqa: E402
@@ -205,7 +206,7 @@ def test_value_group_smaller_than_a_word_falls_back():
 def test_growing_cache_compiles_each_kernel_once():
     """A decode loop grows T by one token per step: lengths are run-time values, so the kernels are
     not recompiled when T, the split count or the field sizes cross a multiple of 16."""
-    from kernels.triton import decode_attention as da
+    from kernels.triton import combine, decode_attention as da
 
     codec, q, ks, vs, wk, wv = _case("octopus", 3, 64, B=1, Hkv=2, G=2, T=1200, W=3, seed=4)
 
@@ -213,10 +214,10 @@ def test_growing_cache_compiles_each_kernel_once():
         return sum(len(c[0]) for c in fn.device_caches.values())
 
     decode_attention_fused(q, _tail_state(ks, 1000), _tail_state(vs, 1000), codec, wk, wv)
-    before = (variants(da._split_kernel), variants(da._combine_kernel))
+    before = (variants(da._split_kernel), variants(combine._combine_kernel))
     for T in range(1001, 1200, 7):
         decode_attention_fused(q, _tail_state(ks, T), _tail_state(vs, T), codec, wk, wv)
-    assert (variants(da._split_kernel), variants(da._combine_kernel)) == before
+    assert (variants(da._split_kernel), variants(combine._combine_kernel)) == before
 
 
 def _tail_state(state, T):

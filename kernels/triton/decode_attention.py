@@ -14,7 +14,7 @@ values ``[B, Hkv, T, ...]``) plus a native window ``[B, Hkv, W, d]``:
    online softmax, dequantizes the values (zero + scale * code) and accumulates
    out^T [d, G] += values^T @ p^T. It writes the normalised output (fp16) and the log-sum-exp
    of each split. The block one ahead is prefetched into L1 while a block is computed.
-2. ``_combine_kernel``, grid ``(B * Hq, d / 32)``: merges the splits by log-sum-exp, attends the
+2. ``_combine_kernel`` (:mod:`.combine`), grid ``(B * Hq, d / 32)``: merges the splits by log-sum-exp, attends the
    native window in the same softmax and writes the output.
 
 No key is materialised in full precision: per block only the rotated reconstruction of BLOCK_N
@@ -32,17 +32,18 @@ at most 6 bits (OCTOPUS); value bits 1, 2, 3, 4 or 8 with a power-of-two group.
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 import triton
 import triton.language as tl
 
-from ..rotation import hadamard_matrix
 from . import interpreting
 from ._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
+from .combine import _combine_kernel
+from .decode_plan import KINDS, plan_for
 
-KINDS = {"octopus": 0, "octopus-qjl": 1, "turboquant-mse": 2, "turboquant-prod": 3}
+#: the compiled kernels of the latest launch (register and spill counts for the benchmark)
+LAST_LAUNCH: dict = {}
 _LOG2E = 1.4426950408889634
 
 
@@ -238,199 +239,9 @@ def _split_kernel(
     tl.store(OML + part * GP + g, tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -1.0e30), mask=gm)
 
 
-@triton.jit
-def _window_block(w0, wl, q, m, l, acc, kbase, vbase, swk_t, swv_t, sm_scale_log2, d0,
-                  D: tl.constexpr, DC: tl.constexpr, W_BLOCK: tl.constexpr):
-    """Native window tokens [w0, w0 + W_BLOCK) of one query head merged into (m, l, acc), for
-    output coordinates [d0, d0 + DC)."""
-    dd = tl.arange(0, D)
-    wi = w0 + tl.arange(0, W_BLOCK)
-    wm = wi < wl
-    kw = tl.load(kbase + wi[:, None] * swk_t + dd[None, :], mask=wm[:, None], other=0.0)
-    sw = tl.sum(kw.to(tl.float32) * q[None, :], 1) * sm_scale_log2
-    sw = tl.where(wm, sw, float("-inf"))
-    m_new = tl.maximum(m, tl.max(sw, 0))
-    alpha = tl.exp2(m - m_new)
-    pw = tl.exp2(sw - m_new)
-    vw = tl.load(vbase + wi[:, None] * swv_t + (d0 + tl.arange(0, DC))[None, :], mask=wm[:, None], other=0.0)
-    acc = acc * alpha + tl.sum(pw[:, None] * vw.to(tl.float32), 0)
-    l = l * alpha + tl.sum(pw, 0)
-    return m_new, l, acc
-
-
-@triton.jit
-def _merge_splits(c0, m, l, acc, OPART, OLSE, bh, g, dc, num_splits, GP: tl.constexpr, D: tl.constexpr,
-                  SPLIT_BLOCK: tl.constexpr):
-    """Splits [c0, c0 + SPLIT_BLOCK) of one query head merged online into (m, l, acc): o_s
-    (normalised, fp16) weighted by 2^lse_s. All SPLIT_BLOCK (up to 256) splits are loaded at once."""
-    sc = c0 + tl.arange(0, SPLIT_BLOCK)
-    ok = sc < num_splits
-    lse = tl.load(OLSE + (bh * num_splits + sc) * GP + g, mask=ok, other=-1.0e30)
-    o = tl.load(OPART + ((bh * num_splits + sc) * GP + g)[:, None] * D + dc[None, :], mask=ok[:, None], other=0.0)
-    m_new = tl.maximum(m, tl.max(lse, 0))
-    alpha = tl.exp2(m - m_new)
-    wc = tl.where(lse > -1.0e29, tl.exp2(lse - m_new), 0.0)  # empty splits weigh nothing
-    acc = acc * alpha + tl.sum(o.to(tl.float32) * wc[:, None], 0)
-    l = l * alpha + tl.sum(wc, 0)
-    return m_new, l, acc
-
-
-# --------------------------------------------------------------------------------------------
-# kernel 2: merge the splits and the native window; one query head x DC coordinates per program
-# --------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["num_splits", "W", "swk_b", "swk_h", "swv_b", "swv_h"])
-def _combine_kernel(
-    Q, WK, WV, WLENS, OPART, OLSE, OUT, LSE,
-    H, W, swk_b, swk_h, swk_t, swv_b, swv_h, swv_t, sm_scale_log2, num_splits,
-    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DC: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr, S_STATIC_ITERS: tl.constexpr, W_BLOCK: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    W_STATIC_ITERS: tl.constexpr, HAS_WLENS: tl.constexpr, WRITE_LSE: tl.constexpr,
-):
-    pid = tl.program_id(0)  # b * Hq + hq
-    d0 = tl.program_id(1) * DC
-    bh = pid // G
-    g = pid % G
-    b = bh // H
-    h = bh % H
-    dc = d0 + tl.arange(0, DC)
-
-    m = tl.full([], -1.0e30, tl.float32)
-    l = tl.zeros([], tl.float32)
-    acc = tl.zeros([DC], tl.float32)
-    if HAS_WINDOW:
-        q = tl.load(Q + pid * D + tl.arange(0, D)).to(tl.float32)
-        if HAS_WLENS:
-            wl = tl.minimum(tl.load(WLENS + b), W)
-        else:
-            wl = W
-        kbase = WK + b * swk_b + h * swk_h
-        vbase = WV + b * swv_b + h * swv_h
-        if W_STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
-            for it in range(0, W_STATIC_ITERS):
-                m, l, acc = _window_block(it * W_BLOCK, wl, q, m, l, acc, kbase, vbase, swk_t, swv_t,
-                                          sm_scale_log2, d0, D, DC, W_BLOCK)
-        else:
-            for w0 in range(0, wl, W_BLOCK):
-                m, l, acc = _window_block(w0, wl, q, m, l, acc, kbase, vbase, swk_t, swv_t,
-                                          sm_scale_log2, d0, D, DC, W_BLOCK)
-
-    # splits: o_s (normalised, fp16) weighted by 2^lse_s, merged online; one pass (SPLIT_BLOCK covers
-    # up to 256 splits) so that the loads of all splits are in flight at once
-    if S_STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
-        for it in range(0, S_STATIC_ITERS):
-            m, l, acc = _merge_splits(it * SPLIT_BLOCK, m, l, acc, OPART, OLSE, bh, g, dc, num_splits, GP, D,
-                                      SPLIT_BLOCK)
-    else:
-        for c0 in range(0, num_splits, SPLIT_BLOCK):
-            m, l, acc = _merge_splits(c0, m, l, acc, OPART, OLSE, bh, g, dc, num_splits, GP, D, SPLIT_BLOCK)
-
-    out = acc / tl.maximum(l, 1e-30)  # nothing to attend -> zeros
-    tl.store(OUT + pid * D + dc, out.to(OUT.dtype.element_ty))
-    if WRITE_LSE:  # natural-log log-sum-exp of the scaled scores (-inf when nothing is attended)
-        if d0 == 0:
-            tl.store(LSE + pid, tl.where(l > 0, (m + tl.log2(tl.maximum(l, 1e-30))) * 0.6931471805599453,
-                                         float("-inf")))
-
-
 # --------------------------------------------------------------------------------------------
 # launcher
 # --------------------------------------------------------------------------------------------
-def _triplet_chunks(nt: int) -> tuple[int, int]:
-    """Triplet tiles (TN, number of chunks): chunks of 16 (32 past 48 triplets, head dims > 128),
-    small enough to be decoded and consumed by one tensor-core product at a time."""
-    tn = 16 if nt <= 48 else 32
-    return tn, -(-nt // tn)
-
-
-def _pm1_rotation(rot, head: int) -> torch.Tensor:
-    """sqrt(n) * Rotation.matrix(head), built exactly: H diag(signs), entries ±1 (float64)."""
-    return hadamard_matrix(rot.padded, dtype=torch.float64) * rot.signs[head, 0].cpu().double().unsqueeze(0)
-
-
-class _Plan:
-    """Everything the kernel needs from a codec that does not change between steps."""
-
-    def __init__(self, codec, device):
-        name = codec.name
-        self.kind = KINDS[name]
-        D = codec.head_dim
-        self.D = D
-        if self.kind <= 1:
-            st = codec.stage
-            self.bu, self.br, self.nt = st.b_u, st.b_r, st.nt
-            self.ka_bytes, self.kb_bytes = st.u_field.nbytes, st.r_field.nbytes
-            from ..lloyd_max import codebook
-            self.cb1 = codebook("octa", 0, st.b_u, device=device).contiguous()
-            self.cb2 = codebook("triplet_norm", st.d_pad, st.b_r, device=device).contiguous()
-            self.tn, self.nch = _triplet_chunks(st.nt)
-            rot = codec.rot
-            self.cbits = 0
-        else:
-            st = codec.stage
-            self.bu = self.br = self.nt = self.tn = self.nch = 0
-            self.cbits = st.bits
-            self.ka_bytes, self.kb_bytes = st.field.nbytes, 0
-            self.cb1 = st.centroids(torch.device("cpu")).to(device).contiguous()
-            self.cb2 = self.cb1
-            rot = st.rotation
-        n = rot.padded
-        heads = rot.num_heads
-        mats = []
-        for hh in range(heads):
-            R = _pm1_rotation(rot, hh)  # y = x R^T / sqrt(n)
-            cols = []
-            if self.kind <= 1:
-                for t0, tn in [(k * self.tn, self.tn) for k in range(self.nch)]:
-                    for c in range(3):
-                        sec = torch.zeros(D, tn, dtype=torch.float64)
-                        for j in range(tn):
-                            coord = 3 * (t0 + j) + c
-                            if t0 + j < self.nt and coord < n:
-                                sec[:, j] = R[coord, :D]
-                        cols.append(sec)
-            else:
-                cols.append(R[:, :D].T)
-            if self.kind == 1:
-                R2 = _pm1_rotation(codec.rot2, hh)
-                cols.append((R2 @ R)[:, :D].T)  # integer entries, |.| <= n: exact in bf16
-            if self.kind == 3:
-                S = codec.sketch._S[torch.device("cpu")][hh].double()  # [m, d]
-                hi = S.to(torch.bfloat16).double()
-                cols.append(S.T.to(torch.bfloat16).double())
-                cols.append((S - hi).T)
-            mats.append(torch.cat(cols, dim=1))
-        qm = torch.stack(mats)  # [heads, D, NQ]
-        qm_b = qm.to(torch.bfloat16)
-        if self.kind != 3:
-            assert torch.equal(qm_b.double(), qm), "rotation features must be exact in bf16"
-        self.qm = qm_b.contiguous().to(device)
-        self.nq = qm.shape[-1]
-        self.qm_head_stride = 0 if heads == 1 else D * self.nq
-        self.rot_scale = 1.0 / math.sqrt(n)
-        if self.kind == 1:
-            self.qjl_feat_scale, self.qjl_coef = 1.0 / n, codec.qjl_scale
-        elif self.kind == 3:
-            self.qjl_feat_scale, self.qjl_coef = 1.0, codec.sketch.scale
-        else:
-            self.qjl_feat_scale, self.qjl_coef = 1.0, 0.0
-        vq = codec.value_quantizer
-        self.vbits, self.vg = vq.bits, vq.group
-        self.vc_bytes = vq.field.nbytes
-
-
-_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-#: the compiled kernels of the latest launch (register and spill counts for the benchmark)
-LAST_LAUNCH: dict = {}
-
-
-def plan_for(codec, device) -> _Plan:
-    per = _PLANS.setdefault(codec, {})
-    key = str(torch.device(device))
-    if key not in per:
-        per[key] = _Plan(codec, device)
-    return per[key]
-
-
 def supports(codec, q_dtype=torch.bfloat16) -> str | None:
     """None when the fused kernel handles this codec, else the reason it does not."""
     if codec.name not in KINDS:
