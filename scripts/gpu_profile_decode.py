@@ -89,7 +89,9 @@ def cmd_sass(a):
         f.flush()
         sass = subprocess.run(["cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
     Path(a.out).write_text(sass)
-    ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
+    # an instruction: its address comment, an optional predicate, the opcode
+    opcode = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
+    ops = collections.Counter(m.group(1).split(".")[0] for m in opcode.finditer(sass))
     print(f"{a.codec}@{a.bits}: regs {k.n_regs} spills {k.n_spills} smem {k.metadata.shared}; "
           f"{sum(ops.values())} SASS instructions")
     print(", ".join(f"{o} {n}" for o, n in ops.most_common(30)))

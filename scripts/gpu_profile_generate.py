@@ -56,10 +56,12 @@ def main() -> int:
             ka = prof.key_averages()
             tot_cpu = sum(e.self_cpu_time_total for e in ka) / 1e3
             tot_dev = sum(getattr(e, "self_device_time_total", 0) for e in ka) / 1e3
-            print(f"\n===== {label}: {a.steps} steps x {a.layers} layers; host {tot_cpu:.1f} ms, device {tot_dev:.1f} ms")
+            print(f"\n===== {label}: {a.steps} steps x {a.layers} layers; "
+                  f"host {tot_cpu:.1f} ms, device {tot_dev:.1f} ms")
             print(ka.table(sort_by="self_cpu_time_total", row_limit=a.rows))
             print(ka.table(sort_by="self_device_time_total", row_limit=12))
-            syncs = [e for e in ka if any(s in e.key for s in ("Synchronize", "_local_scalar_dense", "item", "nonzero"))]
+            sync_names = ("Synchronize", "_local_scalar_dense", "item", "nonzero")
+            syncs = [e for e in ka if any(s in e.key for s in sync_names)]
             for e in syncs:
                 print(f"sync-ish: {e.key} x{e.count}, {e.self_cpu_time_total / 1e3:.2f} ms self CPU")
     return 0

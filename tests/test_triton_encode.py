@@ -3,8 +3,9 @@ codecs' ``encode``.
 
 Stated tolerance: packed codes byte-identical to the reference except where a value lies within
 float rounding of a decision boundary (the kernel sums the key norm and the 3-term dot products
-in another order than torch); we allow at most 1 differing byte in 1000 (`harness bench` on an H200 saw up to 5 in 10^6) and
-require norms to agree to 4 ulp (rtol 5e-7). Runs on CUDA, else on the CPU under TRITON_INTERPRET=1.
+in another order than torch); we allow at most 1 differing byte in 1000 (`harness bench` on
+an H200 saw up to 5 in 10^6) and require norms to agree to 4 ulp (rtol 5e-7). Runs on CUDA,
+else on the CPU under TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
