@@ -14,27 +14,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
-
+from adapters.loading import resolve
 from adapters.registry import register_model
 from adapters.wan import CAUSAL_FORCING, CAUSVID, build_random, load_released, tiny_spec
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
-
-
-def resolve(device, dtype) -> tuple[str, torch.dtype]:
-    """'auto' device: cuda where available; 'auto' dtype: float32 on the CPU, bfloat16 on CUDA."""
-    if device in (None, "auto"):
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype in (None, "auto"):
-        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    elif isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise ValueError(f"unknown dtype '{dtype}'; use one of {', '.join(_DTYPES)}")
-        dtype = _DTYPES[dtype]
-    return str(device), dtype
-
 
 def _no_path(name: str, path) -> None:
     if path:

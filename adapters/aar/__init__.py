@@ -13,29 +13,18 @@ from __future__ import annotations
 
 import torch
 
+from adapters.loading import resolve
 from adapters.registry import register_model
 
 from .models import FULL_AAR, FULL_SAT, TINY_AAR, TINY_SAT, random_pipeline, released_pipeline
-from .pipeline import AARPipeline, Rollout, SamplingConfig, aar_cache_config, sample_top_k_top_p
+from .pipeline import AARPipeline, Rollout, SamplingConfig, sample_top_k_top_p
 from .sat import AAR_SCALES, SAT, SATConfig
 from .transformer import AARConfig, AARTransformer
 
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
-
-
 def _placement(device, dtype) -> tuple[torch.device, torch.dtype]:
-    """'auto' device: cuda where available; 'auto' dtype: float32 on the CPU, bfloat16 on CUDA."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if device in (None, "auto") \
-        else torch.device(device)
-    if isinstance(dtype, torch.dtype):
-        return device, dtype
-    if dtype in (None, "auto"):
-        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype '{dtype}'. Available: auto, {', '.join(sorted(_DTYPES))}")
-    return device, _DTYPES[dtype]
+    device, dtype = resolve(device, dtype)
+    return torch.device(device), dtype
 
 
 @register_model("aar", modality="audio", default_task="audio",
@@ -59,6 +48,6 @@ def load_aar_tiny(path: str | None = None, device="auto", dtype="auto") -> AARPi
     return random_pipeline(TINY_AAR, TINY_SAT, 0, *_placement(device, dtype), name="aar-tiny")
 
 
-__all__ = ["AARPipeline", "Rollout", "SamplingConfig", "aar_cache_config", "sample_top_k_top_p", "AAR_SCALES",
+__all__ = ["AARPipeline", "Rollout", "SamplingConfig", "sample_top_k_top_p", "AAR_SCALES",
            "SAT", "SATConfig", "AARConfig", "AARTransformer", "TINY_AAR", "TINY_SAT", "FULL_AAR", "FULL_SAT",
            "random_pipeline", "released_pipeline"]

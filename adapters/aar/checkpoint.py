@@ -3,7 +3,7 @@
 The release stores the AAR transformer under ``model_state_dict`` and the tokenizer under
 ``generator_state_dict`` (next to optimizer state and the epoch), keys possibly prefixed with
 ``module.`` (DistributedDataParallel). Any missing or unexpected key, or a shape that does not
-match, is an error that lists them all.
+match, is an error that lists them all (:func:`adapters.loading.load_strict`).
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch import nn
 
 AAR_KEY = "model_state_dict"
 SAT_KEY = "generator_state_dict"
@@ -48,23 +47,3 @@ def normalize_keys(state: dict) -> dict[str, torch.Tensor]:
                 k = k[: -len(new)] + old
         out[k] = v
     return out
-
-
-def load_strict(module: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
-    """Load ``state`` into ``module``; raise one ValueError naming every missing, unexpected and
-    mis-shaped key."""
-    own = module.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = sorted(f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-                    for k in set(own) & set(state) if tuple(state[k].shape) != tuple(own[k].shape))
-    if missing or unexpected or shapes:
-        parts = [f"{what}: checkpoint does not match the model"]
-        if missing:
-            parts.append(f"missing keys ({len(missing)}): {', '.join(missing)}")
-        if unexpected:
-            parts.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
-        if shapes:
-            parts.append(f"shape mismatches ({len(shapes)}): {'; '.join(shapes)}")
-        raise ValueError("\n  ".join(parts))
-    module.load_state_dict(state, strict=True)

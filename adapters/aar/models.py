@@ -7,9 +7,10 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from adapters.loading import load_strict
 from kernels import private_generator
 
-from .checkpoint import AAR_KEY, SAT_KEY, load_strict, read_state_dict
+from .checkpoint import AAR_KEY, SAT_KEY, read_state_dict
 from .conditioning import ClapConditioner, LaionClapConditioner, StandInConditioner
 from .pipeline import AARPipeline
 from .sat import AAR_SCALES, SAT, SATConfig

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from adapters.loading import CheckpointKeyError, load_strict
+
 #: What each released format wraps its generator in (prefixes tried in order).
 RELEASED_PREFIXES = {
     "causvid": ("model.",),
@@ -38,27 +40,6 @@ _WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_o
 T5_ORIGINAL_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 VAE_ORIGINAL_FILE = "Wan2.1_VAE.pth"
 T5_TOKENIZER_ORIGINAL = "google/umt5-xxl"
-
-
-class CheckpointKeyError(KeyError):
-    """Missing or unexpected keys when loading a checkpoint; the message lists them."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; show it plainly
-        return str(self.args[0])
-
-
-def check_keys(what: str, expected, got) -> None:
-    expected, got = set(expected), set(got)
-    missing, unexpected = sorted(expected - got), sorted(got - expected)
-    if missing or unexpected:
-        def show(keys):
-            return ", ".join(keys[:40]) + (f", ... ({len(keys)} in all)" if len(keys) > 40 else "")
-        lines = [f"{what}: the checkpoint does not match the model."]
-        if missing:
-            lines.append(f"missing keys ({len(missing)}): {show(missing)}")
-        if unexpected:
-            lines.append(f"unexpected keys ({len(unexpected)}): {show(unexpected)}")
-        raise CheckpointKeyError("\n".join(lines))
 
 
 def _torch_load(path: Path) -> dict:
@@ -122,8 +103,7 @@ def wan_to_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def load_transformer_weights(transformer, sd: dict[str, torch.Tensor], what: str) -> None:
     """Strictly load diffusers-named weights ``sd`` into ``transformer`` (assigning, dtype kept)."""
-    check_keys(what, transformer.state_dict().keys(), sd.keys())
-    transformer.load_state_dict(sd, strict=True, assign=True)
+    load_strict(transformer, sd, what, assign=True)
 
 
 def load_released_generator(transformer, path, fmt: str, key: str | None = None) -> Path:
@@ -219,8 +199,7 @@ def load_t5_original(file, dtype: torch.dtype = torch.float32):
     with torch.device("meta"):
         enc = UMT5EncoderModel(umt5_config_for(wan_sd))
     sd = wan_t5_to_transformers(wan_sd)
-    check_keys(f"UMT5 text encoder {file}", enc.state_dict().keys(), sd.keys())
-    enc.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=True, assign=True)
+    load_strict(enc, {k: v.to(dtype) for k, v in sd.items()}, f"UMT5 text encoder {file}", assign=True)
     return enc.eval().requires_grad_(False)
 
 
@@ -234,6 +213,5 @@ def load_vae(folder, dtype: torch.dtype, device="cpu"):
     else:
         vae = AutoencoderKLWan()
         sd = convert_wan_vae_to_diffusers(dict(_torch_load(f / VAE_ORIGINAL_FILE)))
-        check_keys(f"Wan VAE {f / VAE_ORIGINAL_FILE}", vae.state_dict().keys(), sd.keys())
-        vae.load_state_dict(sd, strict=True)
+        load_strict(vae, sd, f"Wan VAE {f / VAE_ORIGINAL_FILE}")
     return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)

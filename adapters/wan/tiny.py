@@ -1,12 +1,8 @@
-"""Tiny random Wan components (real architecture and key names) for CPU runs and tests, and
-a seeded random initialisation that draws every weight from a private generator."""
+"""Tiny random Wan components (real architecture and key names) for CPU runs and tests (their
+weights come from :func:`adapters.loading.random_init_`)."""
 from __future__ import annotations
 
-import math
-
 import torch
-
-from kernels import private_generator
 
 #: A 2-layer, 2-head, head-dim-32 Wan transformer (the 1.3B's key names and layout).
 TINY_TRANSFORMER = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=16,
@@ -19,32 +15,6 @@ TINY_VAE = dict(base_dim=4, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, a
 TINY_UMT5 = dict(vocab_size=260, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                  relative_attention_num_buckets=32, relative_attention_max_distance=128,
                  feed_forward_proj="gated-gelu", layer_norm_epsilon=1e-6, dropout_rate=0.0)
-
-
-@torch.no_grad()
-def random_init_(module: torch.nn.Module, *seed_parts) -> torch.nn.Module:
-    """Re-draw every parameter from a generator seeded by ``seed_parts`` (device of the module).
-
-    Weights ~ N(0, 1/fan_in) (variance-preserving), biases ~ N(0, 0.02^2), norm gains 1,
-    embeddings ~ N(0, 1). Deterministic for a name set, independent of the global RNG.
-    """
-    embeddings = {f"{n}.weight" for n, m in module.named_modules() if isinstance(m, torch.nn.Embedding)}
-    for name, p in sorted(module.named_parameters()):
-        g = private_generator(*seed_parts, name, device=p.device)
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf == "bias":
-            std = 0.02
-        elif "norm" in name or leaf == "gamma":
-            p.fill_(1.0)
-            continue
-        elif name in embeddings:
-            std = 1.0
-        elif p.dim() >= 2:
-            std = 1.0 / math.sqrt(math.prod(p.shape[1:]))
-        else:
-            std = 1.0 / math.sqrt(p.numel())
-        p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std).to(p.dtype))
-    return module
 
 
 class ByteTokenizer:

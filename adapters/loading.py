@@ -1,0 +1,107 @@
+"""What every model loader shares: device and dtype resolution, strict state-dict loading,
+seeded random initialisation and the local cache directory."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from kernels import private_generator
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+# --- placement ------------------------------------------------------------------------------------
+def resolve_device(device: str | None) -> str:
+    """'auto' (or None): cuda where available, else cpu; anything else as given."""
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
+def resolve_dtype(dtype, device: str) -> torch.dtype:
+    """'auto' (or None): bfloat16 on CUDA, float32 elsewhere; a name of :data:`DTYPES`; a torch.dtype as given."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype '{dtype}'. Available: auto, {', '.join(sorted(DTYPES))}")
+    return DTYPES[dtype]
+
+
+def resolve(device, dtype) -> tuple[str, torch.dtype]:
+    """(device, dtype) of a loader's arguments, 'auto' resolved (the same defaults for every modality)."""
+    device = resolve_device(device)
+    return device, resolve_dtype(dtype, device)
+
+
+# --- strict loading -------------------------------------------------------------------------------
+class CheckpointKeyError(KeyError, ValueError):
+    """A checkpoint that does not match its model; the message lists every missing, unexpected and
+    mis-shaped key (a KeyError for the key lookups that raise it, a ValueError for a bad file)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; show it plainly
+        return str(self.args[0])
+
+
+def _show(keys: list[str]) -> str:
+    return ", ".join(keys[:40]) + (f", ... ({len(keys)} in all)" if len(keys) > 40 else "")
+
+
+def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, assign: bool = False) -> None:
+    """Load ``state`` into ``module`` with every key and shape checked first; raise one
+    :class:`CheckpointKeyError` naming them all. ``assign``: take the checkpoint's tensors as
+    they are (a module built on the meta device)."""
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = sorted(f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                    for k in set(own) & set(state) if tuple(state[k].shape) != tuple(own[k].shape))
+    if missing or unexpected or shapes:
+        lines = [f"{what}: the checkpoint does not match the model."]
+        if missing:
+            lines.append(f"missing keys ({len(missing)}): {_show(missing)}")
+        if unexpected:
+            lines.append(f"unexpected keys ({len(unexpected)}): {_show(unexpected)}")
+        if shapes:
+            lines.append(f"shape mismatches ({len(shapes)}): {'; '.join(shapes[:40])}")
+        raise CheckpointKeyError("\n".join(lines))
+    module.load_state_dict(state, strict=True, assign=assign)
+
+
+# --- seeded random weights ------------------------------------------------------------------------
+@torch.no_grad()
+def random_init_(module: torch.nn.Module, *seed_parts) -> torch.nn.Module:
+    """Re-draw every parameter from a generator seeded by ``(*seed_parts, parameter name)`` (on the
+    parameter's device), so a weight does not depend on the global RNG or on the other parameters.
+
+    Weights ~ N(0, 1/fan_in) (variance-preserving), biases ~ N(0, 0.02^2), norm gains 1,
+    embeddings ~ N(0, 1).
+    """
+    embeddings = {f"{n}.weight" for n, m in module.named_modules() if isinstance(m, torch.nn.Embedding)}
+    for name, p in sorted(module.named_parameters()):
+        g = private_generator(*seed_parts, name, device=p.device)
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "bias":
+            std = 0.02
+        elif "norm" in name or leaf == "gamma":
+            p.fill_(1.0)
+            continue
+        elif name in embeddings:
+            std = 1.0
+        elif p.dim() >= 2:
+            std = 1.0 / math.sqrt(math.prod(p.shape[1:]))
+        else:
+            std = 1.0 / math.sqrt(p.numel())
+        p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(std).to(p.dtype))
+    return module
+
+
+# --- the cache directory --------------------------------------------------------------------------
+def cache_root() -> Path:
+    """Where prepared checkpoints live: ``$KVCODEC_CACHE``, default ``~/.cache/kvcodec-harness``."""
+    return Path(os.environ.get("KVCODEC_CACHE", Path.home() / ".cache" / "kvcodec-harness"))
