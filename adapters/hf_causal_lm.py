@@ -21,7 +21,9 @@ import torch
 
 from .hf_cache import CompressedCache, attach, geometry
 from .kv_cache import CacheConfig
+from .loading import cache_root, resolve
 from .model_store import prepare_gguf, prepared_smollm2
+from .protocol import CachePolicy, Geometry, ModelAdapter
 from .registry import register_model
 
 SUPPORTED_TYPES = ("qwen2", "llama")
@@ -29,7 +31,7 @@ QWEN_1M_HUB_ID = "Qwen/Qwen2.5-7B-Instruct-1M"
 
 
 @dataclass
-class CausalLM:
+class CausalLM(ModelAdapter):
     """A transformers causal LM + tokenizer, in eval mode.
 
     ``share_prefill``: a rollout's first forward (the prefill into an empty cache) is plain
@@ -46,14 +48,21 @@ class CausalLM:
     share_prefill: bool = True
     _memo: tuple | None = field(default=None, repr=False)
 
+    modality = "text"
+
     @property
     def device(self) -> torch.device:
         return self.model.device
 
     @property
-    def geometry(self) -> tuple[int, int, int]:
-        """(num_layers, num_kv_heads, head_dim)."""
-        return geometry(self.model.config)
+    def geometry(self) -> Geometry:
+        return Geometry(*geometry(self.model.config))
+
+    def cache_policy(self, window: int | None = None) -> CachePolicy:
+        """The run's ``--residual`` tokens (or ``window`` tokens) stay native."""
+        if window is None:
+            return CachePolicy(note="the run's --residual tokens")
+        return CachePolicy("token", window, note=f"the last {window} tokens")
 
     def describe(self) -> dict:
         n_layers, n_kv, head_dim = self.geometry
@@ -103,7 +112,7 @@ class CausalLM:
             from transformers import DynamicCache
 
             return nullcontext(lambda: DynamicCache(config=self.model.config))
-        return _Attached(self.model, cache_config)
+        return _Attached(self.model, self.cache_config(cache_config))
 
     @torch.no_grad()
     def teacher_force(self, ids: list[int], chunks: list[int], cache_config: CacheConfig | None,
@@ -181,37 +190,16 @@ class _Attached:
 
 
 # --- loading ---------------------------------------------------------------------------------
-def resolve_dtype(dtype, device: str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if dtype not in table:
-        raise ValueError(f"unknown dtype '{dtype}'. Available: auto, {', '.join(sorted(table))}")
-    return table[dtype]
-
-
-def resolve_device(device: str | None) -> str:
-    if device in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
 def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="auto", hub: bool = False) -> CausalLM:
     """Load a local checkpoint directory (config.json + weights), a ``.gguf`` file (prepared once
     into the local cache), or, with ``hub=True``, a Hub id."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, device)
+    device, torch_dtype = resolve(device, dtype)
     source = str(path)
     if not hub:
         p = Path(path).expanduser()
         if p.is_file() and p.suffix == ".gguf":
-            from .model_store import cache_root
-
             p = prepare_gguf(p, cache_root() / "models" / f"gguf-{p.stem}")
         elif not (p / "config.json").is_file():
             what = "does not exist" if not p.exists() else "has no config.json"

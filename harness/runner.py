@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from adapters.kv_cache import DEFAULT_RESIDUAL, CacheConfig
+from adapters.protocol import ModelAdapter
 
 RUN_CONFIG_VERSION = 1
 DEFAULT_MODEL = "smollm2-135m"
@@ -276,12 +277,13 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
     if model is None:
         log(f"loading {config.model}" + (f" from {config.model_path}" if config.model_path else ""))
         model = spec.load(config.model_path, config.device, config.dtype)
-    geometry = getattr(model, "geometry", None)
-    cache_configs, skipped = check_pairs(config.cache_configs(), geometry)
+    if not isinstance(model, ModelAdapter) or model.modality != spec.modality:
+        raise RunError(f"model '{config.model}' must be a {spec.modality} adapters.protocol.ModelAdapter, "
+                       f"got {type(model).__name__} ({getattr(model, 'modality', '?')})")
+    cache_configs, skipped = check_pairs(config.cache_configs(), model.geometry)
     for s in skipped:
         log(f"skipping {s['label']}: {s['reason']}")
-    describe = model.describe() if hasattr(model, "describe") else {"name": config.model}
-    _atomic_write(out / "model.json", dumps({"model": describe, "skipped": skipped}, indent=2) + "\n")
+    _atomic_write(out / "model.json", dumps({"model": model.describe(), "skipped": skipped}, indent=2) + "\n")
 
     rows_path = out / "rows.jsonl"
     done = {row_key(r) for r in read_rows(rows_path, repair=True)}

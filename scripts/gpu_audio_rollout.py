@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.aar import FULL_AAR, FULL_SAT, TINY_AAR, TINY_SAT, SamplingConfig, random_pipeline, released_pipeline  # noqa: E402
+from adapters.cache_stats import cache_row_stats  # noqa: E402
 from adapters.kv_cache import CacheConfig  # noqa: E402
 from kernels import list_codecs, private_generator  # noqa: E402
 from metrics import audio as am  # noqa: E402
@@ -126,7 +127,7 @@ def main(argv=None) -> list[dict]:
         if base is None:
             base = r
         tf = r if cfg.codec == "none" else model.rollout(emb, cfg, sampling=SamplingConfig(), teacher=base.tokens)
-        st = r.cache_stats
+        st = cache_row_stats(r.cache)  # also checks that the codec compressed
         row = {"cache": cfg.label, "seconds": secs, "peak_mib": peak, "cache_mib": st["cache_bytes"] / 2 ** 20,
                "uncompressed_mib": st["uncompressed_bytes"] / 2 ** 20,
                "key_bits": st["bits_per_coord"], "value_bits": st["value_bits_per_coord"],

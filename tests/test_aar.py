@@ -163,7 +163,7 @@ def test_compressed_rollout_is_deterministic_and_holds_codec_bytes(pipe, emb, co
     r1, r2 = run(pipe, emb, cfg), run(pipe, emb, cfg)
     assert torch.equal(r1.audio, r2.audio) and all(torch.equal(a, b) for a, b in zip(r1.tokens, r2.tokens))
     assert not all(torch.equal(a, b) for a, b in zip(r1.tokens, run(pipe, emb, cfg, seed=1).tokens))
-    b, st, c = r1.cache_bytes, r1.cache_stats, AAR_CFG
+    b, st, c = r1.cache.nbytes(), r1.cache.stats(), AAR_CFG
     rows, per_token = 2 * 1, c.num_heads * c.head_dim * 4  # 2B rows (guidance), float32 cache
     # every scale but the last is committed to the codec; the last one is the native window
     assert st["committed_tokens"] == sum(SCALES) - SCALES[-1] and st["cache_bytes"] == b["total"]
@@ -171,8 +171,8 @@ def test_compressed_rollout_is_deterministic_and_holds_codec_bytes(pipe, emb, co
     assert b["window"] == c.depth * 2 * rows * SCALES[-1] * per_token
     assert b["native_layers"] == 0 and 0 < b["compressed"] < b["uncompressed"] - b["window"]
     assert b["uncompressed"] == c.depth * 2 * rows * sum(SCALES) * per_token
-    assert r1.cache_config["residual"] == 1 and r1.cache_config["residual_unit"] == "append"
-    assert r1.cache_config["value_group"] == CacheConfig().value_group and r1.cache_config["protect"] == "none"
+    assert r1.cache.config.residual == 1 and r1.cache.config.residual_unit == "append"
+    assert r1.cache.config.value_group == CacheConfig().value_group and r1.cache.config.protect == "none"
 
 
 def test_cached_keys_are_the_l2_normalised_ones(pipe):

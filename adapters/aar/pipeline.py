@@ -11,23 +11,15 @@ Shapes: CLAP embedding ``[B, 512]``; tokens of scale s ``[B, scales[s]]``; guide
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from adapters.kv_cache import CacheConfig, CompressedKVCache
+from adapters.protocol import CachePolicy, Geometry, ModelAdapter
 
 from .sat import SAT
 from .transformer import AARTransformer
-
-#: The paper's cache recipe: one native scale, harness-default value groups, no protected layers.
-AAR_RESIDUAL, AAR_RESIDUAL_UNIT = 1, "append"
-
-
-def aar_cache_config(config: CacheConfig) -> CacheConfig:
-    """The cache configuration a rollout actually uses: the codec and bits asked for, with the
-    AAR window (one native scale)."""
-    return replace(config, residual=AAR_RESIDUAL, residual_unit=AAR_RESIDUAL_UNIT)
 
 
 def sample_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator) -> torch.Tensor:
@@ -53,9 +45,9 @@ class Rollout:
     logits: list[torch.Tensor]  # per scale guided logits [B, scales[s], V] float32, CPU
     f_hat: torch.Tensor  # [B, latent_dim, F] float32, CPU
     audio: torch.Tensor  # [B, F * hop] float32, CPU
-    cache_stats: dict = field(default_factory=dict)  # CompressedKVCache.stats() after the last scale
-    cache_bytes: dict = field(default_factory=dict)  # CompressedKVCache.nbytes() after the last scale
-    cache_config: dict = field(default_factory=dict)
+    #: the cache after the last scale (its config is the one the rollout used); None once dropped
+    #: (a baseline kept for later rows needs only its outputs)
+    cache: CompressedKVCache | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -65,7 +57,7 @@ class SamplingConfig:
     top_p: float = 0.95
 
 
-class AARPipeline:
+class AARPipeline(ModelAdapter):
     """What the 'aar*' model loaders return and the audio task drives."""
 
     modality = "audio"
@@ -88,10 +80,18 @@ class AARPipeline:
         return self.sat.cfg.sample_rate
 
     @property
-    def geometry(self) -> tuple[int, int, int]:
-        """(layers, KV heads, head dim) of the cached self-attention (the runner checks codecs with it)."""
+    def geometry(self) -> Geometry:
+        """The cached self-attention's (the runner checks codecs with it)."""
         c = self.aar.cfg
-        return c.depth, c.num_heads, c.head_dim
+        return Geometry(c.depth, c.num_heads, c.head_dim)
+
+    def cache_policy(self, window: int | None = None) -> CachePolicy:
+        """The paper's recipe: one native scale (``window`` scales), whatever --residual says; the
+        run's value groups and protected layers."""
+        if window is None:
+            return CachePolicy("append", 1, note="one native scale (the scale being predicted; each earlier scale "
+                                                 "is encoded once when the next arrives), whatever --residual says")
+        return CachePolicy("append", window, note=f"the last {window} scale(s), whatever --residual says")
 
     @property
     def conditioning_label(self) -> str:
@@ -104,8 +104,7 @@ class AARPipeline:
                 "kv_heads": c.num_heads, "head_dim": c.head_dim, "dtype": str(self.dtype).replace("torch.", ""),
                 "device": str(self.device), "source": f"weights {self.weights}; conditioning {self.conditioning_label}",
                 "weights": self.weights, "conditioning": self.conditioning_label,
-                "cache_window": "one native scale (the scale being predicted; each earlier scale is encoded once "
-                                "when the next arrives), whatever --residual says",
+                "cache_window": self.cache_policy().note,
                 "aar": c.to_json(), "sat": self.sat.cfg.to_json()}
 
     def embed(self, audio_48k) -> torch.Tensor:
@@ -113,8 +112,9 @@ class AARPipeline:
         return self.conditioner(audio_48k)
 
     def new_cache(self, config: CacheConfig) -> CompressedKVCache:
-        c = self.aar.cfg
-        return CompressedKVCache(aar_cache_config(config), c.depth, c.num_heads, c.head_dim, device=self.device)
+        """A cache for one rollout: this model's policy applied to ``config``."""
+        layers, heads, head_dim = self.geometry
+        return CompressedKVCache(self.cache_config(config), layers, heads, head_dim, device=self.device)
 
     @torch.no_grad()
     def rollout(self, emb: torch.Tensor, config: CacheConfig, generator: torch.Generator | None = None,
@@ -142,11 +142,8 @@ class AARPipeline:
             f_hat, nxt = vq.next_input(si, f_hat, vq.layers[si].lookup(idx))
             if si < S - 1:
                 x = aar.scale_input(si + 1, nxt.transpose(1, 2).to(self.dtype)).repeat(2, 1, 1)
-        if config.codec != "none":
-            cache.assert_compressed()
         audio = None if teacher is not None else self.sat.fhat_to_audio(f_hat)[:, 0].float().cpu()
-        return Rollout(tokens, logits_out, f_hat.float().cpu(), audio, cache.stats(), cache.nbytes(),
-                       cache.config.to_json())
+        return Rollout(tokens, logits_out, f_hat.float().cpu(), audio, cache)
 
     @torch.no_grad()
     def masked_forward_logits(self, emb: torch.Tensor, tokens: list[torch.Tensor],

@@ -14,12 +14,13 @@ generator the caller passes, so a rollout is a function of (prompt, seed) and th
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
 from adapters.kv_cache import CacheConfig, CompressedKVCache
+from adapters.protocol import CachePolicy, Geometry, ModelAdapter
 from kernels import private_generator
 
 from .attention import BlockState, causal_attention
@@ -64,7 +65,7 @@ CAUSAL_FORCING = CausalWanSpec("causal-forcing", 1, FlowSchedule(shift=5.0, step
                                "causal-forcing")
 
 
-class CausalWan:
+class CausalWan(ModelAdapter):
     """A loaded causal Wan generator: what ``harness.tasks.video`` drives.
 
     ``text_encoder`` None means prompts are embedded as seeded random vectors (full-size
@@ -107,18 +108,25 @@ class CausalWan:
         return self.spec.name
 
     @property
-    def geometry(self) -> tuple[int, int, int]:
-        """(layers, KV heads, head dim) of the self-attention cache (the runner checks codecs with it)."""
+    def geometry(self) -> Geometry:
+        """The self-attention cache's (the runner checks codecs with it)."""
         c = self.transformer.config
-        return c.num_layers, c.num_attention_heads, c.attention_head_dim
+        return Geometry(c.num_layers, c.num_attention_heads, c.attention_head_dim)
 
-    def new_cache(self, config: CacheConfig) -> CompressedKVCache:
-        c = self.transformer.config
-        return CompressedKVCache(config, c.num_layers, c.num_attention_heads, c.attention_head_dim, device=self.device)
+    def cache_policy(self, window: int | None = None) -> CachePolicy:
+        """The native window counted in latent frames: ``window`` frames (default 1, the paper's) of
+        this geometry's tokens, whatever --residual says."""
+        if window is None:
+            return CachePolicy("token", self.tokens_per_frame,
+                               note=(f"`residual_frames` latent frames (task option; default 1 = {self.tokens_per_frame} "
+                                     f"tokens; --residual does not apply)"))
+        return CachePolicy("token", window * self.tokens_per_frame,
+                           note=f"{window} latent frame(s) = {window * self.tokens_per_frame} tokens")
 
-    def video_cache_config(self, config: CacheConfig, residual_frames: int = 1) -> CacheConfig:
-        """``config`` with its native window counted in frames: ``residual_frames`` of this geometry."""
-        return replace(config, residual=residual_frames * self.tokens_per_frame, residual_unit="token")
+    def new_cache(self, config: CacheConfig, window: int | None = None) -> CompressedKVCache:
+        """A cache for one rollout: this model's policy (``window`` latent frames) applied to ``config``."""
+        layers, heads, head_dim = self.geometry
+        return CompressedKVCache(self.cache_config(config, window), layers, heads, head_dim, device=self.device)
 
     def describe(self) -> dict:
         layers, heads, head_dim = self.geometry
@@ -126,8 +134,7 @@ class CausalWan:
                 "q_heads": heads, "kv_heads": heads, "head_dim": head_dim,
                 "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device),
                 "tokens_per_frame": self.tokens_per_frame,
-                "window_note": (f"`residual_frames` latent frames (task option; default 1 = {self.tokens_per_frame} "
-                                f"tokens; --residual does not apply)"),
+                "window_note": self.cache_policy().note,
                 "spec": self.spec.to_json()}
 
     # --- text -----------------------------------------------------------------------------

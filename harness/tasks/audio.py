@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from adapters.cache_stats import cache_row_stats
 from adapters.kv_cache import CacheConfig
 from kernels import private_generator
 from metrics import audio as am
@@ -33,7 +34,7 @@ CLIP_RATE = 48_000  # what the conditioners take
 @dataclass
 class AudioBaseline:
     emb: torch.Tensor  # [1, 512]
-    rollout: object  # adapters.aar.Rollout
+    rollout: object  # adapters.aar.Rollout, its cache dropped
     clip_seconds: float
 
 
@@ -158,7 +159,7 @@ class AudioTask(Task):
             raise TypeError(f"the audio task drives an audio model (aar, aar-tiny, aar-random), got {type(model).__name__}")
         emb = model.embed(load_clip(prompt, self.clip_seconds))
         r = model.rollout(emb, CacheConfig(codec="none"), self._generator(model, prompt, seed), self.sampling)
-        return AudioBaseline(emb, r, self.clip_seconds)
+        return AudioBaseline(emb, replace(r, cache=None), self.clip_seconds)
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: AudioBaseline, out_dir: Path) -> dict:
         base = baseline.rollout
@@ -175,19 +176,10 @@ class AudioTask(Task):
             "tf_kl": am.pooled(am.kl_divergence, base.logits, tf.logits),
             "free_token_match": am.token_match(base.tokens, free.tokens),
         }
-        row.update(self._cache_counts(free.cache_stats))
+        row.update(cache_row_stats(free.cache))  # the teacher-forced pass holds the same tokens
         label = cache_config.label if hasattr(cache_config, "label") else str(cache_config)
         row["artifacts"] = self._write_artifacts(model, prompt, label, base, free, tf, row, Path(out_dir))
         return row
-
-    @staticmethod
-    def _cache_counts(stats: dict) -> dict:
-        """From CompressedKVCache.stats() after the last scale: cache_bytes (codec states + the native
-        last scale), uncompressed_bytes, bits_per_coord / value_bits_per_coord (the codec's rate on
-        committed keys / values; the dtype's width for 'none'), cache_bits_per_coord (everything held)."""
-        keys = ("cache_bytes", "uncompressed_bytes", "bits_per_coord", "value_bits_per_coord",
-                "cache_bits_per_coord", "committed_tokens")
-        return {k: float(stats[k]) for k in keys}
 
     def _write_artifacts(self, model, prompt, label, base, free, tf, row, out_dir: Path) -> dict:
         sr, rel = model.sample_rate, Path("audio") / prompt.id

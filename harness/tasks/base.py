@@ -6,7 +6,8 @@ The runner, per prompt: ``baseline = task.baseline(model, prompt, seed)`` once (
 reused for every codec), then for each cache configuration
 ``row = task.evaluate(model, prompt, cache_config, seed, baseline, out_dir)`` which returns
 a flat dict of metric name -> float (plus optional 'artifacts': {label: relative path}) and
-the cache's byte counts ('cache_bytes', 'uncompressed_bytes', 'bits_per_coord').
+the rate fields of the scored rollout's cache, from :func:`adapters.cache_stats.cache_row_stats`
+(called once per row: it also checks that a codec really compressed).
 Rollouts must be byte-identical for a (prompt, seed): every random draw comes from a
 private generator derived from (prompt id, seed).
 """

@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from adapters.kv_cache import CacheConfig
+from adapters.cache_stats import cache_row_stats
+from adapters.kv_cache import CacheConfig, CompressedKVCache
 from kernels import private_generator
 from metrics import video as vm
 
@@ -38,7 +39,7 @@ METRICS = ("lpips", "psnr", "ssim", "latent_cos")
 class VideoRollout:
     latents: torch.Tensor  # [1, C, F, h, w] on the CPU, model dtype
     frames: torch.Tensor | None  # [T, 3, H, W] float32 in [-1, 1], CPU (None: not decoded yet)
-    stats: dict  # CompressedKVCache.stats() at the end of the rollout
+    cache: CompressedKVCache | None = None  # the cache at the end of the rollout (None: dropped, a baseline)
 
 
 def _slug(text: str) -> str:
@@ -202,34 +203,28 @@ class VideoTask(Task):
         if getattr(model, "modality", None) != "video":
             raise TypeError(f"the video task drives a video model (causvid, causal-forcing and their -tiny and "
                             f"-random variants), got {type(model).__name__}")
-        cfg = model.video_cache_config(cache_config, self.residual_frames)
-        cache = model.new_cache(cfg)
+        cache = model.new_cache(cache_config, window=self.residual_frames)
         latents = model.rollout(model.encode_prompt(prompt.data), cache, self._generator(prompt, seed))
-        if cfg.codec != "none":
-            cache.assert_compressed()
-        return VideoRollout(latents.cpu(), model.decode(latents), cache.stats())
+        return VideoRollout(latents.cpu(), model.decode(latents), cache)
 
     def baseline(self, model, prompt: Prompt, seed: int) -> VideoRollout:
-        return self.generate(model, prompt, CacheConfig(codec="none"), seed)
+        return replace(self.generate(model, prompt, CacheConfig(codec="none"), seed), cache=None)
 
     # the runner keeps baselines on disk for resumed runs: latents only (81 decoded 480x832 frames
     # are 388 MB); decoding is deterministic, so the frames are decoded again when first needed
     def save_baseline(self, baseline: VideoRollout, path: Path) -> None:
-        torch.save({"latents": baseline.latents, "stats": baseline.stats}, path)
+        torch.save({"latents": baseline.latents}, path)
 
     def load_baseline(self, path: Path) -> VideoRollout:
         d = torch.load(path, weights_only=False)
-        return VideoRollout(d["latents"], None, d["stats"])
+        return VideoRollout(d["latents"], None)
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: VideoRollout, out_dir: Path) -> dict:
         if baseline.frames is None:
             baseline.frames = model.decode(baseline.latents)
         r = self.generate(model, prompt, cache_config, seed)
         row, curves = self.score(r, baseline)
-        s = r.stats
-        row.update(cache_bytes=float(s["cache_bytes"]), uncompressed_bytes=float(s["uncompressed_bytes"]),
-                   bits_per_coord=float(s["bits_per_coord"]), value_bits_per_coord=float(s["value_bits_per_coord"]),
-                   cache_bits_per_coord=float(s["cache_bits_per_coord"]), committed_tokens=float(s["committed_tokens"]))
+        row.update(cache_row_stats(r.cache))
         if self.unavailable:
             row["unavailable"] = dict(self.unavailable)
         label = cache_config.label if hasattr(cache_config, "label") else str(cache_config)

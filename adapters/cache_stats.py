@@ -1,0 +1,17 @@
+"""The one path from a rollout's cache to a report row's rate fields."""
+from __future__ import annotations
+
+from .kv_cache import CompressedKVCache
+
+
+def cache_row_stats(cache: CompressedKVCache) -> dict[str, float | int]:
+    """Check that a compressing codec really shrank ``cache`` (raises RuntimeError otherwise), then
+    return the row's rate fields: :meth:`CompressedKVCache.stats` (cache_bytes, uncompressed_bytes,
+    compressed_bytes, committed_tokens, bits_per_coord, value_bits_per_coord, cache_bits_per_coord).
+
+    Every task calls it once per row, on the cache of the rollout the row scores.
+    """
+    if not isinstance(cache, CompressedKVCache):
+        raise TypeError(f"cache_row_stats needs a CompressedKVCache, got {type(cache).__name__}")
+    cache.assert_compressed()
+    return cache.stats()
