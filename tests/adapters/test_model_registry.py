@@ -1,0 +1,103 @@
+"""adapters/registry.py: models are discovered from the package's modules, a name registers once;
+adapters/protocol.py: every registered tiny model is a ModelAdapter whose policy sets the window."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from adapters import registry
+from adapters.kv_cache import CacheConfig
+from adapters.protocol import CachePolicy, Geometry, ModelAdapter
+
+
+@pytest.fixture
+def empty_registry(monkeypatch):
+    monkeypatch.setattr(registry, "MODELS", {})
+    monkeypatch.setattr(registry, "UNAVAILABLE", {})
+    return registry
+
+
+def test_every_adapter_module_is_discovered():
+    names = set(registry.list_models())
+    assert {"smollm2-135m", "hf", "causvid-tiny", "causal-forcing", "aar-tiny", "aar"} <= names
+    assert {registry.get_model(n).modality for n in names} == {"text", "video", "audio"}
+
+
+def test_discover_imports_a_new_module_without_a_list(tmp_path, monkeypatch, empty_registry):
+    pkg = tmp_path / "extra_models_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "toy.py").write_text("from adapters.registry import register_model\n\n"
+                                "@register_model('toy-model', modality='text')\n"
+                                "def load(path=None, device='auto', dtype='auto'):\n    return None\n")
+    (pkg / "_private.py").write_text("raise RuntimeError('modules named _* are not imported')\n")
+    (pkg / "needs_missing_dep.py").write_text("import a_package_that_is_not_installed_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        empty_registry.discover("extra_models_pkg", pkg)
+    finally:
+        for m in [m for m in sys.modules if m.startswith("extra_models_pkg")]:
+            del sys.modules[m]
+    assert list(empty_registry.MODELS) == ["toy-model"]
+    assert "a_package_that_is_not_installed_xyz" in empty_registry.UNAVAILABLE["needs_missing_dep"]
+    monkeypatch.setattr(empty_registry, "_import_all", lambda: None)  # the registry as discovered above
+    with pytest.raises(ValueError, match=r"Unknown model 'nope'. Available: toy-model; 'needs_missing_dep' is "
+                                         r"unavailable: needs 'a_package_that_is_not_installed_xyz'"):
+        empty_registry.get_model("nope")
+
+
+def test_a_duplicate_name_is_rejected(empty_registry):
+    @empty_registry.register_model("twice", modality="audio")
+    def first(path=None, device="auto", dtype="auto"):
+        return None
+
+    with pytest.raises(ValueError, match=r"model 'twice' registered twice: by .*first and by .*second"):
+        @empty_registry.register_model("twice", modality="audio")
+        def second(path=None, device="auto", dtype="auto"):
+            return None
+
+    assert empty_registry.MODELS["twice"].load is first
+
+
+def test_an_unknown_modality_is_rejected(empty_registry):
+    with pytest.raises(ValueError, match=r"unknown modality 'smell'. Available: text, video, audio"):
+        empty_registry.register_model("nose", modality="smell")
+
+
+def test_cache_policy_applies_window_and_protection():
+    run = CacheConfig(codec="octopus", bits=2, residual=32, protect="boundary-1")
+    assert CachePolicy().apply(run) == run  # size None: the run's --residual, --protect
+    aar = CachePolicy("append", 1, note="one scale").apply(run)
+    assert (aar.residual, aar.residual_unit, aar.protect) == (1, "append", "boundary-1")
+    assert CachePolicy("append", 1).apply(aar) == aar  # idempotent
+    assert CachePolicy(protect=[0]).apply(run).protect == [0]
+    assert CachePolicy.from_json(CachePolicy("token", 7, [1], "x").to_json()) == CachePolicy("token", 7, [1], "x")
+    with pytest.raises(ValueError, match=r"unknown window unit 'frame'. Available: token, append"):
+        CachePolicy("frame", 1)
+
+
+@pytest.mark.parametrize("name,modality", [("causvid-tiny", "video"), ("aar-tiny", "audio")])
+def test_tiny_models_implement_the_protocol(name, modality):
+    model = registry.get_model(name).load(None, "cpu", "float32")
+    assert isinstance(model, ModelAdapter) and model.modality == modality and model.name == name
+    assert isinstance(model.geometry, Geometry) and all(n > 0 for n in model.geometry)
+    d = model.describe()
+    assert d["name"] == name and (d["layers"], d["kv_heads"], d["head_dim"]) == tuple(model.geometry)
+    run = CacheConfig(codec="kivi", bits=2, residual=5)
+    cfg = model.cache_config(run)
+    if modality == "video":  # one latent frame of tokens, whatever --residual says
+        assert (cfg.residual, cfg.residual_unit) == (model.tokens_per_frame, "token")
+        assert model.cache_config(run, window=2).residual == 2 * model.tokens_per_frame
+    else:  # one native scale
+        assert (cfg.residual, cfg.residual_unit) == (1, "append")
+    assert model.new_cache(run).config == cfg
+
+
+def test_text_model_keeps_the_runs_window():
+    from tiny_lm import tiny_causal_lm
+
+    lm = tiny_causal_lm("llama")
+    assert isinstance(lm, ModelAdapter) and lm.modality == "text" and lm.geometry == Geometry(2, 2, 32)
+    run = CacheConfig(codec="kivi", bits=2, residual=5)
+    assert lm.cache_config(run) == run and lm.cache_config(run, window=3).residual == 3
