@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from .backend import BACKENDS, resolve_backend, use_fused  # noqa: F401 (BACKENDS: re-exported)
+from .backend import resolve_backend, use_fused
 from .packing import BitField
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
