@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 
 from kernels import Codec, Encoded, make_codec
-from kernels.attention import decode_attention
+from kernels.attention import attend, decode_attention
+from kernels.backend import fused_wanted
 
 #: Default residual window, in tokens (text). KIVI and the OCTOPUS paper keep a small
 #: full-precision window of recent tokens; 32 is small next to the contexts we score.
@@ -239,58 +240,36 @@ class LayerKV:
         (a prefill chunk, a video block in flight). ``causal``: the Tq queries are the last Tq
         positions of the T_total keys and see only keys up to their own position (applied on
         top of ``mask``). Returns [B, Hq, Tq, d] in q's dtype.
-        """
-        B, Hq, Tq, d = q.shape
-        scale = 1.0 / math.sqrt(d) if scale is None else scale
-        fast = self._fast_decode(q, scale, mask, k_new, v_new)
-        if fast is not None:
-            return fast
-        parts_s, parts_v = [], []
-        kc = self.compressed_keys()
-        ref = next(t for t in (self.window_k, k_new) if t is not None) if kc is None else None
-        Hkv = kc.shape[-3] if kc is not None else ref.shape[1]
-        G = Hq // Hkv
-        qg = q.reshape(B, Hkv, G * Tq, d)  # query heads grouped by the KV head they read
-        if kc is not None:
-            if self._uses_memo() or self.config.attend == "reconstruct":
-                kd, vd = self.decoded()
-                parts_s.append(qg.float() @ kd.float().transpose(-1, -2))
-                parts_v.append(vd.float())
-            else:
-                parts_s.append(self.codec.score(qg, kc))
-                parts_v.append(self.codec.decode_values(self.compressed_values()).float())
-        for k, v in ((self.window_k, self.window_v), (k_new, v_new)):
-            if k is not None and k.shape[-2] > 0:
-                parts_s.append(qg.float() @ k.float().transpose(-1, -2))
-                parts_v.append(v.float())
-        s = torch.cat(parts_s, -1).reshape(B, Hq, Tq, -1) * scale
-        T = s.shape[-1]
-        if mask is not None:
-            if mask.dtype == torch.bool:
-                s = s.masked_fill(~mask, float("-inf"))
-            else:
-                s = s + mask.float()
-        if causal and Tq > 1:
-            qpos = torch.arange(T - Tq, T, device=s.device).unsqueeze(-1)
-            s = s.masked_fill(torch.arange(T, device=s.device) > qpos, float("-inf"))
-        p = torch.softmax(s, dim=-1).reshape(B, Hkv, G * Tq, -1)
-        out = p @ torch.cat(parts_v, -2)
-        return out.reshape(B, Hq, Tq, d).to(q.dtype)
 
-    def _fast_decode(self, q, scale, mask, k_new, v_new) -> torch.Tensor | None:
-        """Single-token decode through ``kernels.attention.decode_attention`` (the fused Triton
-        kernel reading packed codes): on CUDA with backend 'auto', anywhere with 'triton' (which
-        then fails loudly if the kernel cannot run). None means: take the torch path below."""
-        backend = self.config.backend
-        if (backend == "torch" or (backend == "auto" and not q.is_cuda) or q.shape[2] != 1 or self.codec is None
-                or (mask is not None and not _keeps_everything(mask)) or self.committed == 0):
-            return None
-        wk, wv = self.window_k, self.window_v
-        if k_new is not None:
-            wk = k_new if wk is None else torch.cat([wk, k_new], -2)
-            wv = v_new if wv is None else torch.cat([wv, v_new], -2)
-        return decode_attention(q, self.compressed_keys(), self.compressed_values(), self.codec, wk, wv, scale=scale,
-                  backend=backend)
+        A single-token step that masks nothing goes to :func:`kernels.attention.decode_attention`
+        (the fused kernel where the backend asks for it and it covers the codec); everything else to
+        the PyTorch core :func:`kernels.attention.attend`, with the committed tokens decoded once
+        (``memo_decoded``, ``attend='reconstruct'``) or scored by the codec's estimator.
+        """
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        if self._decode_step(q, mask):
+            wk, wv = self.window_k, self.window_v
+            if k_new is not None:
+                wk = k_new if wk is None else torch.cat([wk, k_new], -2)
+                wv = v_new if wv is None else torch.cat([wv, v_new], -2)
+            return decode_attention(q, self.compressed_keys(), self.compressed_values(), self.codec, wk, wv,
+                                    scale=scale, backend=self.config.backend)
+        prefix = {}
+        if self.compressed_keys() is not None:
+            if self._uses_memo() or self.config.attend == "reconstruct":
+                prefix["decoded"] = self.decoded()
+            else:
+                prefix = {"codec": self.codec, "key_state": self.compressed_keys(),
+                          "value_state": self.compressed_values()}
+        return attend(q, **prefix, window_k=self.window_k, window_v=self.window_v, k_new=k_new, v_new=v_new,
+                      mask=mask, causal=causal, scale=scale)
+
+    def _decode_step(self, q, mask) -> bool:
+        """Whether this read is a single-token step over committed tokens that the fused kernel could
+        take: the backend wants the fused kernels here (:func:`kernels.backend.fused_wanted`; asked
+        first, as the mask check may sync the device) and the mask masks nothing."""
+        return (fused_wanted(self.config.backend, q.device) and q.shape[2] == 1 and self.codec is not None
+                and (mask is None or _keeps_everything(mask)) and self.committed > 0)
 
     # --- accounting -----------------------------------------------------------------------
     def nbytes(self) -> dict[str, int]:

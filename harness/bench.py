@@ -31,9 +31,9 @@ SHAPES = {  # name -> (query heads, KV heads, head dim)
     "qwen2.5-7b": (28, 4, 128),
     "wan-1.3b": (12, 12, 128),
 }
-DEFAULT_CODECS = ("octopus", "octopus-qjl", "turboquant-mse", "turboquant-prod")
-TARGETS = {2: 0.5, 3: 0.5, 4: 0.7}  # OCTOPUS latency vs bf16 SDPA at >= 32k (H100)
-TARGET_BW = 0.6  # fraction of copy bandwidth, OCTOPUS 2/3 bits at >= 32k
+#: latency targets vs bf16 SDPA at >= 32k (H100), per codec and bits
+TARGETS = {"octopus": {2: 0.5, 3: 0.5, 4: 0.7}}
+TARGET_BW = 0.6  # fraction of copy bandwidth, at 2/3 bits at >= 32k, for the codecs in TARGETS
 L2_FLUSH_BYTES = 160 << 20  # cycle input copies until a timed call touches this much
 DEQUANT_MAX_TOKEN_HEADS = 1 << 19  # the PyTorch decode (int64 intermediates) is slow and large beyond this
 #: --tune: kernel launch variants timed per row (the default first)
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bits", default="2,3,4")
     p.add_argument("--batch", default="1,8")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
-    p.add_argument("--codecs", default=",".join(DEFAULT_CODECS))
+    p.add_argument("--codecs", default=None, help="comma list (default: every codec with a fused layout)")
     p.add_argument("--window", type=int, default=32, help="native window tokens (part of the context)")
     p.add_argument("--rep-ms", type=int, default=100, help="timing budget per measurement (ms)")
     p.add_argument("--no-dequant", action="store_true", help="skip the dequantize-then-SDPA baseline")
@@ -170,15 +170,25 @@ def check_correctness(codec, Hq, Hkv, d, dev) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-def bench_encode(codec_name, bits, Hkv, d, tokens, dev, rep_ms) -> dict:
+def fused_codecs() -> list[str]:
+    """Every registered codec that declares a fused layout (:meth:`kernels.base.Codec.fused_layout`)."""
+    from kernels import list_codecs, make_codec
+
+    return [n for n, bits in list_codecs().items()
+            if bits and make_codec(n, bits[-1], 128).fused_layout() is not None]
+
+
+def bench_encode(codec_name, bits, Hkv, d, tokens, dev, rep_ms) -> dict | None:
+    """Fused encoder vs the PyTorch reference; None when no fused encoder writes this codec's state."""
     from kernels import make_codec
-    from kernels.triton.octopus_encode import octopus_encode
-    from kernels.triton.turboquant_encode import turboquant_mse_encode
+    from kernels.triton.encoders import encoder_unsupported, fused_encoder
 
     codec = make_codec(codec_name, bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
+    if encoder_unsupported(codec, dev) is not None:
+        return None
     # the reference: the same codec forced onto the PyTorch path ('auto' would take the fused one on CUDA)
     ref = make_codec(codec_name, bits, d, seed=0, layer=0, num_heads=Hkv, device=dev, backend="torch")
-    fused = octopus_encode if codec_name == "octopus" else turboquant_mse_encode
+    fused = fused_encoder(codec.fused_layout())
     k = torch.randn(1, Hkv, tokens, d, device=dev).to(torch.bfloat16)
     a, b = fused(codec, k), ref.encode(k)
     same = {f: float((a.tensors[f] == b.tensors[f]).float().mean()) for f in a.tensors if a.tensors[f].dtype == torch.uint8}
@@ -195,7 +205,7 @@ def run(args) -> dict:
     import triton
 
     from kernels import make_codec
-    from kernels.triton.decode_attention import decode_attention_fused, supports
+    from kernels.triton.decode_attention import _launch, supports
 
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
@@ -213,6 +223,7 @@ def run(args) -> dict:
     print(f"device {props.name}: copy bandwidth {bw_copy / 1e9:.0f} GB/s (read + write)", flush=True)
 
     gen = torch.Generator(device=dev).manual_seed(1234)
+    codecs = _csv(args.codecs) if args.codecs else fused_codecs()
     contexts = _csv(args.contexts, _parse_ctx)
     for shape in _csv(args.shapes):
         if shape not in SHAPES:
@@ -233,7 +244,7 @@ def run(args) -> dict:
                 t_sdpa = _time(lambda: [f() for f, _ in fns], rep) / ncp
                 wk, wv = kvs[0][0][:, :, T:], kvs[0][1][:, :, T:]
                 del fns, kvs
-                for name in _csv(args.codecs):
+                for name in codecs:
                     for bits in _csv(args.bits, int):
                         codec = make_codec(name, bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
                         why = supports(codec, q.dtype)
@@ -251,7 +262,7 @@ def run(args) -> dict:
                         def timed(kw, states=states, codec=codec):
                             def fused_all():
                                 for a, b in states:
-                                    decode_attention_fused(q, a, b, codec, wk, wv, **kw)
+                                    _launch(q, a, b, codec, wk, wv, **kw)
                             return _time(fused_all, rep) / ncp
 
                         variants = {}
@@ -260,9 +271,9 @@ def run(args) -> dict:
                                 variants[label] = timed(tune | kw)
                             best = min(variants, key=variants.get)
                             t_fused = variants[best]
-                            decode_attention_fused(q, ks, vs, codec, wk, wv, **(tune | TUNE_VARIANTS[best]))
-                            from kernels.triton.decode_attention import LAST_LAUNCH
-                            kk = LAST_LAUNCH.get("split")
+                            launched = {}
+                            _launch(q, ks, vs, codec, wk, wv, record=launched, **(tune | TUNE_VARIANTS[best]))
+                            kk = launched.get("split")
                             if kk is not None and hasattr(kk, "n_regs"):
                                 print(f"   best {best}: regs {kk.n_regs}, spills {kk.n_spills}, "
                                       f"smem {getattr(kk.metadata, 'shared', '?')}", flush=True)
@@ -274,7 +285,7 @@ def run(args) -> dict:
                         torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats(dev)
                         base = torch.cuda.memory_allocated(dev)
-                        decode_attention_fused(q, ks, vs, codec, wk, wv, **tune)
+                        _launch(q, ks, vs, codec, wk, wv, **tune)
                         torch.cuda.synchronize()
                         extra = torch.cuda.max_memory_allocated(dev) - base
                         key_fp = B * Hkv * T * d * 2
@@ -301,9 +312,9 @@ def run(args) -> dict:
                             "extra_alloc_bytes": extra, "fp_key_tensor_bytes": key_fp,
                             "tune_us": {k: v * 1e6 for k, v in variants.items()},
                         }
-                        if name == "octopus" and ctx >= 32 * 1024:
-                            row["target_ratio"] = TARGETS.get(bits)
-                            row["meets_ratio"] = row["ratio_vs_sdpa"] <= TARGETS.get(bits, 0)
+                        if name in TARGETS and ctx >= 32 * 1024:
+                            row["target_ratio"] = TARGETS[name].get(bits)
+                            row["meets_ratio"] = row["ratio_vs_sdpa"] <= TARGETS[name].get(bits, 0)
                             if bits in (2, 3):
                                 row["meets_bw"] = row["frac_of_copy_bw"] >= TARGET_BW
                         result["rows"].append(row)
@@ -312,10 +323,11 @@ def run(args) -> dict:
                 torch.cuda.empty_cache()
     if not args.no_encode:
         Hkv, d = 4, 128
-        wanted = _csv(args.codecs)
-        for name in [c for c in ("octopus", "turboquant-mse") if any(w.startswith(c.split("-")[0]) for w in wanted)]:
+        for name in codecs:
             for bits in _csv(args.bits, int):
                 r = bench_encode(name, bits, Hkv, d, args.encode_tokens, dev, rep)
+                if r is None:
+                    continue
                 result["encode"].append(r)
                 print(f"encode {name}@{bits}: fused {r['fused_vec_per_s'] / 1e6:.1f} M vec/s, torch "
                       f"{r['torch_vec_per_s'] / 1e6:.2f} M vec/s ({r['speedup']:.0f}x), bytes equal {r['bytes_equal_frac']}",

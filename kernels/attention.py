@@ -1,11 +1,14 @@
-"""Decode-step attention over a compressed KV cache: one entry point, two backends.
+"""Attention over a compressed KV cache: one PyTorch core, and the decode-step dispatch.
 
-``decode_attention`` attends one query token per sequence to a codec-compressed prefix plus a
-native-precision window of recent tokens, in one softmax. On CUDA it runs the fused Triton
-kernel (:mod:`kernels.triton.decode_attention`); elsewhere, or for a codec the kernel does not
-cover, the PyTorch reference below, which computes the same thing from ``codec.score`` and
-``codec.decode_values``. ``backend`` (or the environment variable ``KVCODEC_BACKEND``) forces
-either: 'auto' | 'triton' | 'torch'.
+:func:`attend` is the one PyTorch attention of the project: queries (many tokens, GQA) against,
+in token order, a codec-compressed prefix, a native window of recent tokens and native tokens in
+flight, with masks, causal order and per-sequence lengths, in one float32 softmax. The cache
+(:meth:`adapters.kv_cache.LayerKV.attend`) and the decode-step reference
+(:func:`decode_attention_torch`) both call it.
+
+:func:`decode_attention` attends one query token per sequence: on CUDA the fused Triton kernel
+(:mod:`kernels.triton.decode_attention`) where it covers the codec, else :func:`attend`; the choice
+is :func:`kernels.backend.use_fused`'s ('auto' | 'triton' | 'torch', env ``KVCODEC_BACKEND``).
 """
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ import math
 
 import torch
 
-from .base import BACKENDS, Codec, Encoded, resolve_backend
-
+from .backend import resolve_backend, triton_unavailable, use_fused
+from .base import Codec, Encoded
 
 
 def _lengths_mask(lengths, B: int, T: int, device) -> torch.Tensor | None:
@@ -25,51 +28,86 @@ def _lengths_mask(lengths, B: int, T: int, device) -> torch.Tensor | None:
     return torch.arange(T, device=device).reshape(1, 1, 1, T) < lens
 
 
-def decode_attention_torch(q: torch.Tensor, key_state: Encoded | None, value_state: Encoded | None,
-                           codec: Codec, window_k: torch.Tensor | None = None,
-                           window_v: torch.Tensor | None = None, lengths=None, scale: float | None = None,
-                           window_lengths=None) -> torch.Tensor:
-    """PyTorch reference of :func:`decode_attention` (float32 throughout)."""
+def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | None = None,
+           value_state: Encoded | None = None, decoded: tuple[torch.Tensor, torch.Tensor] | None = None,
+           window_k: torch.Tensor | None = None, window_v: torch.Tensor | None = None,
+           k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None, *, lengths=None,
+           window_lengths=None, mask: torch.Tensor | None = None, causal: bool = False,
+           scale: float | None = None) -> torch.Tensor:
+    """softmax(q K^T * scale + mask) V over [compressed prefix, window, k_new], float32 throughout.
+
+    q:            [B, Hq, Tq, d]; Hq a multiple of Hkv (query head h reads KV head h // (Hq // Hkv)).
+    The compressed prefix, T tokens, one of:
+      key_state, value_state: ``codec.encode(keys)``, ``codec.encode_values(values)`` of [B, Hkv, T, d],
+                    scored with ``codec.score`` (its estimator), values ``codec.decode_values``;
+      decoded:      (keys, values) [B, Hkv, T, d] already decoded, attended by plain dot products.
+    window_k/v:   native recent tokens [B, Hkv, W, d], after the prefix; or None.
+    k_new/v_new:  native tokens in flight [B, Hkv, t, d], after the window; or None.
+    lengths:      int [B] or None: sequence b uses prefix tokens [0, lengths[b]) (right padding).
+    window_lengths: int [B] or None: sequence b uses window tokens [0, window_lengths[b]).
+    mask:         bool (True = keep) or additive, broadcastable to [B, Hq, Tq, T + W + t].
+    causal:       the Tq queries are the last Tq positions of all the keys and see only keys up to
+                  their own position (on top of ``mask``).
+    scale:        softmax scale, default 1/sqrt(d).
+    Returns [B, Hq, Tq, d] in q's dtype; a query with nothing to attend gets zeros.
+    """
     B, Hq, Tq, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    ref = key_state.tensors[next(iter(key_state.tensors))] if key_state is not None else window_k
-    Hkv = ref.shape[-3]
+    if key_state is not None and key_state.num_tokens == 0:
+        key_state = None
+    ref = next((t for t in (decoded[0] if decoded else None, window_k, k_new) if t is not None), None)
+    Hkv = key_state.shape[-3] if key_state is not None else ref.shape[-3]
     G = Hq // Hkv
-    qg = q.reshape(B, Hkv, G * Tq, d)  # query head h reads KV head h // G
-    scores, values = [], []
-    if key_state is not None and key_state.num_tokens > 0:
-        s = codec.score(qg, key_state).float()  # [B, Hkv, G, T]
-        keep = _lengths_mask(lengths, B, s.shape[-1], q.device)
-        if keep is not None:
-            s = s.masked_fill(~keep, float("-inf"))
-        scores.append(s)
+    qg = q.reshape(B, Hkv, G * Tq, d)  # query heads grouped by the KV head they read
+    scores, values = [], []  # per part: [B, Hkv, G * Tq, n] float32, [B, Hkv, n, d] float32
+    if key_state is not None:
+        scores.append(codec.score(qg, key_state).float())
         values.append(codec.decode_values(value_state).float())
-    if window_k is not None and window_k.shape[-2] > 0:
-        s = qg.float() @ window_k.float().transpose(-1, -2)
-        keep = _lengths_mask(window_lengths, B, s.shape[-1], q.device)
+    elif decoded is not None:
+        scores.append(qg.float() @ decoded[0].float().transpose(-1, -2))
+        values.append(decoded[1].float())
+    if scores:
+        keep = _lengths_mask(lengths, B, scores[0].shape[-1], q.device)
         if keep is not None:
-            s = s.masked_fill(~keep, float("-inf"))
-        scores.append(s)
-        values.append(window_v.float())
+            scores[0] = scores[0].masked_fill(~keep, float("-inf"))
+    for k, v, lens in ((window_k, window_v, window_lengths), (k_new, v_new, None)):
+        if k is not None and k.shape[-2] > 0:
+            s = qg.float() @ k.float().transpose(-1, -2)
+            keep = _lengths_mask(lens, B, s.shape[-1], q.device)
+            scores.append(s if keep is None else s.masked_fill(~keep, float("-inf")))
+            values.append(v.float())
     if not scores:
         return torch.zeros_like(q)
-    s = torch.cat(scores, -1) * scale
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a sequence with nothing to attend -> zeros
+    s = torch.cat(scores, -1).reshape(B, Hq, Tq, -1) * scale
+    T = s.shape[-1]
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.float()
+    if causal and Tq > 1:
+        qpos = torch.arange(T - Tq, T, device=s.device).unsqueeze(-1)
+        s = s.masked_fill(torch.arange(T, device=s.device) > qpos, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0).reshape(B, Hkv, G * Tq, T)  # nothing to attend -> zeros
     out = p @ torch.cat(values, -2)
     return out.reshape(B, Hq, Tq, d).to(q.dtype)
 
 
+def decode_attention_torch(q: torch.Tensor, key_state: Encoded | None, value_state: Encoded | None,
+                           codec: Codec, window_k: torch.Tensor | None = None,
+                           window_v: torch.Tensor | None = None, lengths=None, scale: float | None = None,
+                           window_lengths=None) -> torch.Tensor:
+    """PyTorch reference of :func:`decode_attention`: :func:`attend` on the codec's score estimator."""
+    return attend(q, codec, key_state, value_state, window_k=window_k, window_v=window_v, lengths=lengths,
+                  window_lengths=window_lengths, scale=scale)
+
+
 def fused_unsupported(q: torch.Tensor, codec: Codec) -> str | None:
     """None when the fused kernel can run this call, else the reason it cannot."""
-    try:
-        from .triton import available
-        from .triton.decode_attention import supports
-    except ImportError as e:  # triton not installed
-        return f"triton is not importable ({e})"
-    if not available(q.device):
-        return f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1), got {q.device}"
+    why = triton_unavailable(q.device)
+    if why is not None:
+        return why
     if q.shape[-2] != 1:
         return f"the fused kernel takes one query token per step, got {q.shape[-2]}"
+    from .triton.decode_attention import supports
+
     return supports(codec, q.dtype)
 
 
@@ -92,17 +130,12 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
                   'triton' (fused kernel or an error saying why not) or 'torch' (reference).
     Returns [B, Hq, 1, d] in q's dtype.
     """
-    backend = resolve_backend(backend)
-    if backend == "auto" and q.device.type != "cuda":
-        backend = "torch"
-    if backend != "torch" and key_state is not None and key_state.num_tokens > 0:
-        why = fused_unsupported(q, codec)
-        if why is None:
-            from .triton.decode_attention import decode_attention_fused
+    resolve_backend(backend)  # an unknown backend fails even with nothing to fuse
+    has_prefix = key_state is not None and key_state.num_tokens > 0
+    if has_prefix and use_fused(backend, q.device, lambda: fused_unsupported(q, codec), "run this call"):
+        from .triton import decode_attention as fused  # looked up at each call (tests wrap the launcher)
 
-            return decode_attention_fused(q, key_state, value_state, codec, window_k, window_v, lengths,
-                                          window_lengths, scale)
-        if backend == "triton":
-            raise RuntimeError(f"backend='triton' cannot run this call: {why}")
+        return fused.decode_attention_fused(q, key_state, value_state, codec, window_k, window_v, lengths,
+                                            window_lengths, scale)
     return decode_attention_torch(q, key_state, value_state, codec, window_k, window_v, lengths, scale,
                                   window_lengths)

@@ -8,27 +8,15 @@ formula alone, so a codec cannot under-report what it stores.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import os
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 import torch
 
+from .backend import resolve_backend, use_fused
 from .packing import BitField
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-BACKENDS = ("auto", "triton", "torch")
-
-
-def resolve_backend(backend: str | None) -> str:
-    """'auto' | 'triton' | 'torch'; the environment variable KVCODEC_BACKEND overrides 'auto'."""
-    backend = backend or "auto"
-    if backend == "auto":
-        backend = os.environ.get("KVCODEC_BACKEND", "auto") or "auto"
-    if backend not in BACKENDS:
-        raise ValueError(f"Unknown backend '{backend}'. Available: {', '.join(BACKENDS)}")
-    return backend
 
 
 def derive_seed(*parts) -> int:
@@ -152,9 +140,6 @@ class Codec:
     token_block: int = 1
     #: True where ``score`` uses an estimator that differs from <q, decode(k)> (QJL-corrected).
     has_score_estimator: ClassVar[bool] = False
-    #: "module:function" of a fused Triton encoder writing this codec's exact state, or None.
-    #: The module also defines ``supports(codec) -> reason | None``.
-    fused_encoder: ClassVar[str | None] = None
 
     def __init__(self, bits: int, head_dim: int, seed: int = 0, layer: int = 0, num_heads: int = 1,
                  device="cpu", value_bits: int | None = None, value_group: int = 32, backend: str = "auto",
@@ -191,26 +176,14 @@ class Codec:
         return self._encode(keys)
 
     def _fused_encode_fn(self, keys: torch.Tensor):
-        """The fused encoder for this call: on CUDA with backend 'auto', always with 'triton' (which
-        fails loudly when the kernel cannot run); None means the PyTorch reference."""
-        backend = resolve_backend(self._backend_arg)
-        if self.fused_encoder is None or backend == "torch" or (backend == "auto" and not keys.is_cuda):
-            if backend == "triton" and self.fused_encoder is None:
-                raise RuntimeError(f"backend='triton': codec '{self.name}' has no fused encoder; use 'auto' or 'torch'")
-            return None
-        module, fn = self.fused_encoder.split(":")
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as e:
-            if backend == "triton":
-                raise RuntimeError(f"backend='triton' needs triton: {e}") from e
-            return None
-        why = mod.supports(self)
-        if why is not None:
-            if backend == "triton":
-                raise RuntimeError(f"backend='triton' cannot encode with {self.describe()}: {why}")
-            return None
-        return getattr(mod, fn)
+        """The fused encoder for this call (``fn(codec, keys) -> Encoded``), or None for the PyTorch
+        reference; the decision is :func:`kernels.backend.use_fused`'s."""
+        from .triton.encoders import encoder_unsupported, fused_encoder
+
+        if use_fused(self._backend_arg, keys.device, lambda: encoder_unsupported(self, keys.device),
+                     f"encode with {self.describe()}"):
+            return fused_encoder(self.fused_layout())
+        return None
 
     def decode(self, state: Encoded) -> torch.Tensor:
         """Encoded -> reconstructed keys [..., T, d] in the input dtype."""
@@ -243,6 +216,12 @@ class Codec:
     def expected_nbytes(self, shape: tuple[int, ...]) -> int:
         """Bytes of ``encode`` for keys of ``shape``, from the codec's own formula (tests compare)."""
         raise NotImplementedError
+
+    # --- fused kernels ------------------------------------------------------------------
+    def fused_layout(self):
+        """The key layout the fused kernels read and write (:class:`kernels.fused_layout.FusedLayout`),
+        or None: this codec has no fused path."""
+        return None
 
     def describe(self) -> str:
         return f"{self.name}@{self.bits}b"

@@ -23,12 +23,15 @@ OCTOPUS-QJL at ``b`` bits: OCTOPUS at b - 1 bits plus sign(R2 r) of the rotated-
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
 from .base import Codec, Encoded, bitfield_bytes, reject_unknown_options
+from .fused_layout import FusedLayout, KeyCodes, QJLResidual, Sketch
 from .joint_rounding import decode_triplets, encode_triplets, local_full_agreement  # noqa: F401 (probe)
+from .lloyd_max import codebook
 from .packing import BitField
 from .registry import register_codec
 from .rotation import Rotation, next_pow2
@@ -108,7 +111,6 @@ def _resolve_split(bits: int, split) -> tuple[int, int]:
 class Octopus(Codec):
     """OCTOPUS, PyTorch reference. Options: ``split=(b_u, b_r)`` (default (b+1, b-1)),
     ``rounding='local'|'full'|'nearest'`` (default 'local', the paper's 3x3 joint search)."""
-    fused_encoder = "kernels.triton.octopus_encode:octopus_encode"
 
     bits_supported = (1, 2, 3, 4, 5, 6)
 
@@ -134,6 +136,12 @@ class Octopus(Codec):
     def expected_nbytes(self, shape: tuple[int, ...]) -> int:
         return _lead(shape) * self.stage.nbytes_per_vector()
 
+    def fused_layout(self) -> FusedLayout:
+        st = self.stage
+        return FusedLayout(KeyCodes.OCTAHEDRAL, self.rot, (st.b_u, st.b_r),
+                           (codebook("octa", 0, st.b_u), codebook("triplet_norm", st.d_pad, st.b_r)),
+                           rounding=st.rounding, codes_field="u", triplet_norm_field="r")
+
     def describe(self) -> str:
         s = self.stage
         return f"{self.name}@{self.bits}b(u{s.b_u},v{s.b_u},r{s.b_r},{s.rounding})"
@@ -149,7 +157,6 @@ class OctopusQJL(Octopus):
     ``decode`` returns the MSE stage plus the unbiased QJL back-projection
     sqrt(pi/2)/sqrt(m) * rnorm * R^{-1} R2^{-1} sign(R2 r), so <q, decode(k)> equals ``score``.
     """
-    fused_encoder = None  # the fused encoder writes the MSE stage only
 
     bits_supported = (2, 3, 4, 5, 6)
     has_score_estimator = True
@@ -187,6 +194,10 @@ class OctopusQJL(Octopus):
         sketch = self.rot2.forward(self.rot.forward(qf))  # [..., Tq, d_pad]
         corr = sketch @ self._signs(state).transpose(-1, -2)  # [..., Tq, T]
         return base + self.qjl_scale * corr * state.tensors["rnorm"].float().transpose(-1, -2)
+
+    def fused_layout(self) -> FusedLayout:
+        residual = QJLResidual(Sketch.ROTATION, self.d_pad, self.qjl_scale, rotation=self.rot2)
+        return dataclasses.replace(super().fused_layout(), residual=residual)
 
     def expected_nbytes(self, shape: tuple[int, ...]) -> int:
         return super().expected_nbytes(shape) + bitfield_bytes(shape, self.d_pad, 1) + _lead(shape) * 2

@@ -40,6 +40,11 @@ class GaussianSketch:
         #: sqrt(pi/2) / m: turns <S q, sign(S k)> into an unbiased estimate of <q, k/||k||>
         self.scale = math.sqrt(math.pi / 2) / m
 
+    @property
+    def matrices(self) -> torch.Tensor:
+        """The drawn ``S`` of every head, [num_heads, m, d] float32 on the CPU (do not modify)."""
+        return self._S[torch.device("cpu")]
+
     def matrix(self, x: torch.Tensor) -> torch.Tensor:
         """``S`` on x's device, shaped to broadcast with x: [m, d] or [H, m, d]."""
         S = self._S.get(x.device)

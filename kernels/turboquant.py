@@ -25,6 +25,7 @@ import math
 import torch
 
 from .base import Codec, Encoded, reject_unknown_options
+from .fused_layout import FusedLayout, KeyCodes, QJLResidual, Sketch
 from .lloyd_max import codebook, quantize
 from .packing import BitField
 from .qjl import GaussianSketch
@@ -65,10 +66,13 @@ class _MSEStage:
     def nbytes_per_token(self) -> int:
         return self.field.nbytes + 4
 
+    def fused_layout(self, residual: QJLResidual | None = None) -> FusedLayout:
+        return FusedLayout(KeyCodes.SCALAR, self.rotation, (self.bits,), (self.centroids(torch.device("cpu")),),
+                           residual=residual)
+
 
 @register_codec("turboquant-mse")
 class TurboQuantMSE(Codec):
-    fused_encoder = "kernels.triton.turboquant_encode:turboquant_mse_encode"
     bits_supported = tuple(range(1, 9))
 
     def __init__(self, bits: int, head_dim: int, **kw):
@@ -84,6 +88,9 @@ class TurboQuantMSE(Codec):
 
     def expected_nbytes(self, shape):
         return math.prod(shape[:-1]) * self.stage.nbytes_per_token()
+
+    def fused_layout(self) -> FusedLayout:
+        return self.stage.fused_layout()
 
 
 @register_codec("turboquant-prod")
@@ -123,3 +130,7 @@ class TurboQuantProd(Codec):
 
     def expected_nbytes(self, shape):
         return math.prod(shape[:-1]) * (self.stage.nbytes_per_token() + self.qjl_field.nbytes + 2)
+
+    def fused_layout(self) -> FusedLayout:
+        return self.stage.fused_layout(QJLResidual(Sketch.GAUSSIAN, self.m, self.sketch.scale,
+                                                   matrix=self.sketch.matrices))

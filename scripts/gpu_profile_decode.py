@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.bench import _parse_ctx, _time, random_state, sdpa_backend_fn  # noqa: E402
 from kernels import make_codec  # noqa: E402
-from kernels.triton.decode_attention import LAST_LAUNCH, decode_attention_fused  # noqa: E402
+from kernels.triton.decode_attention import _launch  # noqa: E402 (the launcher with the profiling knobs)
 
 HQ, HKV, D = 28, 4, 128
 
@@ -47,24 +47,24 @@ def cmd_time(a):
     fn, _ = sdpa_backend_fn(qs, k, v, True)
     t_sdpa = _time(fn, a.rep_ms)
     print(f"ctx {a.ctx} B {B}: sdpa {t_sdpa * 1e6:.1f} us", flush=True)
-    variants = {"full": {}, "nokeys": {"_ablate": 1}, "novals": {"_ablate": 2}, "neither": {"_ablate": 3},
+    variants = {"full": {}, "nokeys": {"ablate": 1}, "novals": {"ablate": 2}, "neither": {"ablate": 3},
                 "noprefetch": {"prefetch": 0},
-                "neither-nopf": {"_ablate": 3, "prefetch": 0}, "split-only": {"_ablate": 4},
-                "split-neither-nopf": {"_ablate": 7, "prefetch": 0}}
+                "neither-nopf": {"ablate": 3, "prefetch": 0}, "split-only": {"ablate": 4},
+                "split-neither-nopf": {"ablate": 7, "prefetch": 0}}
     for spec in a.configs.split(","):
         name, bits = spec.split("@")
         codec, states, q, wk, wv = setup(name, int(bits), T, B, ncp=8)
-        row = []
+        row, launched = [], {}
         for label, kw in variants.items():
             kw = kw | a.extra
 
             def f(kw=kw):
                 for ks, vs in states:
-                    decode_attention_fused(q, ks, vs, codec, wk, wv, **kw)
+                    _launch(q, ks, vs, codec, wk, wv, record=launched, **kw)
 
             t = _time(f, a.rep_ms) / len(states)
             row.append(f"{label} {t * 1e6:.1f} ({t / t_sdpa:.2f}x)")
-        kk = LAST_LAUNCH.get("split")
+        kk = launched.get("split")
         print(f"{spec}: " + ", ".join(row) + f" | regs {getattr(kk, 'n_regs', '?')}", flush=True)
 
 
@@ -72,15 +72,16 @@ def cmd_once(a):
     codec, states, q, wk, wv = setup(a.codec, a.bits, _parse_ctx(a.ctx), a.batch)
     ks, vs = states[0]
     for _ in range(3):
-        decode_attention_fused(q, ks, vs, codec, wk, wv, **a.extra)
+        _launch(q, ks, vs, codec, wk, wv, **a.extra)
     torch.cuda.synchronize()
 
 
 def cmd_sass(a):
     codec, states, q, wk, wv = setup(a.codec, a.bits, 4096, 1)
     ks, vs = states[0]
-    decode_attention_fused(q, ks, vs, codec, wk, wv, **a.extra)
-    k = LAST_LAUNCH["split"]
+    launched = {}
+    _launch(q, ks, vs, codec, wk, wv, record=launched, **a.extra)
+    k = launched["split"]
     import subprocess
     import tempfile
 

@@ -2,7 +2,11 @@
 
 - :mod:`.decode_attention`: split-K flash-decoding attention that reads packed key codes
   (OCTOPUS, OCTOPUS-QJL, TurboQuant-MSE/-prod) and group-quantized values, plus a native window.
-- :mod:`.octopus_encode`, :mod:`.turboquant_encode`: fused key encoders producing the reference states.
+- :mod:`.octopus_encode`, :mod:`.turboquant_encode`: fused key encoders producing the reference states;
+  :mod:`.encoders` says which writes which key layout.
+
+The kernels read what a codec declares in ``codec.fused_layout()`` (:mod:`kernels.fused_layout`),
+never its name; the fused-or-reference choice is :mod:`kernels.backend`'s.
 
 Importing this package needs ``triton``; :func:`available` says whether it can run here
 (a CUDA device, or ``TRITON_INTERPRET=1`` on the CPU).

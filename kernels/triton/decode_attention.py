@@ -25,9 +25,16 @@ Packed fields are unpacked with each thread holding whole words and all the code
 (:func:`_codes` builds the code axis from constant shifts with ``tl.join``), which keeps the
 tiles in registers without layout conversions.
 
+What the kernel reads is the codec's declared :class:`kernels.fused_layout.FusedLayout` (through
+:mod:`.decode_plan`), compiled into the constants OCTA (octahedral triplets, else scalar codes),
+HAS_QJL (a QJL residual) and SKETCH_SPLIT (its query features stored as bf16 hi + lo).
+
 Supported (else :func:`supports` says why and the dispatcher falls back to PyTorch): head dims
-that are powers of two >= 32; key code widths of 1, 2, 3, 4 or 8 bits (TurboQuant), u-codes of
-at most 6 bits (OCTOPUS); value bits 1, 2, 3, 4 or 8 with a power-of-two group.
+that are powers of two >= 32; scalar code widths of 1, 2, 3, 4 or 8 bits, octahedral u-codes of
+at most 6 bits; a QJL sketch of d rows; value bits 1, 2, 3, 4 or 8 with a power-of-two group.
+
+:func:`decode_attention_fused` is the public launcher; ``_launch`` adds the knobs that only
+benchmarks and profiling use (register caps, prefetch, ablations, the compiled kernels).
 """
 from __future__ import annotations
 
@@ -40,10 +47,9 @@ import triton.language as tl
 from . import interpreting
 from ._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
 from .combine import _combine_kernel
-from .decode_plan import KINDS, plan_for
+from ..fused_layout import KeyCodes
+from .decode_plan import plan_for
 
-#: the compiled kernels of the latest launch (register and spill counts for the benchmark)
-LAST_LAUNCH: dict = {}
 _LOG2E = 1.4426950408889634
 
 
@@ -58,7 +64,8 @@ def _qfeat(q, qm, COL0: tl.constexpr, NCOL: tl.constexpr, NQ: tl.constexpr, D: t
 @triton.jit
 def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, kb_words,
                   NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
-                  KIND: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, KA_BYTES: tl.constexpr,
+                  OCTA: tl.constexpr, HAS_QJL: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  KA_BYTES: tl.constexpr,
                   KB_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr, BU: tl.constexpr,
                   BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
                   VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
@@ -70,9 +77,9 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, 
         n1 = tl.minimum(n0 + BLOCK_N, hi)
         _prefetch_rows(NORM, n0, n1, 4)
         _prefetch_rows(KA, n0, n1, KA_BYTES)
-        if KB_BYTES > 0 and KIND <= 1:
+        if KB_BYTES > 0 and OCTA:
             _prefetch_rows(KB, n0, n1, KB_BYTES)
-        if KIND == 1 or KIND == 3:
+        if HAS_QJL:
             _prefetch_rows(QJL, n0, n1, QJL_BYTES)
             _prefetch_rows(RNORM, n0, n1, 2)
         _prefetch_rows(VC, n0, n1, VC_BYTES)
@@ -85,7 +92,7 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, 
     # the M side of the tensor-core product (wgmma on Hopper), the query heads the small N side
     if ABLATE & 1:  # profiling only: no key decode
         raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
-    elif KIND <= 1:
+    elif OCTA:
         rows = t0 + offs  # global token rows: the code fields are read relative to their (aligned) start
         raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
         for c in tl.static_range(NCH):  # triplet chunks of TN, each consumed at once (registers)
@@ -101,7 +108,7 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, 
             yk = _unpack_tile(w0, w1, w2, BLOCK_N, CW, CBITS, 2, 0.0, 0.0, CB1)
             raw = tl.dot(yk, fk[c], raw)  # chunk c of the rotated query [CW, GP]
     s = raw * nrm[:, None]
-    if KIND == 1 or KIND == 3:
+    if HAS_QJL:
         cq = tl.zeros([BLOCK_N, fj[0].shape[1]], tl.float32)
         for c in tl.static_range(D // CW):
             w0, w1, w2 = _row_words(QJL + offs * QJL_BYTES, mask_n, c * CW, CW, 1)
@@ -144,7 +151,8 @@ def _split_kernel(
     Q, QM, NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, LENS, OACC, OML,
     ka_words, kb_words, T_alloc, H, qm_head_stride, chunk, num_splits, rot_scale, qjl_feat_scale, qjl_coef,
     sm_scale_log2,
-    KIND: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+    OCTA: tl.constexpr, HAS_QJL: tl.constexpr, SKETCH_SPLIT: tl.constexpr,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     NQ: tl.constexpr, JCOL: tl.constexpr,
     KA_BYTES: tl.constexpr, KB_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr,
     BU: tl.constexpr, BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
@@ -176,7 +184,7 @@ def _split_kernel(
     # features^T per key chunk, [K, GP] fp16: OCTOPUS (x, y, z) of each chunk of TN triplets
     # (columns 3 * c * TN + {0, TN, 2 TN} of QM); TurboQuant the rotated query
     fk = ()
-    if KIND <= 1:
+    if OCTA:
         for c in tl.static_range(3 * NCH):
             fk = fk + (tl.trans((_qfeat(q, qm, c * TN, TN, NQ, D) * rot_scale).to(tl.float16)),)
     else:
@@ -184,10 +192,10 @@ def _split_kernel(
             fk = fk + (tl.trans((_qfeat(q, qm, c * CW, CW, NQ, D) * rot_scale).to(tl.float16)),)
     fj = ()
     sj = tl.zeros([GP], tl.float32)
-    if KIND == 1 or KIND == 3:  # QJL sketch of the query, chunks [CW, GP]; sj = <features, 1>
+    if HAS_QJL:  # QJL sketch of the query, chunks [CW, GP]; sj = <features, 1>
         for c in tl.static_range(D // CW):
             f = _qfeat(q, qm, JCOL + c * CW, CW, NQ, D)
-            if KIND == 3:  # the Gaussian sketch is stored as bf16 hi + lo
+            if SKETCH_SPLIT:  # the sketch is stored as bf16 hi + lo (a Gaussian one)
                 f += _qfeat(q, qm, JCOL + D + c * CW, CW, NQ, D)
             f = (f * qjl_feat_scale).to(tl.float16)
             sj += tl.sum(f.to(tl.float32), 1)
@@ -218,14 +226,14 @@ def _split_kernel(
             m_i, l_i, acc = _attend_block(
                 lo + it * BLOCK_N, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, kb_words,
                 NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
-                KIND, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
+                OCTA, HAS_QJL, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
                 VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
     else:
         for start in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _attend_block(
                 start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, kb_words,
                 NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
-                KIND, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
+                OCTA, HAS_QJL, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
                 VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
 
     # ---- partial results: normalised output (fp16) and log2-sum-exp per query head ----------
@@ -243,19 +251,23 @@ def _split_kernel(
 # launcher
 # --------------------------------------------------------------------------------------------
 def supports(codec, q_dtype=torch.bfloat16) -> str | None:
-    """None when the fused kernel handles this codec, else the reason it does not."""
-    if codec.name not in KINDS:
-        return f"codec '{codec.name}' has no fused kernel (fused: {', '.join(KINDS)})"
+    """None when the fused kernel handles this codec (from its declared fused layout), else why not."""
+    layout = codec.fused_layout()
+    if layout is None:
+        return f"codec '{codec.name}' has no fused kernel (it declares no fused layout)"
     D = codec.head_dim
     if D < 32 or D & (D - 1):
         return f"head_dim {D} is not a power of two >= 32"
     if q_dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"query dtype {q_dtype} not supported"
-    if KINDS[codec.name] <= 1:
-        if codec.stage.b_u > 6 or codec.stage.b_r > 8:
-            return f"OCTOPUS split (b_u={codec.stage.b_u}, b_r={codec.stage.b_r}) exceeds b_u <= 6, b_r <= 8"
-    elif codec.stage.bits not in (1, 2, 3, 4, 8):
-        return f"TurboQuant code width {codec.stage.bits} not in (1, 2, 3, 4, 8)"
+    if layout.keys == KeyCodes.OCTAHEDRAL:
+        b_u, b_r = layout.bits
+        if b_u > 6 or b_r > 8:
+            return f"OCTOPUS split (b_u={b_u}, b_r={b_r}) exceeds b_u <= 6, b_r <= 8"
+    elif layout.bits[0] not in (1, 2, 3, 4, 8):
+        return f"TurboQuant code width {layout.bits[0]} not in (1, 2, 3, 4, 8)"
+    if layout.residual is not None and layout.residual.m != D:
+        return f"QJL sketch of {layout.residual.m} rows, not head_dim {D}"
     vq = codec.value_quantizer
     if vq.bits not in (1, 2, 3, 4, 8) or vq.group & (vq.group - 1) or vq.padded != D:
         return f"value quantizer (bits={vq.bits}, group={vq.group}) not supported"
@@ -302,18 +314,32 @@ def _field(state, name, T):
 
 
 def decode_attention_fused(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
-                           window_lengths=None, scale=None, block_n: int = 64, num_warps: int = 4,
-                           num_stages: int = 1, num_splits: int | None = None, return_lse: bool = False,
-                           maxnreg: int | None = -1, programs_per_sm: int | None = None, prefetch: int = 1,
-                           combine_block: int = 256, _ablate: int = 0):
+                           window_lengths=None, scale=None, *, return_lse: bool = False, block_n: int = 64,
+                           num_splits: int | None = None, combine_block: int = 256):
     """Fused decode attention. Shapes as :func:`kernels.attention.decode_attention`; returns
     out [B, Hq, 1, d] in q's dtype, and with ``return_lse`` also lse [B, Hq] float32, the natural
     log-sum-exp of the scaled scores (tests use it to check the scores).
 
-    Tuning: ``block_n`` tokens per block; ``num_splits`` (default: ``programs_per_sm`` programs
-    per SM over the batch and heads); ``maxnreg`` caps registers so that 4 programs fit an SM;
-    ``num_stages`` > 1 lets Triton pipeline the loads through shared memory (slower here);
-    ``combine_block`` splits merged per pass of the combine kernel (a power of two)."""
+    ``block_n`` tokens per block (a multiple of 64); ``num_splits`` splits per (batch, KV head)
+    (default: sized to fill the device); ``combine_block`` splits merged per pass of the combine
+    kernel (a power of two)."""
+    return _launch(q, key_state, value_state, codec, window_k, window_v, lengths, window_lengths, scale,
+                   return_lse=return_lse, block_n=block_n, num_splits=num_splits, combine_block=combine_block)
+
+
+def _launch(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None, window_lengths=None,
+            scale=None, *, return_lse: bool = False, block_n: int = 64, num_splits: int | None = None,
+            combine_block: int = 256, num_warps: int = 4, num_stages: int = 1, maxnreg: int | None = -1,
+            programs_per_sm: int | None = None, prefetch: int = 1, ablate: int = 0, record: dict | None = None):
+    """:func:`decode_attention_fused` with the knobs only benchmarks and profiling use
+    (harness/bench.py, scripts/gpu_profile_decode.py).
+
+    ``maxnreg`` caps registers so that 4 programs fit an SM (-1: 128, 168 with a QJL stage);
+    ``programs_per_sm`` sizes the default split count; ``num_stages`` > 1 lets Triton pipeline the
+    loads through shared memory (slower here); ``prefetch`` blocks ahead into L1; ``ablate`` (bits)
+    drops work to see where the time goes: 1 no key decode, 2 no value decode, 4 no combine kernel
+    (the output is then garbage). ``record``: a dict that receives the compiled kernels
+    ("split", "combine": register and spill counts, SASS)."""
     B, Hq, Tq, D = q.shape
     assert Tq == 1, "decode attention takes one query token"
     if block_n % 64:  # tokens are the M side of the Hopper tensor-core product (64 rows per warpgroup)
@@ -321,7 +347,7 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
     dev = q.device
     plan = plan_for(codec, dev)
     if maxnreg == -1:  # default: 128 registers (4 programs of 4 warps per SM); 168 with a QJL stage
-        maxnreg = 168 if plan.kind in (1, 3) else 128
+        maxnreg = 168 if plan.qjl else 128
     if programs_per_sm is None:
         programs_per_sm = 65536 // (max(maxnreg or 168, 64) * 32 * num_warps)
     t = key_state.tensors
@@ -339,34 +365,35 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
     chunk = per * block_n
     num_splits = max(1, triton.cdiv(T, chunk)) if T > 0 else 1
 
-    norm = _field(key_state, "norm", T)
-    ka = _field(key_state, "u" if plan.kind <= 1 else "codes", T)
-    kb = _field(key_state, "r", T) if plan.kind <= 1 else ka
-    if plan.kind in (1, 3):
-        qjl, rnorm = _field(key_state, "qjl", T), _field(key_state, "rnorm", T)
+    norm_name, codes_name, tnorm_name = plan.fields
+    norm = _field(key_state, norm_name, T)
+    ka = _field(key_state, codes_name, T)
+    kb = _field(key_state, tnorm_name, T) if plan.octa else ka
+    if plan.qjl:
+        qjl, rnorm = (_field(key_state, f, T) for f in plan.qjl_fields)
     else:
         qjl, rnorm = ka, norm
     vc, vs, vz = (_field(value_state, k, T) for k in ("codes", "scale", "zero"))
     if kb.numel() == 0:
         kb = ka  # b_r = 0: no r field (never read)
-    if plan.kind <= 1:  # the OCTOPUS fields are read as 32-bit words from their start
+    if plan.octa:  # the OCTOPUS fields are read as 32-bit words from their start
         ka, kb = (f if f.data_ptr() % 4 == 0 else f.clone() for f in (ka, kb))
 
     oacc = torch.empty(B * Hkv * num_splits * GP * D, dtype=torch.float16, device=dev)
     oml = torch.empty(B * Hkv * num_splits * GP, dtype=torch.float32, device=dev)
     sm_scale_log2 = scale * _LOG2E
-    LAST_LAUNCH["split"] = _split_kernel[(num_splits, B * Hkv)](
+    split = _split_kernel[(num_splits, B * Hkv)](
         qc, plan.qm, norm, ka, kb, qjl, rnorm, vc, vs, vz, plan.cb1, plan.cb2, lens if lens is not None else norm,
         oacc, oml,
         -(-ka.numel() // 4), -(-kb.numel() // 4), T, Hkv, plan.qm_head_stride, chunk, num_splits, plan.rot_scale,
         plan.qjl_feat_scale, plan.qjl_coef, sm_scale_log2,
-        KIND=plan.kind, G=G, GP=GP, D=D, BLOCK_N=block_n, NQ=plan.nq,
-        JCOL=3 * plan.tn * plan.nch if plan.kind <= 1 else D,
+        OCTA=plan.octa, HAS_QJL=plan.qjl, SKETCH_SPLIT=plan.sketch_split, G=G, GP=GP, D=D, BLOCK_N=block_n,
+        NQ=plan.nq, JCOL=3 * plan.tn * plan.nch if plan.octa else D,
         KA_BYTES=plan.ka_bytes, KB_BYTES=plan.kb_bytes, QJL_BYTES=D // 8, CBITS=plan.cbits,
         BU=plan.bu, BR=plan.br, NT=plan.nt, TN=plan.tn, NCH=plan.nch,
         VBITS=plan.vbits, VC_BYTES=plan.vc_bytes, VG=plan.vg, NVG=D // plan.vg,
         STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None, CW=min(64, D),
-        PREFETCH=0 if interpreting() else prefetch, ABLATE=_ablate,
+        PREFETCH=0 if interpreting() else prefetch, ABLATE=ablate,
         num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": maxnreg} if maxnreg and not interpreting() else {}),
     )
@@ -391,10 +418,12 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
         wstr = (0,) * 6
         w_block = 16
     DC = min(32, D)
-    if _ablate & 4:  # profiling only: the split kernel alone
+    if record is not None:
+        record["split"] = split
+    if ablate & 4:  # profiling only: the split kernel alone
         return out
     split_block = min(combine_block, 64 if num_splits <= 64 else 256)  # two compiled variants
-    LAST_LAUNCH["combine"] = _combine_kernel[(B * Hq, D // DC)](
+    combine = _combine_kernel[(B * Hq, D // DC)](
         qc, wk, wv, wl if wl is not None else qc, oacc, oml, out, lse, Hkv, W, *wstr, sm_scale_log2, num_splits,
         G=G, GP=GP, D=D, DC=DC, SPLIT_BLOCK=split_block,
         S_STATIC_ITERS=triton.cdiv(num_splits, split_block) if interpreting() else 0,
@@ -403,4 +432,6 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
         W_STATIC_ITERS=triton.cdiv(window_k.shape[-2], w_block) if (has_w and interpreting()) else 0,
         num_warps=4,
     )
+    if record is not None:
+        record["combine"] = combine
     return (out, lse) if return_lse else out

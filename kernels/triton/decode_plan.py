@@ -1,6 +1,7 @@
 """What the fused decode attention needs from a codec that does not change between steps: codebooks,
 field sizes and the query-side feature matrix (the exact ±1 rotation, regrouped per triplet
-component for OCTOPUS), built once per (codec, device) and kept while the codec lives."""
+component for octahedral keys), built once per (codec, device) from the codec's
+:class:`kernels.fused_layout.FusedLayout` and kept while the codec lives."""
 from __future__ import annotations
 
 import math
@@ -8,9 +9,8 @@ import weakref
 
 import torch
 
+from ..fused_layout import FusedLayout, KeyCodes, Sketch
 from ..rotation import hadamard_matrix
-
-KINDS = {"octopus": 0, "octopus-qjl": 1, "turboquant-mse": 2, "turboquant-prod": 3}
 
 
 def _triplet_chunks(nt: int) -> tuple[int, int]:
@@ -26,38 +26,43 @@ def _pm1_rotation(rot, head: int) -> torch.Tensor:
 
 
 class _Plan:
-    """Everything the kernel needs from a codec that does not change between steps."""
+    """Everything the kernel needs from a codec that does not change between steps.
 
-    def __init__(self, codec, device):
-        name = codec.name
-        self.kind = KINDS[name]
+    ``octa``: the keys are octahedral triplets (else scalar codes); ``qjl``: there is a QJL
+    residual; ``sketch_split``: its query features are stored as bf16 hi + lo columns (a Gaussian
+    sketch is not exact in bf16; products of ±1 rotations are)."""
+
+    def __init__(self, layout: FusedLayout, codec, device):
         D = codec.head_dim
         self.D = D
-        if self.kind <= 1:
-            st = codec.stage
-            self.bu, self.br, self.nt = st.b_u, st.b_r, st.nt
-            self.ka_bytes, self.kb_bytes = st.u_field.nbytes, st.r_field.nbytes
-            from ..lloyd_max import codebook
-            self.cb1 = codebook("octa", 0, st.b_u, device=device).contiguous()
-            self.cb2 = codebook("triplet_norm", st.d_pad, st.b_r, device=device).contiguous()
-            self.tn, self.nch = _triplet_chunks(st.nt)
-            rot = codec.rot
+        self.octa = layout.keys == KeyCodes.OCTAHEDRAL
+        res = layout.residual
+        self.qjl = res is not None
+        self.sketch_split = self.qjl and res.sketch == Sketch.GAUSSIAN
+        self.fields = (layout.norm_field, layout.codes_field, layout.triplet_norm_field if self.octa else None)
+        self.qjl_fields = (res.bits_field, res.norm_field) if self.qjl else None
+        rot = layout.rotation
+        if self.octa:
+            self.bu, self.br = layout.bits
+            self.nt = layout.triplets
+            u_field, r_field = layout.code_fields
+            self.ka_bytes, self.kb_bytes = u_field.nbytes, r_field.nbytes
+            self.cb1, self.cb2 = (c.to(device).contiguous() for c in layout.codebooks)
+            self.tn, self.nch = _triplet_chunks(self.nt)
             self.cbits = 0
         else:
-            st = codec.stage
             self.bu = self.br = self.nt = self.tn = self.nch = 0
-            self.cbits = st.bits
-            self.ka_bytes, self.kb_bytes = st.field.nbytes, 0
-            self.cb1 = st.centroids(torch.device("cpu")).to(device).contiguous()
+            self.cbits = layout.bits[0]
+            self.ka_bytes, self.kb_bytes = layout.code_fields[0].nbytes, 0
+            self.cb1 = layout.codebooks[0].to(device).contiguous()
             self.cb2 = self.cb1
-            rot = st.rotation
         n = rot.padded
         heads = rot.num_heads
         mats = []
         for hh in range(heads):
             R = _pm1_rotation(rot, hh)  # y = x R^T / sqrt(n)
             cols = []
-            if self.kind <= 1:
+            if self.octa:
                 for t0, tn in [(k * self.tn, self.tn) for k in range(self.nch)]:
                     for c in range(3):
                         sec = torch.zeros(D, tn, dtype=torch.float64)
@@ -68,29 +73,29 @@ class _Plan:
                         cols.append(sec)
             else:
                 cols.append(R[:, :D].T)
-            if self.kind == 1:
-                R2 = _pm1_rotation(codec.rot2, hh)
+            if self.qjl and res.sketch == Sketch.ROTATION:
+                R2 = _pm1_rotation(res.rotation, hh)
                 cols.append((R2 @ R)[:, :D].T)  # integer entries, |.| <= n: exact in bf16
-            if self.kind == 3:
-                S = codec.sketch._S[torch.device("cpu")][hh].double()  # [m, d]
+            elif self.qjl:
+                S = res.matrix[hh].double()  # [m, d]
                 hi = S.to(torch.bfloat16).double()
                 cols.append(S.T.to(torch.bfloat16).double())
                 cols.append((S - hi).T)
             mats.append(torch.cat(cols, dim=1))
         qm = torch.stack(mats)  # [heads, D, NQ]
         qm_b = qm.to(torch.bfloat16)
-        if self.kind != 3:
+        if not self.sketch_split:
             assert torch.equal(qm_b.double(), qm), "rotation features must be exact in bf16"
         self.qm = qm_b.contiguous().to(device)
         self.nq = qm.shape[-1]
         self.qm_head_stride = 0 if heads == 1 else D * self.nq
         self.rot_scale = 1.0 / math.sqrt(n)
-        if self.kind == 1:
-            self.qjl_feat_scale, self.qjl_coef = 1.0 / n, codec.qjl_scale
-        elif self.kind == 3:
-            self.qjl_feat_scale, self.qjl_coef = 1.0, codec.sketch.scale
-        else:
+        if not self.qjl:
             self.qjl_feat_scale, self.qjl_coef = 1.0, 0.0
+        elif res.sketch == Sketch.ROTATION:  # two ±1 rotations, each sqrt(n) times the orthonormal one
+            self.qjl_feat_scale, self.qjl_coef = 1.0 / n, res.coef
+        else:
+            self.qjl_feat_scale, self.qjl_coef = 1.0, res.coef
         vq = codec.value_quantizer
         self.vbits, self.vg = vq.bits, vq.group
         self.vc_bytes = vq.field.nbytes
@@ -103,5 +108,5 @@ def plan_for(codec, device) -> _Plan:
     per = _PLANS.setdefault(codec, {})
     key = str(torch.device(device))
     if key not in per:
-        per[key] = _Plan(codec, device)
+        per[key] = _Plan(codec.fused_layout(), codec, device)
     return per[key]

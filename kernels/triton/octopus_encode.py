@@ -1,6 +1,7 @@
 """Fused OCTOPUS key encoder: norm, rotation, triplets, octahedral fold, Lloyd-Max with the 3x3
 joint rounding, and bit packing in one kernel; it writes the reference state
-(:class:`kernels.octopus.Octopus`): "norm" fp32 [..., T, 1], "u" and "r" packed uint8 rows.
+(:class:`kernels.fused_layout.FusedLayout`, OCTAHEDRAL keys: OCTOPUS): "norm" fp32 [..., T, 1],
+"u" and "r" packed uint8 rows.
 
 Every step follows the PyTorch reference operation for operation (IEEE division and square
 root, the same butterfly order, no multiply-add contraction), so the state matches the
@@ -18,8 +19,8 @@ import triton
 import triton.language as tl
 
 from ..base import Encoded, check_input
+from ..fused_layout import FusedLayout, KeyCodes
 from ..joint_rounding import direction_grid
-from ..lloyd_max import codebook
 from ._common import count_below, fwht_rows, head_layout, pack_bytes, rotation_signs, thresholds
 
 # token counts change with every call: no specialisation on them (one compiled kernel for all)
@@ -102,47 +103,52 @@ def _octopus_encode_kernel(
 
 
 class _Tables:
-    def __init__(self, codec, device):
-        st = codec.stage
-        self.oc_thr = thresholds(codebook("octa", 0, st.b_u)).to(device)
-        self.grid = direction_grid(st.b_u).to(device).contiguous()
-        self.rho_thr = thresholds(codebook("triplet_norm", st.d_pad, st.b_r)).to(device)
-        self.signs = rotation_signs(codec.rot, device)
+    def __init__(self, layout: FusedLayout, device):
+        b_u = layout.bits[0]
+        octa, triplet_norm = layout.codebooks
+        self.oc_thr = thresholds(octa).to(device)
+        self.grid = direction_grid(b_u).to(device).contiguous()
+        self.rho_thr = thresholds(triplet_norm).to(device)
+        self.signs = rotation_signs(layout.rotation, device)
 
 
 # per codec, per device; weak keys so the tables go when the codec does
 _TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def supports(codec) -> str | None:
-    if codec.name not in ("octopus", "octopus-qjl"):
-        return f"not an OCTOPUS codec: {codec.name}"
-    st = codec.stage
-    if st.rounding not in ("local", "nearest"):
-        return f"rounding '{st.rounding}' has no fused kernel (local, nearest)"
-    if st.b_u > 7 or st.b_r > 8:
-        return f"split (b_u={st.b_u}, b_r={st.b_r}) too wide for the fused encoder"
+def supports(layout: FusedLayout | None) -> str | None:
+    """None when this encoder writes ``layout``'s key codes, else why not."""
+    if layout is None or layout.keys != KeyCodes.OCTAHEDRAL:
+        return f"not an OCTOPUS (octahedral) key layout: {layout.keys.value if layout else 'no fused layout'}"
+    if layout.rounding not in ("local", "nearest"):
+        return f"rounding '{layout.rounding}' has no fused kernel (local, nearest)"
+    b_u, b_r = layout.bits
+    if b_u > 7 or b_r > 8:
+        return f"split (b_u={b_u}, b_r={b_r}) too wide for the fused encoder"
     return None
 
 
 def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
-    """keys [..., T, d] (``[..., H, T, d]`` when the codec has per-head signs) -> the OCTOPUS state
-    of ``codec`` (an :class:`kernels.octopus.Octopus`), as ``codec.encode(keys)`` would return it."""
-    why = supports(codec)
+    """keys [..., T, d] (``[..., H, T, d]`` when the codec has per-head signs) -> the OCTAHEDRAL key codes
+    of ``codec.fused_layout()`` ("norm", "u", "r"), as ``codec.encode(keys)`` writes them (for
+    OCTOPUS-QJL: its OCTOPUS stage's fields)."""
+    layout = codec.fused_layout()
+    why = supports(layout)
     if why:
         raise ValueError(why)
     check_input(keys, codec.head_dim)
-    st = codec.stage
     dev = keys.device
     per = _TABLES.setdefault(codec, {})
     tab = per.get(str(dev))
     if tab is None:
-        tab = per[str(dev)] = _Tables(codec, dev)
-    D, NP, NT = codec.head_dim, st.d_pad, st.nt
+        tab = per[str(dev)] = _Tables(layout, dev)
+    b_u, b_r = layout.bits
+    u_field, r_field = layout.code_fields
+    D, NP, NT = codec.head_dim, layout.padded, layout.triplets
     x = keys.reshape(-1, D).contiguous()
     N = x.shape[0]
-    T, H = head_layout(tuple(keys.shape), codec.rot.num_heads)
-    UB, RB = st.u_field.nbytes, st.r_field.nbytes
+    T, H = head_layout(tuple(keys.shape), layout.rotation.num_heads)
+    UB, RB = u_field.nbytes, r_field.nbytes
     lead = tuple(keys.shape[:-1])
     norm = torch.empty(lead + (1,), dtype=torch.float32, device=dev)
     u = torch.empty(lead + (UB,), dtype=torch.uint8, device=dev)
@@ -152,8 +158,9 @@ def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
             x, tab.signs, tab.oc_thr, tab.grid, tab.rho_thr, norm, u, r if RB else u, N, T, H,
             1.0 / math.sqrt(NP),
             D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=block_t, NT=NT, NTP=triton.next_power_of_2(NT),
-            BU=st.b_u, BR=st.b_r, UB=UB, UBP=triton.next_power_of_2(UB), RB=RB,
-            RBP=triton.next_power_of_2(max(RB, 1)), LOCAL=st.rounding == "local",
+            BU=b_u, BR=b_r, UB=UB, UBP=triton.next_power_of_2(UB), RB=RB,
+            RBP=triton.next_power_of_2(max(RB, 1)), LOCAL=layout.rounding == "local",
             enable_fp_fusion=False, num_warps=4,
         )
-    return Encoded({"norm": norm, "u": u, "r": r}, tuple(keys.shape), keys.dtype)
+    fields = {layout.norm_field: norm, layout.codes_field: u, layout.triplet_norm_field: r}
+    return Encoded(fields, tuple(keys.shape), keys.dtype)

@@ -1,5 +1,6 @@
 """Fused TurboQuant-MSE key encoder: norm, rotation, nearest coordinate centroid and bit packing in
-one kernel; it writes the reference state (:class:`kernels.turboquant.TurboQuantMSE`):
+one kernel; it writes the reference state of SCALAR key codes (:class:`kernels.fused_layout.FusedLayout`,
+TurboQuant-MSE):
 "norm" fp32 [..., T, 1], "codes" uint8 [..., T, BitField(d_pad, b).nbytes].
 
 Same operations as the reference (IEEE division and square root, the reference butterfly order),
@@ -17,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..base import Encoded, check_input
+from ..fused_layout import FusedLayout, KeyCodes
 from ._common import count_below, fwht_rows, head_layout, pack_bytes, rotation_signs, thresholds
 
 
@@ -49,40 +51,41 @@ def _turboquant_encode_kernel(
 _TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def supports(codec) -> str | None:
-    if codec.name not in ("turboquant-mse", "turboquant-prod"):
-        return f"not a TurboQuant codec: {codec.name}"
-    if codec.stage.bits > 8:
-        return f"code width {codec.stage.bits} > 8"
+def supports(layout: FusedLayout | None) -> str | None:
+    """None when this encoder writes ``layout``'s key codes, else why not."""
+    if layout is None or layout.keys != KeyCodes.SCALAR:
+        return f"not a TurboQuant (scalar-code) key layout: {layout.keys.value if layout else 'no fused layout'}"
+    if layout.bits[0] > 8:
+        return f"code width {layout.bits[0]} > 8"
     return None
 
 
 def turboquant_mse_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
-    """keys [..., T, d] -> the state ``codec.encode(keys)`` returns for a TurboQuant-MSE codec
-    (for TurboQuant-prod: its (b-1)-bit MSE stage's "norm" and "codes" only)."""
-    why = supports(codec)
+    """keys [..., T, d] -> the SCALAR key codes of ``codec.fused_layout()`` ("norm", "codes"), as
+    ``codec.encode(keys)`` writes them (for TurboQuant-prod: its (b-1)-bit MSE stage's fields)."""
+    layout = codec.fused_layout()
+    why = supports(layout)
     if why:
         raise ValueError(why)
     check_input(keys, codec.head_dim)
-    st = codec.stage
     dev = keys.device
     per = _TABLES.setdefault(codec, {})
     tab = per.get(str(dev))
     if tab is None:
-        tab = per[str(dev)] = (thresholds(st.centroids(torch.device("cpu"))).to(dev), rotation_signs(st.rotation, dev))
+        tab = per[str(dev)] = (thresholds(layout.codebooks[0]).to(dev), rotation_signs(layout.rotation, dev))
     thr, signs = tab
-    D, NP = codec.head_dim, st.padded
+    D, NP, bits = codec.head_dim, layout.padded, layout.bits[0]
     x = keys.reshape(-1, D).contiguous()
     N = x.shape[0]
-    T, H = head_layout(tuple(keys.shape), st.rotation.num_heads)
-    CB = st.field.nbytes
+    T, H = head_layout(tuple(keys.shape), layout.rotation.num_heads)
+    CB = layout.code_fields[0].nbytes
     lead = tuple(keys.shape[:-1])
     norm = torch.empty(lead + (1,), dtype=torch.float32, device=dev)
     codes = torch.empty(lead + (CB,), dtype=torch.uint8, device=dev)
     if N:
         _turboquant_encode_kernel[(triton.cdiv(N, block_t),)](
             x, signs, thr, norm, codes, N, T, H, 1.0 / math.sqrt(NP),
-            D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=block_t, BITS=st.bits, CB=CB,
+            D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=block_t, BITS=bits, CB=CB,
             CBP=triton.next_power_of_2(CB), enable_fp_fusion=False, num_warps=4,
         )
-    return Encoded({"norm": norm, "codes": codes}, tuple(keys.shape), keys.dtype)
+    return Encoded({layout.norm_field: norm, layout.codes_field: codes}, tuple(keys.shape), keys.dtype)

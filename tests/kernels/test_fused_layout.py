@@ -1,0 +1,70 @@
+"""Codecs declare what the fused kernels need as data (kernels.fused_layout.FusedLayout); the
+kernels' supports(), the encoders and the decode plan read that declaration, never a codec name."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import list_codecs, make_codec
+from kernels.fused_layout import FusedLayout, KeyCodes, QJLResidual, Sketch
+from kernels.octopus import Octopus
+from kernels.turboquant import TurboQuantProd
+
+FUSED = {"octopus": (KeyCodes.OCTAHEDRAL, None), "octopus-qjl": (KeyCodes.OCTAHEDRAL, Sketch.ROTATION),
+         "turboquant-mse": (KeyCodes.SCALAR, None), "turboquant-prod": (KeyCodes.SCALAR, Sketch.GAUSSIAN)}
+
+
+@pytest.mark.parametrize("name", sorted(list_codecs()))
+def test_declared_layout_matches_the_state(name):
+    """Every codec: a layout or None; a layout names the fields of the state encode writes, with
+    the packed sizes it declares."""
+    bits = list_codecs()[name]
+    if not bits:
+        pytest.skip("no bit width")
+    codec = make_codec(name, 3 if 3 in bits else bits[0], 64, num_heads=2, backend="torch")
+    layout = codec.fused_layout()
+    if name not in FUSED:
+        assert layout is None
+        return
+    keys, sketch = FUSED[name]
+    assert layout.keys == keys and (layout.residual.sketch if layout.residual else None) == sketch
+    t = codec.encode(torch.randn(1, 2, 5, 64)).tensors
+    assert t[layout.norm_field].shape[-1] == 1
+    assert t[layout.codes_field].shape[-1] == layout.code_fields[0].nbytes
+    if keys == KeyCodes.OCTAHEDRAL:
+        assert t[layout.triplet_norm_field].shape[-1] == layout.code_fields[1].nbytes
+    if layout.residual is not None:
+        assert t[layout.residual.bits_field].shape[-1] * 8 >= layout.residual.m
+        assert t[layout.residual.norm_field].dtype == torch.float16
+
+
+def test_layout_checks_itself():
+    rot = make_codec("octopus", 3, 64).fused_layout().rotation
+    with pytest.raises(ValueError, match="octahedral keys take 2 bit width"):
+        FusedLayout(KeyCodes.OCTAHEDRAL, rot, (3,), (torch.zeros(8),))
+    with pytest.raises(ValueError, match="gaussian QJL sketch needs its matrix"):
+        QJLResidual(Sketch.GAUSSIAN, 64, 1.0)
+
+
+def test_kernels_read_the_layout_not_the_name():
+    """A codec under another name with the same layout gets the fused path unchanged."""
+    pytest.importorskip("triton")
+    from kernels.triton.decode_attention import supports
+    from kernels.triton.decode_plan import plan_for
+    from kernels.triton.encoders import encoder_unsupported
+
+    class Renamed(Octopus):
+        name = "renamed-octahedral"
+
+    class RenamedProd(TurboQuantProd):
+        name = "renamed-prod"
+
+    codec = Renamed(3, 64, num_heads=2)
+    assert supports(codec) is None and encoder_unsupported(codec, torch.device("cpu")) is None
+    plan = plan_for(codec, "cpu")
+    assert plan.octa and not plan.qjl
+    prod = RenamedProd(3, 64, num_heads=2)
+    assert supports(prod) is None and "QJL residual" in encoder_unsupported(prod, torch.device("cpu"))
+    plan = plan_for(prod, "cpu")
+    assert not plan.octa and plan.qjl and plan.sketch_split
+    assert "no fused layout" in supports(make_codec("kivi", 2, 64))
