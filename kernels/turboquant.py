@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from .base import Codec, Encoded, reject_unknown_options
+from .base import Codec
+from .encoded import Encoded
 from .lloyd_max import codebook, quantize
 from .packing import BitField
 from .qjl import GaussianSketch
@@ -71,10 +72,9 @@ class TurboQuantMSE(Codec):
     fused_encoder = "kernels.triton.turboquant_encode:turboquant_mse_encode"
     bits_supported = tuple(range(1, 9))
 
-    def __init__(self, bits: int, head_dim: int, **kw):
-        super().__init__(bits, head_dim, **kw)
-        reject_unknown_options(self, ())
-        self.stage = _MSEStage(bits, head_dim, self.seed, self.layer, self.num_heads, self.device)
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.stage = _MSEStage(self.bits, self.head_dim, self.seed, self.layer, self.num_heads, self.device)
 
     def _encode(self, keys):
         return Encoded(self.stage.encode(keys.float()), tuple(keys.shape), keys.dtype)
@@ -91,12 +91,11 @@ class TurboQuantProd(Codec):
     bits_supported = tuple(range(2, 9))
     has_score_estimator = True
 
-    def __init__(self, bits: int, head_dim: int, **kw):
-        super().__init__(bits, head_dim, **kw)
-        reject_unknown_options(self, ())
-        self.stage = _MSEStage(bits - 1, head_dim, self.seed, self.layer, self.num_heads, self.device)
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.stage = _MSEStage(self.bits - 1, self.head_dim, self.seed, self.layer, self.num_heads, self.device)
         self.m = self.stage.padded
-        self.sketch = GaussianSketch(self.m, head_dim, self.seed, self.layer, self.num_heads, "qjl")
+        self.sketch = GaussianSketch(self.m, self.head_dim, self.seed, self.layer, self.num_heads, "qjl")
         self.qjl_field = BitField(self.m, 1)
 
     def _encode(self, keys):

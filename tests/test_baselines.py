@@ -11,8 +11,7 @@ import math
 import pytest
 import torch
 
-from kernels import make_codec
-from kernels.base import Encoded
+from kernels import Encoded, make_codec
 from kernels.polarquant import polar_forward, polar_inverse
 from kernels.rotation import Rotation
 
