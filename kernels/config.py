@@ -102,23 +102,24 @@ def check_options(codec: str, options_cls: type, given: dict) -> dict:
 
 
 def parse_codec_options(codec_name: str, raw: dict[str, str]) -> dict:
-    """Option values given as strings (a command line) -> typed values, checked.
+    """Option values of codec ``codec_name`` given as strings (a command line) -> typed values, checked
+    (see :func:`parse_options`): ``parse_codec_options("octopus", {"split": "4,2"}) == {"split": (4, 2)}``."""
+    return parse_options(codec_name, _codec_class(codec_name).Options, raw)
 
-    By the field's type: ``"3,3"`` -> ``(3, 3)`` for a tuple, ``"true"``/``"false"`` for a bool,
-    ``"none"`` for an optional field, a number for int/float, the text itself for a str.
-    """
-    options_cls = _codec_class(codec_name).Options
+
+def parse_options(codec: str, options_cls: type, raw: dict[str, str]) -> dict:
+    """Strings read by the field's type: ``"3,3"`` -> ``(3, 3)`` for a tuple, ``"true"``/``"false"``
+    for a bool, ``"none"`` for an optional field, a number for int/float, the text for a str."""
     declared = {f.name: f for f in fields(options_cls)}
-    _reject_unknown(codec_name, declared, raw)
+    _reject_unknown(codec, declared, raw)
     hints = _hints(options_cls)
     parsed = {}
     for k, text in raw.items():
-        where = f"codec '{codec_name}' option {k}"
         try:
             parsed[k] = _parse_value(str(text).strip(), hints[k])
         except ValueError:
-            raise ValueError(f"{where}: cannot read {text!r} as {declared[k].type}") from None
-    return check_options(codec_name, options_cls, parsed)
+            raise ValueError(f"codec '{codec}' option {k}: cannot read {text!r} as {declared[k].type}") from None
+    return check_options(codec, options_cls, parsed)
 
 
 def _reject_unknown(codec: str, declared, given) -> None:
