@@ -42,7 +42,7 @@ class CacheConfig:
     codec: str = "none"
     bits: int = 16
     residual: int = DEFAULT_RESIDUAL  # native window size
-    residual_unit: str = "token"  # RESIDUAL_UNITS: "token": the last `residual` tokens; "append": the last `residual` appends (a frame, a scale)
+    residual_unit: str = "token"  # "token": the last `residual` tokens; "append": the last `residual` appends (a frame, a scale)
     protect: str | list[int] = "none"  # PROTECTS: "none", "boundary-1" (first and last layer native), or layer indices
     value_bits: int | None = None  # default: the key bit width
     value_group: int = 32
@@ -55,8 +55,8 @@ class CacheConfig:
     memo_decoded: bool = True
 
     def __post_init__(self):
-        for name, value, allowed in (("attend", self.attend, ATTENDS), ("residual_unit", self.residual_unit, RESIDUAL_UNITS),
-                                     ("backend", self.backend, BACKENDS)):
+        for name, allowed in (("attend", ATTENDS), ("residual_unit", RESIDUAL_UNITS), ("backend", BACKENDS)):
+            value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"Unknown {name} '{value}'. Available: {', '.join(allowed)}")
         if isinstance(self.protect, str) or self.protect is None:
