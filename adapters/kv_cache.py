@@ -21,14 +21,18 @@ from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from kernels import Codec, Encoded, make_codec
+from kernels import Codec, CodecConfig, Encoded, codec_class, make_codec
 from kernels.attention import attend, decode_attention
-from kernels.backend import fused_wanted
+from kernels.backend import BACKENDS, fused_wanted
+from kernels.config import check_options
 
 #: Default residual window, in tokens (text). KIVI and the OCTOPUS paper keep a small
 #: full-precision window of recent tokens; 32 is small next to the contexts we score.
 DEFAULT_RESIDUAL = 32
 CACHE_CONFIG_VERSION = 2
+ATTENDS = ("score", "reconstruct")
+RESIDUAL_UNITS = ("token", "append")
+PROTECTS = ("none", "boundary-1")
 
 
 @dataclass
@@ -39,16 +43,37 @@ class CacheConfig:
     bits: int = 16
     residual: int = DEFAULT_RESIDUAL  # native window size
     residual_unit: str = "token"  # "token": the last `residual` tokens; "append": the last `residual` appends (a frame, a scale)
-    protect: str | list[int] = "none"  # "none", "boundary-1" (first and last layer native), or layer indices
+    protect: str | list[int] = "none"  # PROTECTS: "none", "boundary-1" (first and last layer native), or layer indices
     value_bits: int | None = None  # default: the key bit width
     value_group: int = 32
     seed: int = 0
-    attend: str = "score"  # "score": codec score path; "reconstruct": decode keys then attend
-    backend: str = "auto"  # "auto" (fused kernel on CUDA), "triton", "torch"
-    options: dict = field(default_factory=dict)
+    attend: str = "score"  # ATTENDS: "score": codec score path; "reconstruct": decode keys then attend
+    backend: str = "auto"  # BACKENDS: "auto" (fused kernel on CUDA), "triton", "torch"
+    options: dict = field(default_factory=dict)  # the codec's options (its Options fields), checked
     #: keep the decoded committed keys/values of non-estimator codecs between reads (speed only:
     #: decoding is deterministic, so results are identical; not counted as cache bytes)
     memo_decoded: bool = True
+
+    def __post_init__(self):
+        for name, allowed in (("attend", ATTENDS), ("residual_unit", RESIDUAL_UNITS), ("backend", BACKENDS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"Unknown {name} '{value}'. Available: {', '.join(allowed)}")
+        if isinstance(self.protect, str) or self.protect is None:
+            if self.protect not in (*PROTECTS, None):
+                raise ValueError(f"Unknown protect '{self.protect}'. Available: {', '.join(PROTECTS)} "
+                                 f"or a list of layer indices")
+        elif not all(isinstance(i, int) and not isinstance(i, bool) for i in self.protect):
+            raise ValueError(f"protect must be {', '.join(PROTECTS)} or a list of layer indices, got {self.protect!r}")
+        # the options belong to the codec: checked against its Options (unknown codec -> its list)
+        self.options = check_options(self.codec, codec_class(self.codec).Options, dict(self.options))
+
+    def codec_config(self, head_dim: int, num_heads: int, layer: int = 0) -> CodecConfig:
+        """The config of layer ``layer``'s codec for KV heads ``[B, num_heads, T, head_dim]``, every
+        option resolved (what a report row embeds)."""
+        return CodecConfig(self.codec, self.bits, head_dim, seed=self.seed, layer=layer, num_heads=num_heads,
+                           value_bits=self.value_bits, value_group=self.value_group, backend=self.backend,
+                           options=self.options).resolved()
 
     def to_json(self) -> dict:
         return {"version": CACHE_CONFIG_VERSION, **asdict(self)}
@@ -70,8 +95,6 @@ class CacheConfig:
             return set()
         if self.protect == "boundary-1":
             return {0, num_layers - 1}
-        if isinstance(self.protect, str):
-            raise ValueError(f"protect must be 'none', 'boundary-1' or a list of layer indices, got {self.protect!r}")
         return {int(i) % num_layers for i in self.protect}
 
 
@@ -296,9 +319,7 @@ class CompressedKVCache:
         for i in range(num_layers):
             codec = None
             if config.codec != "none" and i not in protected:
-                codec = make_codec(config.codec, config.bits, head_dim, seed=config.seed, layer=i,
-                                   num_heads=num_kv_heads, device=device, value_bits=config.value_bits,
-                                   value_group=config.value_group, backend=config.backend, **config.options)
+                codec = make_codec(config.codec_config(head_dim, num_kv_heads, layer=i), device=device)
             self.layers.append(LayerKV(codec, config))
 
     def __getitem__(self, i: int) -> LayerKV:

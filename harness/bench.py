@@ -103,7 +103,7 @@ def copy_bandwidth(dev, nbytes: int = 1 << 30, rep_ms: int = 200) -> float:
 
 def random_state(codec, B: int, H: int, T: int, dev, g: torch.Generator):
     """Key and value states of codec's exact layout [B, H, T, ...], random contents."""
-    from kernels.base import Encoded
+    from kernels import Encoded
 
     d = codec.head_dim
     probe = codec.encode(torch.randn(1, H, 1, d, device=dev))

@@ -229,8 +229,7 @@ def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int]
         try:
             if geometry is not None:
                 _, n_kv, head_dim = geometry
-                make_codec(cc.codec, cc.bits, head_dim, seed=cc.seed, num_heads=n_kv, value_bits=cc.value_bits,
-                           value_group=cc.value_group, **cc.options)
+                make_codec(cc.codec_config(head_dim, n_kv))
             else:
                 from kernels import codec_class
 

@@ -8,13 +8,18 @@ formula alone, so a codec cannot under-report what it stores.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from .backend import resolve_backend, use_fused
+from .encoded import Encoded
 from .packing import BitField
+from .values import ValueQuantizer
+
+if TYPE_CHECKING:
+    from .config import CodecConfig
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -58,78 +63,17 @@ def check_input(x: torch.Tensor, head_dim: int, what: str = "keys") -> None:
     check_finite(x, what)
 
 
-def reject_unknown_options(codec: Codec, allowed: tuple[str, ...]) -> None:
-    """Raise on an option the codec does not read (a typo must not silently give the default)."""
-    unknown = sorted(set(codec.options) - set(allowed))
-    if unknown:
-        raise ValueError(f"codec '{codec.name}' got unknown option(s) {unknown}; "
-                         f"it takes {list(allowed) or 'none'}")
-
-
-@dataclass
-class Encoded:
-    """A compressed block of vectors ``[..., T, d]``.
-
-    ``tensors`` maps a field name to a tensor whose shape is ``[..., T, k]`` (per-token
-    fields) or ``[..., T // G, k]`` (per-token-group fields, KIVI): concatenating two
-    states along the token axis is concatenating every field along dim -2.
-    Float side information (norms, scales) is stored at the dtype the method stores it
-    in, and counted as such.
-    """
-
-    tensors: dict[str, torch.Tensor]
-    shape: tuple[int, ...]  # original [..., T, d]
-    dtype: torch.dtype  # dtype decode returns
-
-    @property
-    def num_tokens(self) -> int:
-        return self.shape[-2]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
-    def num_coords(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-    def bits_per_coord(self) -> float:
-        """True bits per original coordinate, from the bytes actually stored."""
-        return 8.0 * self.nbytes() / max(self.num_coords(), 1)
-
-    def to(self, device) -> "Encoded":
-        return Encoded({k: v.to(device) for k, v in self.tensors.items()}, self.shape, self.dtype)
-
-    @staticmethod
-    def cat(states: list["Encoded"]) -> "Encoded":
-        """Concatenate states along the token axis (each must cover whole token groups)."""
-        first = states[0]
-        tensors = {k: torch.cat([s.tensors[k] for s in states], dim=-2) for k in first.tensors}
-        T = sum(s.shape[-2] for s in states)
-        return Encoded(tensors, (*first.shape[:-2], T, first.shape[-1]), first.dtype)
-
-
-@dataclass
-class CodecConfig:
-    """What builds a codec; round-trips to JSON and is embedded in every report."""
-
-    name: str
-    bits: int
-    head_dim: int
-    seed: int = 0
-    layer: int = 0
-    num_heads: int = 1
-    options: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        return asdict(self)
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a codec that takes none."""
 
 
 class Codec:
-    """Base class. Subclasses set ``name``, ``bits_supported`` and implement encode/decode.
+    """Base class. Subclasses set ``name`` (by ``@register_codec``), ``bits_supported`` and
+    ``Options``, and implement encode/decode.
 
-    Construction: ``Codec(bits, head_dim, seed=0, layer=0, num_heads=1, device='cpu', **options)``.
+    Construction: ``Codec(config: CodecConfig, device='cpu')``, or ``make_codec(...)``; a subclass
+    reads ``self.config`` (options resolved) and ``self.opts`` (an ``Options`` instance).
     ``num_heads`` > 1 means inputs are ``[..., H, T, d]`` and each head gets its own
     rotation signs (drawn from (seed, layer, head)); with 1 every vector shares them.
     """
@@ -140,31 +84,24 @@ class Codec:
     token_block: int = 1
     #: True where ``score`` uses an estimator that differs from <q, decode(k)> (QJL-corrected).
     has_score_estimator: ClassVar[bool] = False
+    #: the codec's options: a frozen dataclass with typed fields and defaults (kernels.config checks them)
+    Options: ClassVar[type] = NoOptions
 
-    def __init__(self, bits: int, head_dim: int, seed: int = 0, layer: int = 0, num_heads: int = 1,
-                 device="cpu", value_bits: int | None = None, value_group: int = 32, backend: str = "auto",
-                 **options):
-        if bits not in self.bits_supported:
-            raise ValueError(
-                f"codec '{self.name}' does not support bits={bits}; supported: {list(self.bits_supported)}"
-            )
-        if head_dim < 2:
-            raise ValueError(f"head_dim must be >= 2, got {head_dim}")
-        self.bits = bits
-        self.head_dim = head_dim
-        self.seed = seed
-        self.layer = layer
-        self.num_heads = num_heads
+    def __init__(self, config: CodecConfig, device="cpu"):
+        if config.name != self.name:
+            raise ValueError(f"a '{config.name}' config cannot build codec '{self.name}'")
+        self.config = config.resolved()  # checked when it was made; every option named
+        self.opts = self.Options(**self.config.options)
+        self.bits = config.bits
+        self.head_dim = config.head_dim
+        self.seed = config.seed
+        self.layer = config.layer
+        self.num_heads = config.num_heads
         self.device = torch.device(device)
-        self.backend = resolve_backend(backend)  # validated now, re-read (env) at each encode
-        self._backend_arg = backend
-        self.options = options
-        from .values import ValueQuantizer  # local: values imports base
-
-        self.value_quantizer = ValueQuantizer(value_bits if value_bits is not None else bits,
-                                              head_dim, group_size=value_group)
-        self.config = CodecConfig(self.name, bits, head_dim, seed, layer, num_heads,
-                                  {"value_bits": self.value_quantizer.bits, "value_group": value_group, **options})
+        self.backend = resolve_backend(config.backend)  # validated now, re-read (env) at each encode
+        self._backend_arg = config.backend
+        self.value_quantizer = ValueQuantizer(config.value_bits if config.value_bits is not None else config.bits,
+                                              config.head_dim, group_size=config.value_group)
 
     # --- keys -------------------------------------------------------------------------
     def encode(self, keys: torch.Tensor) -> Encoded:

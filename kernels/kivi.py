@@ -10,8 +10,10 @@ not the codec's. Values use the base per-token quantizer (KIVI's value group is 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from .base import Codec, Encoded, reject_unknown_options
+from .base import Codec
+from .encoded import Encoded
 from .packing import BitField
 from .registry import register_codec
 from .values import group_dequantize, group_quantize
@@ -22,13 +24,17 @@ class KIVI(Codec):
     bits_supported = tuple(range(1, 9))
     token_block = 32
 
-    def __init__(self, bits: int, head_dim: int, group_size: int = 32, **kw):
-        super().__init__(bits, head_dim, group_size=group_size, **kw)
-        reject_unknown_options(self, ("group_size",))
+    @dataclass(frozen=True)
+    class Options:
+        group_size: int = 32  # tokens per per-channel scale/zero group (the token block)
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        group_size = self.opts.group_size
         if group_size < 1:
             raise ValueError(f"kivi group_size must be >= 1, got {group_size}")
         self.token_block = group_size
-        self.field = BitField(head_dim, bits)
+        self.field = BitField(self.head_dim, self.bits)
 
     def _groups(self, T: int) -> int:
         if T % self.token_block:

@@ -1,9 +1,10 @@
 """``none``: native precision. Stores the keys and values as they come (their own dtype)."""
 from __future__ import annotations
 
-import torch
+from dataclasses import replace
 
-from .base import Codec, Encoded
+from .base import Codec
+from .encoded import Encoded
 from .registry import register_codec
 
 
@@ -11,9 +12,8 @@ from .registry import register_codec
 class Native(Codec):
     bits_supported = (16, 32)  # nominal: the input dtype decides what is stored
 
-    def __init__(self, bits: int = 16, head_dim: int = 128, **kw):
-        kw.pop("value_bits", None)
-        super().__init__(bits=bits, head_dim=head_dim, value_bits=16, **kw)
+    def __init__(self, config, device="cpu"):
+        super().__init__(replace(config, value_bits=16), device)  # values are stored as they come too
 
     def _encode(self, keys):
         return Encoded({"x": keys.detach().clone()}, tuple(keys.shape), keys.dtype)

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
-from .base import Codec, Encoded, bitfield_bytes, reject_unknown_options
+from .base import Codec, bitfield_bytes
+from .encoded import Encoded
 from .fused_layout import FusedLayout, KeyCodes, QJLResidual, Sketch
 from .joint_rounding import decode_triplets, encode_triplets, local_full_agreement  # noqa: F401 (probe)
 from .lloyd_max import codebook
@@ -36,7 +39,8 @@ from .packing import BitField
 from .registry import register_codec
 from .rotation import Rotation, next_pow2
 
-ROUNDINGS = ("local", "full", "nearest")
+Rounding = Literal["local", "full", "nearest"]
+ROUNDINGS = get_args(Rounding)
 
 
 def default_split(bits: int) -> tuple[int, int]:
@@ -114,12 +118,16 @@ class Octopus(Codec):
 
     bits_supported = (1, 2, 3, 4, 5, 6)
 
-    def __init__(self, bits: int, head_dim: int, split=None, rounding: str = "local", **kw):
-        b_u, b_r = _resolve_split(self._stage_bits(bits), split)
-        super().__init__(bits=bits, head_dim=head_dim, split=[b_u, b_r], rounding=rounding, **kw)
-        reject_unknown_options(self, ("split", "rounding"))
-        self.rot = Rotation(head_dim, self.seed, self.layer, self.num_heads, device=self.device)
-        self.stage = _OctopusStage(head_dim, b_u, b_r, self.rot, rounding)
+    @dataclass(frozen=True)
+    class Options:
+        split: tuple[int, int] | None = None  # (b_u, b_r) of the OCTOPUS stage; None: (b + 1, b - 1)
+        rounding: Rounding = "local"  # the joint rounding search (kernels.joint_rounding)
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        b_u, b_r = _resolve_split(self._stage_bits(self.bits), self.opts.split)
+        self.rot = Rotation(self.head_dim, self.seed, self.layer, self.num_heads, device=self.device)
+        self.stage = _OctopusStage(self.head_dim, b_u, b_r, self.rot, self.opts.rounding)
         self.d_pad = self.rot.padded
 
     @staticmethod
@@ -161,8 +169,8 @@ class OctopusQJL(Octopus):
     bits_supported = (2, 3, 4, 5, 6)
     has_score_estimator = True
 
-    def __init__(self, bits: int, head_dim: int, split=None, rounding: str = "local", **kw):
-        super().__init__(bits, head_dim, split=split, rounding=rounding, **kw)
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
         self.rot2 = Rotation(self.d_pad, self.seed, self.layer, self.num_heads, purpose="qjl",
                              device=self.device)
         self.qjl_field = BitField(self.d_pad, 1)

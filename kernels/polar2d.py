@@ -13,30 +13,38 @@ State: ``radius`` uint8 BitField(d/2, n), ``rscale``/``rzero`` fp16 [..., T, d/2
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
-from .base import Codec, Encoded, reject_unknown_options
+from .base import Codec
+from .encoded import Encoded
 from .packing import BitField
 from .registry import register_codec
 from .values import group_dequantize, group_quantize
 
-PAIRINGS = ("rotate_half", "adjacent")
+Pairing = Literal["rotate_half", "adjacent"]
+PAIRINGS = get_args(Pairing)
 
 
 @register_codec("polarquant-2d")
 class PolarQuant2D(Codec):
     bits_supported = tuple(range(1, 9))
 
-    def __init__(self, bits: int, head_dim: int, pairing: str = "rotate_half", radius_group: int | None = None,
-                 radius_bits: int | None = None, angle_bits: int | None = None, **kw):
-        super().__init__(bits, head_dim, pairing=pairing, radius_group=radius_group,
-                         radius_bits=radius_bits, angle_bits=angle_bits, **kw)
-        reject_unknown_options(self, ("pairing", "radius_group", "radius_bits", "angle_bits"))
+    @dataclass(frozen=True)
+    class Options:
+        pairing: Pairing = "rotate_half"
+        radius_group: int | None = None  # pairs per radius scale/zero group; None: all d/2 pairs
+        radius_bits: int | None = None  # None: the nominal bits
+        angle_bits: int | None = None  # None: the nominal bits
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        bits, head_dim, o = self.bits, self.head_dim, self.opts
+        pairing, radius_group, radius_bits, angle_bits = o.pairing, o.radius_group, o.radius_bits, o.angle_bits
         if head_dim % 2:
             raise ValueError(f"polarquant-2d pairs coordinates: head_dim must be even, got {head_dim}")
-        if pairing not in PAIRINGS:
-            raise ValueError(f"pairing must be one of {list(PAIRINGS)}, got {pairing!r}")
         self.pairing = pairing
         self.pairs = head_dim // 2
         self.radius_group = radius_group if radius_group is not None else self.pairs

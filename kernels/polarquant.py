@@ -16,10 +16,12 @@ State: ``a1`` .. ``aL`` uint8 BitField(d_pad / 2^l, bits_l) and ``radius`` fp16
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .base import Codec, Encoded, reject_unknown_options
+from .base import Codec
+from .encoded import Encoded
 from .lloyd_max import codebook, quantize
 from .packing import BitField
 from .registry import register_codec
@@ -56,9 +58,14 @@ def polar_inverse(angles: list[torch.Tensor], r: torch.Tensor) -> torch.Tensor:
 class PolarQuant(Codec):
     bits_supported = tuple(range(1, 9))
 
-    def __init__(self, bits: int, head_dim: int, levels: int = 4, angle_bits=None, **kw):
-        super().__init__(bits, head_dim, levels=levels, angle_bits=angle_bits, **kw)
-        reject_unknown_options(self, ("levels", "angle_bits"))
+    @dataclass(frozen=True)
+    class Options:
+        levels: int = 4  # polar levels L: blocks of 2^L coordinates
+        angle_bits: tuple[int, ...] | None = None  # bits per level (L values); None: default_angle_bits
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        bits, head_dim, levels, angle_bits = self.bits, self.head_dim, self.opts.levels, self.opts.angle_bits
         self.rotation = Rotation(head_dim, self.seed, self.layer, self.num_heads, device=self.device)
         self.padded = self.rotation.padded
         if levels < 1 or (1 << levels) > self.padded:

@@ -12,10 +12,12 @@ because ``E[<s, q> sign(<s, k>)] = sqrt(2/pi) <q, k> / ||k||`` for ``s ~ N(0, I)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .base import Codec, Encoded, private_generator, reject_unknown_options
+from .base import Codec, private_generator
+from .encoded import Encoded
 from .packing import BitField
 from .registry import register_codec
 
@@ -82,11 +84,14 @@ class QJL(Codec):
     bits_supported = tuple(range(1, 9))
     has_score_estimator = True
 
-    def __init__(self, bits: int, head_dim: int, m: int | None = None, **kw):
-        super().__init__(bits, head_dim, m=m, **kw)
-        reject_unknown_options(self, ("m",))
-        self.m = m if m is not None else bits * head_dim
-        self.sketch = GaussianSketch(self.m, head_dim, self.seed, self.layer, self.num_heads, "qjl")
+    @dataclass(frozen=True)
+    class Options:
+        m: int | None = None  # sketch rows; None: bits * head_dim
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.m = self.opts.m if self.opts.m is not None else self.bits * self.head_dim
+        self.sketch = GaussianSketch(self.m, self.head_dim, self.seed, self.layer, self.num_heads, "qjl")
         self.field = BitField(self.m, 1)
 
     def _encode(self, keys):

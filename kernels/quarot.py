@@ -7,8 +7,10 @@ State: ``codes`` uint8 BitField(d_pad, b), ``scale``/``zero`` fp16 [..., T, d_pa
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from .base import Codec, Encoded, reject_unknown_options
+from .base import Codec
+from .encoded import Encoded
 from .packing import BitField
 from .registry import register_codec
 from .rotation import Rotation
@@ -19,15 +21,19 @@ from .values import group_dequantize, group_quantize
 class QuaRot(Codec):
     bits_supported = tuple(range(1, 9))
 
-    def __init__(self, bits: int, head_dim: int, group_size: int | None = None, **kw):
-        super().__init__(bits, head_dim, group_size=group_size, **kw)
-        reject_unknown_options(self, ("group_size",))
-        self.rotation = Rotation(head_dim, self.seed, self.layer, self.num_heads, device=self.device)
+    @dataclass(frozen=True)
+    class Options:
+        group_size: int | None = None  # rotated coordinates per scale/zero group; None: the padded head dim
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        group_size = self.opts.group_size
+        self.rotation = Rotation(self.head_dim, self.seed, self.layer, self.num_heads, device=self.device)
         self.padded = self.rotation.padded
         self.group = group_size if group_size is not None else self.padded
         if self.group < 1 or self.padded % self.group:
             raise ValueError(f"quarot group_size must divide the padded head dim {self.padded}, got {group_size}")
-        self.field = BitField(self.padded, bits)
+        self.field = BitField(self.padded, self.bits)
 
     def _encode(self, keys):
         codes, scale, zero = group_quantize(self.rotation.forward(keys), self.bits, self.group)

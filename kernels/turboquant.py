@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from .base import Codec, Encoded, reject_unknown_options
+from .base import Codec
+from .encoded import Encoded
 from .fused_layout import FusedLayout, KeyCodes, QJLResidual, Sketch
 from .lloyd_max import codebook, quantize
 from .packing import BitField
@@ -75,10 +76,9 @@ class _MSEStage:
 class TurboQuantMSE(Codec):
     bits_supported = tuple(range(1, 9))
 
-    def __init__(self, bits: int, head_dim: int, **kw):
-        super().__init__(bits, head_dim, **kw)
-        reject_unknown_options(self, ())
-        self.stage = _MSEStage(bits, head_dim, self.seed, self.layer, self.num_heads, self.device)
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.stage = _MSEStage(self.bits, self.head_dim, self.seed, self.layer, self.num_heads, self.device)
 
     def _encode(self, keys):
         return Encoded(self.stage.encode(keys.float()), tuple(keys.shape), keys.dtype)
@@ -98,12 +98,11 @@ class TurboQuantProd(Codec):
     bits_supported = tuple(range(2, 9))
     has_score_estimator = True
 
-    def __init__(self, bits: int, head_dim: int, **kw):
-        super().__init__(bits, head_dim, **kw)
-        reject_unknown_options(self, ())
-        self.stage = _MSEStage(bits - 1, head_dim, self.seed, self.layer, self.num_heads, self.device)
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.stage = _MSEStage(self.bits - 1, self.head_dim, self.seed, self.layer, self.num_heads, self.device)
         self.m = self.stage.padded
-        self.sketch = GaussianSketch(self.m, head_dim, self.seed, self.layer, self.num_heads, "qjl")
+        self.sketch = GaussianSketch(self.m, self.head_dim, self.seed, self.layer, self.num_heads, "qjl")
         self.qjl_field = BitField(self.m, 1)
 
     def _encode(self, keys):

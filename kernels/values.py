@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Encoded
+from .encoded import Encoded
 from .packing import BitField
 
 SIDE_DTYPE = torch.float16

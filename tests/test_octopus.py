@@ -1,12 +1,12 @@
 """OCTOPUS and OCTOPUS-QJL (PyTorch reference): layout, rate, rounding, quality, estimator."""
+import json
 import math
 import time
 
 import pytest
 import torch
 
-from kernels import make_codec
-from kernels.base import Encoded
+from kernels import CodecConfig, Encoded, make_codec
 from kernels.joint_rounding import (decode_triplets, direction_cosine, encode_triplets, local_full_agreement,
                                     round_directions)
 from kernels.lloyd_max import codebook
@@ -202,7 +202,8 @@ def test_cat_and_config_round_trip():
     parts = Encoded.cat([c.encode(k[:, :4]), c.encode(k[:, 4:])])
     assert all(torch.equal(whole.tensors[f], parts.tensors[f]) for f in whole.tensors)
     cfg = c.config.to_json()
-    again = make_codec(cfg["name"], cfg["bits"], cfg["head_dim"], seed=cfg["seed"], **cfg["options"])
+    assert cfg["options"] == {"split": [3, 2], "rounding": "local"}
+    again = make_codec(CodecConfig.from_json(json.loads(json.dumps(cfg))))
     assert torch.equal(again.encode(k).tensors["u"], whole.tensors["u"])
     with pytest.raises(ValueError, match="supported"):
         make_codec("octopus-qjl", 1, 64)

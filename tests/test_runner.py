@@ -121,10 +121,10 @@ def test_head_dim_rejected_is_a_clear_error(lm, textfile, tmp_path):
     class NeedsD128(Codec):
         bits_supported = (2,)
 
-        def __init__(self, bits, head_dim, **kw):
-            if head_dim % 128:
-                raise ValueError(f"codec 'needs-d128' needs a head dim that is a multiple of 128, got {head_dim}")
-            super().__init__(bits, head_dim, **kw)
+        def __init__(self, config, device="cpu"):
+            if config.head_dim % 128:
+                raise ValueError(f"codec 'needs-d128' needs a head dim that is a multiple of 128, got {config.head_dim}")
+            super().__init__(config, device)
 
     try:
         with pytest.raises(RunError, match="needs-d128@2: codec 'needs-d128' needs a head dim .* got 32"):

@@ -222,7 +222,7 @@ def test_growing_cache_compiles_each_kernel_once():
 
 def _tail_state(state, T):
     """The first T tokens of an encoded state, as a fresh contiguous state."""
-    from kernels.base import Encoded
+    from kernels import Encoded
 
     return Encoded({k: t[..., :T, :].contiguous() for k, t in state.tensors.items()},
                    tuple(state.shape[:-2]) + (T, state.shape[-1]), state.dtype)

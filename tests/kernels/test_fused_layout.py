@@ -59,11 +59,14 @@ def test_kernels_read_the_layout_not_the_name():
     class RenamedProd(TurboQuantProd):
         name = "renamed-prod"
 
-    codec = Renamed(3, 64, num_heads=2)
+    # built as the registered codec, then renamed: only the name differs from what the kernels know
+    codec = make_codec("octopus", 3, 64, num_heads=2)
+    codec.__class__ = Renamed
     assert supports(codec) is None and encoder_unsupported(codec, torch.device("cpu")) is None
     plan = plan_for(codec, "cpu")
     assert plan.octa and not plan.qjl
-    prod = RenamedProd(3, 64, num_heads=2)
+    prod = make_codec("turboquant-prod", 3, 64, num_heads=2)
+    prod.__class__ = RenamedProd
     assert supports(prod) is None and "QJL residual" in encoder_unsupported(prod, torch.device("cpu"))
     plan = plan_for(prod, "cpu")
     assert not plan.octa and plan.qjl and plan.sketch_split
