@@ -11,7 +11,8 @@ import json
 import math
 from pathlib import Path
 
-from .runner import BASELINE_LABEL, num, read_rows, summarize
+from .rows import BASELINE_LABEL, num, read_rows
+from .summary import summarize
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg")
 

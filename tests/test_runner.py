@@ -8,7 +8,9 @@ import pytest
 from tiny_lm import tiny_causal_lm
 
 from harness.report import compare
-from harness.runner import RunConfig, RunError, read_rows, run
+from harness.rows import read_rows
+from harness.config import RunConfig, RunError
+from harness.runner import run
 from kernels import CODECS, Codec, list_codecs, register_codec
 
 TWO = [c for c in ("turboquant-mse", "octopus", "quarot", "kivi", "polarquant") if c in list_codecs()][:2]
