@@ -188,9 +188,10 @@ def cmd_list(a) -> int:
             print(f"      --task-opt {name}.{opt}={d}  {help_}")
     for mod, why in sorted(UNAVAILABLE.items()):
         print(f"  ({mod}: unavailable, {why})")
-    print("metrics (direction):")
+    print("metrics (direction, scale, modalities):")
     for name, m in list_metrics().items():
-        print(f"  {name:<26} {'higher' if m.higher_is_better else 'lower'} is better  [{m.modality}] {m.description}")
+        better = {True: "higher is better", False: "lower is better"}.get(m.higher_is_better, "no direction")
+        print(f"  {name:<26} {better:<16} {m.scale:<6} [{', '.join(m.modalities)}] {m.display}: {m.description}")
     return 0
 
 

@@ -11,11 +11,15 @@ from .rows import BASELINE_LABEL, ID_FIELDS, num, read_rows
 RATE_FIELDS = ("bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord", "cache_bytes", "uncompressed_bytes")
 
 
-def _direction(metric: str) -> bool | None:
+def describe_metric(name: str) -> dict:
+    """How reports label, sort and plot metric ``name``: the registry's display name, direction
+    (None: unknown or neither) and scale; a column the registry does not know is shown as is."""
     from metrics import list_metrics
 
-    m = list_metrics().get(metric)
-    return None if m is None else m.higher_is_better
+    m = list_metrics().get(name)
+    if m is None:
+        return {"name": name, "display": name, "higher_is_better": None, "scale": "linear"}
+    return {"name": name, "display": m.display, "higher_is_better": m.higher_is_better, "scale": m.scale}
 
 
 def _task_metrics(task_name: str, rows: list[dict]) -> list[str]:
@@ -70,7 +74,7 @@ def summarize(out: Path) -> dict:
                 g["metrics"][m] = s
             groups.append(g)
         summary["tasks"][task] = {
-            "metrics": [{"name": m, "higher_is_better": _direction(m)} for m in metric_names],
+            "metrics": [describe_metric(m) for m in metric_names],
             "prompts": list(dict.fromkeys(r["prompt"] for r in trows)),
             "groups": groups,
         }
