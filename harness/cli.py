@@ -188,7 +188,7 @@ def cmd_list(a) -> int:
             print(f"      --task-opt {name}.{opt}={d}  {help_}")
     for mod, why in sorted(UNAVAILABLE.items()):
         print(f"  ({mod}: unavailable, {why})")
-    print("metrics (direction, scale, modalities):")
+    print("metrics (direction):")
     for name, m in list_metrics().items():
         better = {True: "higher is better", False: "lower is better"}.get(m.higher_is_better, "no direction")
         print(f"  {name:<26} {better:<16} {m.scale:<6} [{', '.join(m.modalities)}] {m.display}: {m.description}")
