@@ -15,75 +15,128 @@ import argparse
 import importlib
 import os
 import sys
+import types
+import typing
+from dataclasses import MISSING, Field, fields
 from pathlib import Path
 
 
-def _split(values: list[str] | None) -> list[str]:
-    """['a,b', 'c'] -> ['a', 'b', 'c'] (space- or comma-separated lists)."""
-    return [v for item in values or [] for v in item.split(",") if v]
+def _flag(f: Field) -> str:
+    return f.metadata["cli"]["flag"] or "--" + f.name.replace("_", "-")
 
 
-def _protect(s: str):
-    if s in ("none", "boundary-1"):
-        return s
-    try:
-        return [int(i) for i in s.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--protect takes 'none', 'boundary-1' or layer indices like 0,29; got '{s}'")
+def _kind(tp) -> tuple[str, type]:
+    """(how the field is parsed, its element/value type) from its annotation."""
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        return "switch", bool
+    if origin is list:
+        return "list", typing.get_args(tp)[0]
+    if origin is dict:
+        return "options", str
+    if origin in (typing.Union, types.UnionType):  # `int | None`: the non-None type
+        args = [t for t in typing.get_args(tp) if t is not type(None)]
+        return "value", args[0] if len(args) == 1 else str
+    return "value", tp
 
 
-def _task_opts(items: list[str] | None) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    for item in items or []:
-        key, eq, value = item.partition("=")
-        task, dot, name = key.partition(".")
-        if not eq or not dot or not name:
-            raise SystemExit(f"--task-opt takes TASK.NAME=VALUE (e.g. needle.contexts=512,1024), got '{item}'")
-        out.setdefault(task, {})[name] = value
-    return out
+def _list_item(flag: str, kind: type):
+    def parse(s: str) -> list:
+        """'a,b' -> [a, b]: lists may be space- or comma-separated."""
+        try:
+            return [kind(v) for v in s.split(",") if v]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes {kind.__name__} values, got '{s}'") from None
+    return parse
+
+
+def _option_item(flag: str, metavar: str):
+    def parse(s: str) -> tuple[str, str, str]:
+        """'OWNER.NAME=VALUE' -> (owner, name, value)."""
+        key, eq, value = s.partition("=")
+        owner, dot, name = key.partition(".")
+        if not eq or not dot or not owner or not name:
+            raise argparse.ArgumentTypeError(f"{flag} takes {metavar}, got '{s}'")
+        return owner, name, value
+    return parse
+
+
+def _value(flag: str, parse):
+    def wrapped(s: str):
+        try:
+            return parse(s)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e) if parse.__module__ != "builtins" else
+                                             f"{flag} takes {parse.__name__} values, got '{s}'") from None
+    return wrapped
+
+
+def _default_text(f: Field, m: dict) -> str:
+    if m["default_note"]:
+        return f" (default: {m['default_note']})"
+    default = f.default_factory() if f.default_factory is not MISSING else f.default
+    if default is None or isinstance(default, (bool, dict)) or default == []:
+        return ""
+    return f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
+
+
+def add_config_arguments(p: argparse.ArgumentParser, cls=None) -> None:
+    """One option per field of ``cls`` (default :class:`RunConfig`) that carries ``cli`` metadata.
+    Options left out are absent from the namespace, so the dataclass defaults apply."""
+    from harness.config import RunConfig
+
+    cls = cls or RunConfig
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        m = f.metadata.get("cli")
+        if m is None:
+            continue
+        flag, (kind, tp) = _flag(f), _kind(hints[f.name])
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=m["help"] + _default_text(f, m),
+                  metavar=m["metavar"] or flag.lstrip("-").replace("-", "_").upper())
+        if kind == "switch":
+            kw.update(action="store_const", const=not f.default, metavar=None)
+        elif kind == "list":
+            kw.update(nargs="+", type=_list_item(flag, tp))
+        elif kind == "options":
+            kw.update(action="append", type=_option_item(flag, m["metavar"]))
+        else:
+            kw.update(type=_value(flag, m["parse"] or tp), choices=m["choices"])
+            if m["choices"]:
+                del kw["metavar"]  # argparse shows {a,b}
+        p.add_argument(flag, **kw)
+
+
+def config_from_args(a: argparse.Namespace, cls=None):
+    """The dataclass (default :class:`RunConfig`) of the options ``add_config_arguments`` parsed."""
+    from harness.config import RunConfig
+
+    cls = cls or RunConfig
+    hints = typing.get_type_hints(cls)
+    given = vars(a)
+    kw = {}
+    for f in fields(cls):
+        if "cli" not in f.metadata or f.name not in given:
+            continue
+        kind, value = _kind(hints[f.name])[0], given[f.name]
+        if kind == "list":
+            value = [v for part in value for v in part]
+            if not value:  # `--codec ,`: nothing given, the default applies
+                continue
+        elif kind == "options":
+            nested: dict[str, dict[str, str]] = {}
+            for owner, name, v in value:
+                nested.setdefault(owner, {})[name] = v
+            value = nested
+        kw[f.name] = value
+    return cls(**kw)
 
 
 def run_parser(p: argparse.ArgumentParser) -> None:
-    from adapters.kv_cache import DEFAULT_RESIDUAL
-    from harness.runner import DEFAULT_BITS, DEFAULT_CODECS, DEFAULT_MODEL
-
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model name (default {DEFAULT_MODEL}; see `harness list`)")
-    p.add_argument("--model-path", help="local checkpoint directory (or .gguf file) for the model")
-    p.add_argument("--codec", nargs="+", help=f"codec(s) (default: {' '.join(DEFAULT_CODECS)})")
-    p.add_argument("--bits", nargs="+", help=f"key bit width(s) (default: {' '.join(map(str, DEFAULT_BITS))})")
-    p.add_argument("--task", nargs="+", help="task(s) (default: the model's; text: perplexity needle)")
-    p.add_argument("--prompts", help="prompt source: a path, or for text wikitext2 / c4 (default: offline corpus)")
-    p.add_argument("--limit", type=int, help="at most this many prompts per task")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--residual", type=int, default=DEFAULT_RESIDUAL, help=f"native window in tokens (default {DEFAULT_RESIDUAL})")
-    p.add_argument("--protect", type=_protect, default="none", help="layers kept native: none, boundary-1, or 0,29")
-    p.add_argument("--value-bits", type=int, help="value bit width (default: the key bit width)")
-    p.add_argument("--value-group", type=int, default=32, help="value quantization group size (default 32)")
-    p.add_argument("--attend", choices=("score", "reconstruct"), default="score",
-                   help="read keys through each codec's score estimator (default) or its reconstruction")
-    p.add_argument("--backend", choices=("auto", "triton", "torch"), default="auto")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="auto", help="auto (float32 on cpu, bfloat16 on cuda), float32, bfloat16, float16")
-    p.add_argument("--task-opt", action="append", metavar="TASK.NAME=VALUE",
-                   help="task option, repeatable (e.g. needle.contexts=512,1024; see `harness list`)")
-    p.add_argument("--no-baseline-row", action="store_true", help="do not add the codec 'none' rows")
+    add_config_arguments(p)
     p.add_argument("--out", type=Path, help="run folder (default reports/<model>-<config hash>; reruns resume)")
     p.add_argument("--fresh", action="store_true", help="discard what --out holds and start over")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def config_from_args(a) -> "RunConfig":
-    from harness.runner import DEFAULT_BITS, DEFAULT_CODECS, RunConfig
-
-    try:
-        bits = [int(b) for b in _split(a.bits)] or list(DEFAULT_BITS)
-    except ValueError:
-        raise SystemExit(f"--bits takes integers, got {a.bits}")
-    return RunConfig(model=a.model, model_path=a.model_path, tasks=_split(a.task),
-                     codecs=_split(a.codec) or list(DEFAULT_CODECS), bits=bits, prompts=a.prompts, limit=a.limit,
-                     seed=a.seed, residual=a.residual, protect=a.protect, value_bits=a.value_bits,
-                     value_group=a.value_group, attend=a.attend, backend=a.backend, device=a.device, dtype=a.dtype,
-                     task_options=_task_opts(a.task_opt), baseline=not a.no_baseline_row)
 
 
 def cmd_run(a) -> int:
@@ -137,7 +190,8 @@ def cmd_list(a) -> int:
         print(f"  ({mod}: unavailable, {why})")
     print("metrics (direction):")
     for name, m in list_metrics().items():
-        print(f"  {name:<26} {'higher' if m.higher_is_better else 'lower'} is better  [{m.modality}] {m.description}")
+        better = {True: "higher is better", False: "lower is better"}.get(m.higher_is_better, "no direction")
+        print(f"  {name:<26} {better:<16} {m.scale:<6} [{', '.join(m.modalities)}] {m.display}: {m.description}")
     return 0
 
 

@@ -11,7 +11,8 @@ import json
 import math
 from pathlib import Path
 
-from .runner import BASELINE_LABEL, num, read_rows, summarize
+from .rows import BASELINE_LABEL, num, read_rows
+from .summary import summarize
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg")
 
@@ -80,37 +81,45 @@ def _values(rows: list[dict], task: str, label: str, metric: str) -> dict:
 
 
 # --- plots --------------------------------------------------------------------------------------
-def plot_metric(path: Path, task: str, metric: str, groups: list[dict], higher_is_better) -> bool:
-    """metric mean against true key bits per coordinate, one line per codec. False if nothing to draw."""
+def _display(m: dict) -> str:
+    """A summary metric entry's display name (summaries written before display names: the name)."""
+    return m.get("display", m["name"])
+
+
+def plot_metric(path: Path, task: str, m: dict, groups: list[dict]) -> bool:
+    """Mean of metric ``m`` (a summary metric entry: name, display, higher_is_better, scale) against
+    true key bits per coordinate, one line per codec. False if nothing to draw."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    metric, higher_is_better = m["name"], m["higher_is_better"]
     by_codec: dict[str, list[tuple[float, float, int]]] = {}
     base = None
     for g in groups:
-        m = g["metrics"].get(metric)
-        if m is None or num(m["mean"]) is None or math.isnan(num(m["mean"])):
+        s = g["metrics"].get(metric)
+        if s is None or num(s["mean"]) is None or math.isnan(num(s["mean"])):
             continue
         if g["label"] == BASELINE_LABEL:
-            base = num(m["mean"])
+            base = num(s["mean"])
             continue
         x = num(g.get("bits_per_coord"))
         if x is not None:
-            by_codec.setdefault(g["codec"], []).append((x, num(m["mean"]), g["bits"]))
+            by_codec.setdefault(g["codec"], []).append((x, num(s["mean"]), g["bits"]))
     if not by_codec:
         return False
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for i, (codec, pts) in enumerate(by_codec.items()):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^vD<>pXh*"[i % 11], label=codec)
-    log = metric == "perplexity" or (metric == "kl" and all(p[1] > 0 for pts in by_codec.values() for p in pts))
+    # a log axis where the registry says so and every point can go on it
+    log = m.get("scale") == "log" and all(p[1] > 0 for pts in by_codec.values() for p in pts)
     if base is not None and not (log and base <= 0):  # a KL baseline is 0: off a log axis
         ax.axhline(base, color="black", linestyle="--", linewidth=1, label="baseline (uncompressed)")
     ax.set_xlabel("true bits per key coordinate (from stored bytes)")
-    ax.set_ylabel(metric + {True: " (higher is better)", False: " (lower is better)"}.get(higher_is_better, ""))
-    ax.set_title(f"{task}: {metric}" + (" (baseline 0)" if log and base is not None and base <= 0 else ""))
+    ax.set_ylabel(_display(m) + {True: " (higher is better)", False: " (lower is better)"}.get(higher_is_better, ""))
+    ax.set_title(f"{task}: {_display(m)}" + (" (baseline 0)" if log and base is not None and base <= 0 else ""))
     if log:
         ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
@@ -192,12 +201,12 @@ def _task_section(out: Path, task: str, t: dict, rows: list[dict]) -> list[str]:
                 "true key bits/coord / cache bytes")
     for m in metrics:
         b = base["metrics"].get(m["name"]) if base else None
-        title = f"{m['name']}{arrow(m['higher_is_better'])}" + (f" (baseline {fmt(b['mean'])})" if b else "")
+        title = f"{_display(m)}{arrow(m['higher_is_better'])}" + (f" (baseline {fmt(b['mean'])})" if b else "")
         md += pivot(t["groups"], lambda g, n=m["name"]: fmt(g["metrics"][n]["mean"]) if n in g["metrics"] else "—", title)
     md += ["All configurations (mean over prompts [min, max]; Δ against the baseline):", ""]
     head = ["config", "key bits/coord", "value bits/coord", "cache bytes", "× native"]
     for m in metrics:
-        head += [m["name"] + arrow(m["higher_is_better"]), "Δ"]
+        head += [_display(m) + arrow(m["higher_is_better"]), "Δ"]
     md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in t["groups"]:
         ratio = (num(g.get("cache_bytes")) / num(g["uncompressed_bytes"])
@@ -215,13 +224,13 @@ def _task_section(out: Path, task: str, t: dict, rows: list[dict]) -> list[str]:
     md.append("")
     for m in metrics:
         png = f"{_safe(task)}_{_safe(m['name'])}.png"
-        if plot_metric(out / png, task, m["name"], t["groups"], m["higher_is_better"]):
-            md += [f"![{task} {m['name']} against true bits per coordinate]({png})", ""]
+        if plot_metric(out / png, task, m, t["groups"]):
+            md += [f"![{task} {_display(m)} against true bits per coordinate]({png})", ""]
     md += ["<details><summary>Per-prompt values</summary>", ""]
     for m in metrics:
         base = _values(rows, task, BASELINE_LABEL, m["name"])
         entries = [(g["label"], _values(rows, task, g["label"], m["name"]), base) for g in t["groups"]]
-        md += [f"**{m['name']}**{arrow(m['higher_is_better'])}", "", per_prompt_table(entries, t["prompts"]), ""]
+        md += [f"**{_display(m)}**{arrow(m['higher_is_better'])}", "", per_prompt_table(entries, t["prompts"]), ""]
     md += ["</details>", ""]
     return md
 
@@ -285,5 +294,5 @@ def compare(run_dirs: list[Path]) -> str:
                     label = f"{name}: {g['label']} ({fmt(g.get('bits_per_coord'), 3)} b/coord)" if len(runs) > 1 \
                         else f"{g['label']} ({fmt(g.get('bits_per_coord'), 3)} b/coord)"
                     entries.append((label, _values(rows, task, g["label"], m["name"]), base))
-            md += [f"**{m['name']}**{arrow(m['higher_is_better'])}", "", per_prompt_table(entries, prompts), ""]
+            md += [f"**{_display(m)}**{arrow(m['higher_is_better'])}", "", per_prompt_table(entries, prompts), ""]
     return "\n".join(md).rstrip() + "\n"

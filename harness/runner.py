@@ -16,160 +16,28 @@ otherwise):
 - ``timings.jsonl`` wall seconds per row (the only file that differs between identical runs)
 
 Rows and summary hold no timestamps, and floats are written with 7 significant digits, so the
-same command gives byte-identical rows.jsonl and summary.json.
+same command gives byte-identical rows.jsonl and summary.json. The configuration is in
+:mod:`harness.config`, row I/O in :mod:`harness.rows`, the summary in :mod:`harness.summary`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
-import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
-from adapters.kv_cache import DEFAULT_RESIDUAL, CacheConfig
+from adapters.kv_cache import CacheConfig
 from adapters.protocol import ModelAdapter
 
-RUN_CONFIG_VERSION = 1
-DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_CODECS = ("octopus", "turboquant-mse", "turboquant-prod", "qjl", "polarquant", "polarquant-2d", "quarot", "kivi")
-DEFAULT_BITS = (2, 3, 4)
-DEFAULT_TASKS = {"text": ("perplexity", "needle")}
-REPORTS_DIR = Path("reports")
-BASELINE_LABEL = "none"
-ID_FIELDS = ("task", "prompt", "codec", "bits", "label")
-
-
-@dataclass
-class RunConfig:
-    """Everything that decides a run's numbers; round-trips to JSON."""
-
-    model: str = DEFAULT_MODEL
-    model_path: str | None = None
-    tasks: list[str] = field(default_factory=list)  # empty: the model modality's default tasks
-    codecs: list[str] = field(default_factory=lambda: list(DEFAULT_CODECS))
-    bits: list[int] = field(default_factory=lambda: list(DEFAULT_BITS))
-    prompts: str | None = None  # a task's prompt source (None: the task's default)
-    limit: int | None = None  # prompts per task
-    seed: int = 0
-    residual: int = DEFAULT_RESIDUAL
-    protect: str | list[int] = "none"
-    value_bits: int | None = None
-    value_group: int = 32
-    attend: str = "score"
-    backend: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    task_options: dict[str, dict] = field(default_factory=dict)
-    baseline: bool = True  # also run codec 'none' through the cache path (a row per prompt; KL must be 0)
-
-    def to_json(self) -> dict:
-        return {"version": RUN_CONFIG_VERSION, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "RunConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known - {"version"}
-        if unknown:
-            raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    def digest(self) -> str:
-        return hashlib.sha256(dumps(self.to_json()).encode()).hexdigest()[:8]
-
-    def default_out(self) -> Path:
-        return REPORTS_DIR / f"{self.model}-{self.digest()}"
-
-    def cache_configs(self) -> list[CacheConfig]:
-        """The baseline ('none') first, then every (codec, bits) in the order given."""
-        common = dict(residual=self.residual, protect=self.protect, value_bits=self.value_bits,
-                      value_group=self.value_group, seed=self.seed, attend=self.attend, backend=self.backend)
-        out = [CacheConfig(codec="none", bits=16, **common)] if self.baseline else []
-        for codec in self.codecs:
-            if codec == "none":
-                continue
-            out += [CacheConfig(codec=codec, bits=b, **common) for b in self.bits]
-        return out
-
-
-# --- deterministic JSON ------------------------------------------------------------------------
-def _clean(x):
-    """Floats to 7 significant digits; non-finite floats to strings (strict JSON); tensors to lists."""
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
-        return x
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "nan"
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return float(f"{x:.7g}")
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if hasattr(x, "tolist"):  # numpy / torch scalars and arrays
-        return _clean(x.tolist())
-    return str(x)
-
-
-def dumps(obj, indent: int | None = None) -> str:
-    return json.dumps(_clean(obj), indent=indent, sort_keys=indent is not None, ensure_ascii=False)
-
-
-def num(x) -> float | None:
-    """A row value as a float ('inf' strings included), None where it is not a number."""
-    if isinstance(x, bool):
-        return float(x)
-    if isinstance(x, (int, float)):
-        return float(x)
-    if isinstance(x, str) and x in ("inf", "-inf", "nan"):
-        return float(x)
-    return None
-
-
-# --- rows -----------------------------------------------------------------------------------------
-def row_key(row: dict) -> tuple[str, str, str]:
-    return row["task"], row["prompt"], row["label"]
-
-
-def read_rows(path: Path, repair: bool = False) -> list[dict]:
-    """Complete rows of ``path``; with ``repair`` a torn last line (a crash mid-write) is cut off."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if repair and end != len(data):
-        with open(path, "r+b") as f:
-            f.truncate(end)
-    return [json.loads(line) for line in data[:end].decode().splitlines() if line.strip()]
-
-
-def append_line(path: Path, line: str) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _safe_name(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+from .config import DEFAULT_TASKS, RunConfig, RunError
+from .report import write_report
+from .rows import ID_FIELDS, append_line, atomic_write, dumps, read_rows, row_key, safe_name
+from .summary import summarize
 
 
 # --- the loop -----------------------------------------------------------------------------------
-class RunError(ValueError):
-    pass
-
-
 def resolve(config: RunConfig) -> tuple[RunConfig, object]:
     """Fill the model's default tasks; check model, codecs and tasks exist. Returns (config, model spec)."""
     from adapters.registry import get_model
@@ -193,6 +61,7 @@ def resolve(config: RunConfig) -> tuple[RunConfig, object]:
         codec_class(c)  # unknown codec -> "Unknown codec 'x'. Available: ..."
     if not config.bits:
         raise RunError("no bit widths given")
+    config.cache_configs()  # options for a codec the run does not have -> RunError
     return config, spec
 
 
@@ -260,7 +129,7 @@ def prepare_out(config: RunConfig, out: Path | None, fresh: bool) -> Path:
             raise RunError(f"{out} holds a run with another configuration (differs in: {', '.join(diff)}); "
                            f"pass another --out, or --fresh to start it over")
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(cfg_path, dumps(config.to_json(), indent=2) + "\n")
+    atomic_write(cfg_path, dumps(config.to_json(), indent=2) + "\n")
     return out
 
 
@@ -282,7 +151,10 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
     cache_configs, skipped = check_pairs(config.cache_configs(), model.geometry)
     for s in skipped:
         log(f"skipping {s['label']}: {s['reason']}")
-    _atomic_write(out / "model.json", dumps({"model": model.describe(), "skipped": skipped}, indent=2) + "\n")
+    # the exact codec config each row ran (every layer's codec is this one with its own layer index)
+    codec_json = {cc.label: {k: v for k, v in cc.codec_config(model.geometry.head_dim, model.geometry.kv_heads)
+                             .to_json().items() if k != "layer"} for cc in cache_configs}
+    atomic_write(out / "model.json", dumps({"model": model.describe(), "skipped": skipped}, indent=2) + "\n")
 
     rows_path = out / "rows.jsonl"
     done = {row_key(r) for r in read_rows(rows_path, repair=True)}
@@ -312,6 +184,7 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
                     row.update({k: result[k] for k in sorted(result) if k not in ID_FIELDS})
                     if prompt.meta:
                         row.setdefault("prompt_meta", prompt.meta)
+                    row["codec_config"] = codec_json[cc.label]
                     append_line(rows_path, dumps(row))
                     append_line(out / "timings.jsonl", json.dumps(
                         {"task": name, "prompt": prompt.id, "label": cc.label,
@@ -327,7 +200,7 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
 
 
 def _baseline(task, name: str, model, prompt, seed: int, out: Path):
-    path = out / "baselines" / _safe_name(name) / f"{_safe_name(prompt.id)}.pt"
+    path = out / "baselines" / safe_name(name) / f"{safe_name(prompt.id)}.pt"
     if path.exists():
         return task.load_baseline(path)
     baseline = task.baseline(model, prompt, seed)
@@ -340,78 +213,6 @@ def _baseline(task, name: str, model, prompt, seed: int, out: Path):
 
 def finish(out: Path) -> None:
     """Write summary.json and report.md from the rows on disk."""
-    from harness.report import write_report
-
     out = Path(out)
-    _atomic_write(out / "summary.json", dumps(summarize(out), indent=2) + "\n")
+    atomic_write(out / "summary.json", dumps(summarize(out), indent=2) + "\n")
     write_report(out)
-
-
-# --- summary ------------------------------------------------------------------------------------
-RATE_FIELDS = ("bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord", "cache_bytes", "uncompressed_bytes")
-
-
-def _direction(metric: str) -> bool | None:
-    from metrics import list_metrics
-
-    m = list_metrics().get(metric)
-    return None if m is None else m.higher_is_better
-
-
-def _task_metrics(task_name: str, rows: list[dict]) -> list[str]:
-    try:
-        from harness.tasks import get_task
-
-        names = list(get_task(task_name).metrics)
-    except ValueError:
-        names = []
-    if not names:  # a task we cannot import here: every numeric column that is not a rate or id
-        skip = set(RATE_FIELDS) | set(ID_FIELDS)
-        names = sorted({k for r in rows for k, v in r.items() if k not in skip and num(v) is not None})
-    return names
-
-
-def _stats(values: list[float]) -> dict:
-    finite = [v for v in values if not math.isnan(v)]
-    if not finite:
-        return {"mean": float("nan"), "min": float("nan"), "max": float("nan")}
-    return {"mean": sum(finite) / len(finite), "min": min(finite), "max": max(finite)}
-
-
-def summarize(out: Path) -> dict:
-    out = Path(out)
-    config = json.loads((out / "config.json").read_text())
-    model = json.loads((out / "model.json").read_text()) if (out / "model.json").exists() else {}
-    rows = read_rows(out / "rows.jsonl")
-    summary = {"version": 1, "model": config.get("model"), "skipped": model.get("skipped", []), "tasks": {}}
-    for task in dict.fromkeys(r["task"] for r in rows):
-        trows = [r for r in rows if r["task"] == task]
-        metric_names = _task_metrics(task, trows)
-        base = {r["prompt"]: r for r in trows if r["label"] == BASELINE_LABEL}
-        groups = []
-        for label in dict.fromkeys(r["label"] for r in trows):
-            grows = [r for r in trows if r["label"] == label]
-            g = {"label": label, "codec": grows[0]["codec"], "bits": grows[0]["bits"], "n": len(grows)}
-            for f in RATE_FIELDS:
-                vals = [num(r.get(f)) for r in grows if num(r.get(f)) is not None]
-                if vals:
-                    g[f] = sum(vals) / len(vals)
-            g["metrics"] = {}
-            for m in metric_names:
-                vals = [num(r.get(m)) for r in grows]
-                vals = [v for v in vals if v is not None]
-                if not vals:
-                    continue
-                s = _stats(vals)
-                deltas = [num(r.get(m)) - num(base[r["prompt"]].get(m)) for r in grows
-                          if r["prompt"] in base and num(r.get(m)) is not None and num(base[r["prompt"]].get(m)) is not None]
-                deltas = [d for d in deltas if not math.isnan(d)]
-                s["delta"] = sum(deltas) / len(deltas) if deltas else None
-                g["metrics"][m] = s
-            groups.append(g)
-        summary["tasks"][task] = {
-            "metrics": [{"name": m, "higher_is_better": _direction(m)} for m in metric_names],
-            "prompts": list(dict.fromkeys(r["prompt"] for r in trows)),
-            "groups": groups,
-        }
-    return summary

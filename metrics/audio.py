@@ -6,11 +6,13 @@ Free-running (the two rollouts share the seed but diverge once a sampled token d
                      averaged over frames (P = |STFT|^2 + 1e-10; Hann window 2048, hop 512).
   ``log_mel_mse``    mean squared difference of natural-log mel power spectrograms (librosa, 80 bands,
                      n_fft 1024, hop 256, floor 1e-5).
-  ``latent_cosine``  cosine between the tokenizer latents f_hat (the summed scale codes) of the two rollouts.
+  ``latent_cos``     cosine between the tokenizer latents f_hat (the summed scale codes) of the two rollouts.
   ``free_token_match``  share of sampled tokens equal to the baseline's (where the rollouts part).
 Teacher-forced (both caches fed the baseline's tokens; compares the guided next-scale logits):
-  ``tf_token_agreement``  fraction of positions whose top-1 token is the baseline's top-1.
-  ``tf_kl``               mean over positions of KL(p_baseline || p_compressed), nats.
+  ``top1_agree``     fraction of positions whose top-1 token is the baseline's top-1.
+  ``kl``             mean over positions of KL(p_baseline || p_compressed), nats.
+(``kl``, ``top1_agree`` and ``latent_cos`` are the same quantities as for text and video: see
+:mod:`metrics.shared`.)
 Inputs are numpy arrays or tensors; waveforms 1-D, logits ``[..., V]``.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 import numpy as np
 import torch
 
+from . import shared  # noqa: F401  (defines kl, top1_agree and latent_cos, implemented here for audio)
 from .registry import register_metric
 
 POWER_FLOOR = 1e-10
@@ -30,7 +33,7 @@ def _np(x) -> np.ndarray:
     return x.detach().cpu().double().numpy() if isinstance(x, torch.Tensor) else np.asarray(x, dtype=np.float64)
 
 
-@register_metric("snr_db", higher_is_better=True, modality="audio",
+@register_metric("snr_db", "audio", higher_is_better=True, scale="dB", display="SNR (dB)",
                  description="waveform SNR of the rollout against the uncompressed one, dB")
 def snr_db(ref, x) -> float:
     ref, x = _np(ref).ravel(), _np(x).ravel()
@@ -49,7 +52,7 @@ def _power_spec(y: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
     return np.abs(np.fft.rfft(frames * win, axis=-1)) ** 2
 
 
-@register_metric("lsd", higher_is_better=False, modality="audio",
+@register_metric("lsd", "audio", higher_is_better=False, scale="dB", display="LSD (dB)",
                  description="log-spectral distance to the uncompressed rollout, dB")
 def lsd(ref, x, n_fft: int = 2048, hop: int = 512) -> float:
     ref, x = _np(ref).ravel(), _np(x).ravel()
@@ -66,29 +69,26 @@ def log_mel(y, sr: int, n_mels: int = 80, n_fft: int = 1024, hop: int = 256) -> 
     return np.log(np.maximum(mel.astype(np.float64), MEL_FLOOR))
 
 
-@register_metric("log_mel_mse", higher_is_better=False, modality="audio",
+@register_metric("log_mel_mse", "audio", higher_is_better=False, display="log-mel MSE",
                  description="MSE of log-mel spectrograms against the uncompressed rollout")
 def log_mel_mse(ref, x, sr: int = 24_000) -> float:
     return float(np.mean((log_mel(ref, sr) - log_mel(x, sr)) ** 2))
 
 
-@register_metric("latent_cosine", higher_is_better=True, modality="audio",
-                 description="cosine of the tokenizer latents (f_hat) with the uncompressed rollout's")
+@register_metric("latent_cos", "audio")
 def latent_cosine(ref, x) -> float:
     ref, x = _np(ref).ravel(), _np(x).ravel()
     den = float(np.linalg.norm(ref) * np.linalg.norm(x))
     return float(np.dot(ref, x) / den) if den > 0 else float("nan")
 
 
-@register_metric("tf_token_agreement", higher_is_better=True, modality="audio",
-                 description="teacher-forced: share of positions whose top-1 next-scale token matches the baseline's")
+@register_metric("top1_agree", "audio")
 def token_agreement(ref_logits, logits) -> float:
     ref_logits, logits = torch.as_tensor(ref_logits), torch.as_tensor(logits)
     return float((ref_logits.argmax(-1) == logits.argmax(-1)).double().mean())
 
 
-@register_metric("tf_kl", higher_is_better=False, modality="audio",
-                 description="teacher-forced: mean KL(baseline || compressed) of next-scale token distributions, nats")
+@register_metric("kl", "audio")
 def kl_divergence(ref_logits, logits) -> float:
     lp = torch.log_softmax(torch.as_tensor(ref_logits).double(), -1)
     lq = torch.log_softmax(torch.as_tensor(logits).double(), -1)
@@ -96,7 +96,7 @@ def kl_divergence(ref_logits, logits) -> float:
     return float(kl.mean())
 
 
-@register_metric("free_token_match", higher_is_better=True, modality="audio",
+@register_metric("free_token_match", "audio", higher_is_better=True, display="free-run token match",
                  description="free-running: share of sampled tokens equal to the baseline's (same seed)")
 def token_match(ref_tokens, tokens) -> float:
     """Lists of per-scale token tensors [B, l_s] (or single tensors); every token weighs the same."""

@@ -1,7 +1,8 @@
 """Text metrics: pure functions of logits, token ids and strings (no model, no cache).
 
 Shapes: ``logits`` [N, V] (one row per scored position), ``targets`` [N] int64 (the token each
-row should predict). Divergence from the uncompressed baseline is measured on the baseline's
+row should predict). ``kl`` and ``top1_agree`` give one value per position [N] (tasks score in
+chunks and take the mean over every scored position). Divergence from the uncompressed baseline is measured on the baseline's
 top-k next-token distribution (stored once per prompt, so a run never keeps [N, V] baseline
 logits): the KL between the two distributions coarsened onto {top-k tokens of the baseline,
 everything else}. Coarsening can only lower a KL (data processing inequality), so this is a
@@ -14,6 +15,7 @@ import re
 
 import torch
 
+from . import shared  # noqa: F401  (defines kl and top1_agree, implemented here for text)
 from .registry import register_metric
 
 
@@ -23,14 +25,15 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -logp.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
 
 
-@register_metric("perplexity", higher_is_better=False, modality="text",
-                 description="exp(mean token NLL) over the scored tokens")
 def perplexity(logits: torch.Tensor, targets: torch.Tensor) -> float:
     """exp(mean NLL) of ``targets`` under ``logits``."""
     return perplexity_from_nll(token_nll(logits, targets))
 
 
+@register_metric("perplexity", "text", higher_is_better=False, scale="log", display="perplexity",
+                 description="exp(mean token NLL) over the scored tokens")
 def perplexity_from_nll(nll: torch.Tensor) -> float:
+    """nll: [N] token NLLs (:func:`token_nll`, gathered over chunks)."""
     return float(math.exp(float(nll.double().mean()))) if nll.numel() else float("nan")
 
 
@@ -41,6 +44,7 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     return ids.to(torch.int32), vals
 
 
+@register_metric("kl", "text")
 def kl_topk(base_ids: torch.Tensor, base_logp: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """KL(baseline || model) per position on {baseline top-k, tail}, [N] float32 (nats).
 
@@ -57,20 +61,10 @@ def kl_topk(base_ids: torch.Tensor, base_logp: torch.Tensor, logits: torch.Tenso
     return (kl + tail).clamp_min(0.0).float()
 
 
-@register_metric("kl", higher_is_better=False, modality="text",
-                 description="mean KL(baseline || compressed) of next-token distributions on the scored tokens "
-                             "(baseline top-k + tail bucket; nats)")
-def mean_kl(base_ids: torch.Tensor, base_logp: torch.Tensor, logits: torch.Tensor) -> float:
-    kl = kl_topk(base_ids, base_logp, logits)
-    return float(kl.double().mean()) if kl.numel() else float("nan")
-
-
-@register_metric("top1_agree", higher_is_better=True, modality="text",
-                 description="fraction of scored tokens where the compressed run's argmax equals the baseline's")
-def top1_agreement(base_top1: torch.Tensor, logits: torch.Tensor) -> float:
-    if base_top1.numel() == 0:
-        return float("nan")
-    return float((logits.argmax(-1) == base_top1.long()).double().mean())
+@register_metric("top1_agree", "text")
+def top1_agreement(base_top1: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[N] bool: the compressed run's argmax equals the baseline's top-1 (base_top1 [N], logits [N, V])."""
+    return logits.argmax(-1) == base_top1.long()
 
 
 _PUNCT = re.compile(r"[^\w\s]")
@@ -81,7 +75,7 @@ def normalize_answer(s: str) -> str:
     return " ".join(_PUNCT.sub(" ", s.lower()).split())
 
 
-@register_metric("exact_match", higher_is_better=True, modality="text",
+@register_metric("exact_match", "text", higher_is_better=True, display="exact match",
                  description="1 if the normalized answer equals the reference, else 0 (mean over prompts = accuracy)")
 def exact_match(prediction: str, reference: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(reference))
@@ -94,7 +88,7 @@ def first_number(text: str, digits: int | None = None) -> str:
     return m.group(0) if m else ""
 
 
-@register_metric("output_match", higher_is_better=True, modality="text",
+@register_metric("output_match", "text", higher_is_better=True, display="output match",
                  description="1 if the compressed run generated exactly the baseline's tokens")
 def output_match(tokens: list[int], base_tokens: list[int]) -> float:
     return float(list(tokens) == list(base_tokens))

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import shared  # noqa: F401  (defines latent_cos, implemented here for video)
 from .registry import register_metric
 
 DATA_RANGE = 2.0  # frames live in [-1, 1]
@@ -41,7 +42,7 @@ def _check(pred: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 # --- PSNR / SSIM / latent cosine -----------------------------------------------------------------
-@register_metric("psnr", higher_is_better=True, modality="video",
+@register_metric("psnr", "video", higher_is_better=True, scale="dB", display="PSNR (dB)",
                  description="PSNR (dB) of decoded frames in [-1,1] vs the uncompressed rollout; inf when identical")
 def psnr_frames(pred: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """[T] PSNR = 10 log10(range^2 / MSE) per frame, range 2; +inf for an identical frame."""
@@ -61,7 +62,7 @@ def psnr_video(pred: torch.Tensor, ref: torch.Tensor) -> float:
     return float(10 * torch.log10(DATA_RANGE ** 2 / mse))
 
 
-@register_metric("ssim", higher_is_better=True, modality="video",
+@register_metric("ssim", "video", higher_is_better=True, display="SSIM",
                  description="SSIM (Gaussian 11x11, sigma 1.5, RGB mean) of decoded frames vs the uncompressed rollout")
 def ssim_frames(pred: torch.Tensor, ref: torch.Tensor, device: str | None = None) -> torch.Tensor:
     """[T] SSIM per frame (torchmetrics: Gaussian window 11, sigma 1.5, K = 0.01, 0.03, range 2).
@@ -79,8 +80,7 @@ def ssim_frames(pred: torch.Tensor, ref: torch.Tensor, device: str | None = None
     return torch.where(same, torch.ones_like(s), s)
 
 
-@register_metric("latent_cos", higher_is_better=True, modality="video",
-                 description="cosine similarity of each generated latent frame with the uncompressed rollout's")
+@register_metric("latent_cos", "video")
 def latent_cosine_frames(pred: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """latents [B, C, F, h, w] -> [F] cosine of the flattened (B, C, h, w) vectors of each frame."""
     if pred.shape != ref.shape or pred.dim() != 5:
@@ -174,7 +174,7 @@ def _lpips_model(device: str):
     return lpips.LPIPS(net="alex", version="0.1", verbose=False).eval().requires_grad_(False).to(device)
 
 
-@register_metric("lpips", higher_is_better=False, modality="video",
+@register_metric("lpips", "video", higher_is_better=False, display="LPIPS",
                  description="LPIPS (AlexNet, v0.1) of decoded frames vs the uncompressed rollout; 0 when identical")
 def lpips_frames(pred: torch.Tensor, ref: torch.Tensor, device: str | None = None) -> torch.Tensor:
     """[T] LPIPS per frame; raises :class:`MetricUnavailable` (with the reason) when it cannot be computed."""

@@ -132,12 +132,12 @@ def main(argv=None) -> list[dict]:
                "uncompressed_mib": st["uncompressed_bytes"] / 2 ** 20,
                "key_bits": st["bits_per_coord"], "value_bits": st["value_bits_per_coord"],
                "snr_db": am.snr_db(base.audio, r.audio), "lsd": am.lsd(base.audio[0], r.audio[0]),
-               "tf_kl": am.pooled(am.kl_divergence, base.logits, tf.logits),
-               "tf_token_agreement": am.pooled(am.token_agreement, base.logits, tf.logits)}
+               "kl": am.pooled(am.kl_divergence, base.logits, tf.logits),
+               "top1_agree": am.pooled(am.token_agreement, base.logits, tf.logits)}
         rows.append(row)
         print(f"{row['cache']:<20}{secs:>8.2f}{peak:>10.0f}{row['cache_mib']:>10.2f}{row['uncompressed_mib']:>11.2f}"
-              f"{row['key_bits']:>7.2f}{row['value_bits']:>7.2f}{row['snr_db']:>8.2f}{row['lsd']:>8.2f}{row['tf_kl']:>9.2e}"
-              f"{row['tf_token_agreement']:>9.3f}")
+              f"{row['key_bits']:>7.2f}{row['value_bits']:>7.2f}{row['snr_db']:>8.2f}{row['lsd']:>8.2f}{row['kl']:>9.2e}"
+              f"{row['top1_agree']:>9.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": model.describe(), "batch": args.batch, "rows": rows}, indent=1))
     return rows

@@ -249,6 +249,6 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "skipping nosuch@2" in out and "STAND-IN" in out
     assert [r["cache"] for r in rows] == ["none", "octopus@2"]
-    assert rows[0]["snr_db"] == float("inf") and rows[0]["tf_kl"] == 0.0
+    assert rows[0]["snr_db"] == float("inf") and rows[0]["kl"] == 0.0
     assert rows[1]["cache_mib"] < rows[1]["uncompressed_mib"]
     assert json.loads((tmp_path / "r.json").read_text())["rows"][1]["cache"] == "octopus@2"

@@ -81,11 +81,11 @@ def test_evaluate_none_and_a_codec(model, task, tmp_path):
     base = task.baseline(model, p, seed=0)
     row = task.evaluate(model, p, CacheConfig("none"), 0, base, tmp_path)
     assert row["snr_db"] == math.inf and row["lsd"] == 0.0 and row["log_mel_mse"] == 0.0
-    assert row["tf_kl"] == 0.0 and row["tf_token_agreement"] == 1.0 and row["latent_cosine"] == pytest.approx(1.0)
+    assert row["kl"] == 0.0 and row["top1_agree"] == 1.0 and row["latent_cos"] == pytest.approx(1.0)
     assert row["cache_bytes"] == row["uncompressed_bytes"] and row["bits_per_coord"] == 32.0
     row2 = task.evaluate(model, p, CacheConfig("octopus", 2), 0, base, tmp_path)
     assert row2["cache_bytes"] < row2["uncompressed_bytes"] and 2 < row2["bits_per_coord"] < 5
-    assert row2["tf_kl"] > 0 and 0 <= row2["tf_token_agreement"] <= 1
+    assert row2["kl"] > 0 and 0 <= row2["top1_agree"] <= 1
     assert set(AudioTask.metrics) <= set(row2)
     arts = row2["artifacts"]
     for key in ("wav", "wav_baseline", "spectrogram", "per_scale"):
@@ -94,6 +94,6 @@ def test_evaluate_none_and_a_codec(model, task, tmp_path):
     assert sr == model.sample_rate and len(wav) == SCALES[-1] * model.sat.cfg.hop
     np.testing.assert_array_equal(sf.read(tmp_path / arts["wav_baseline"])[0], base.rollout.audio[0].numpy())
     curves = json.loads((tmp_path / arts["per_scale"]).read_text())
-    assert curves["scales"] == list(SCALES) and len(curves["tf_kl"]) == len(SCALES)
-    assert curves["tf_kl"][0] == 0.0  # scale 0 reads only its own (native) tokens
+    assert curves["scales"] == list(SCALES) and len(curves["kl"]) == len(SCALES)
+    assert curves["kl"][0] == 0.0  # scale 0 reads only its own (native) tokens
     assert "STAND-IN" in curves["conditioning"]

@@ -35,12 +35,12 @@ def test_kl_topk_is_exact_with_full_support_and_a_lower_bound_otherwise():
         assert (part <= full + 1e-6).all() and (part >= 0).all()
     ids, lp = topk_logprobs(p_logits, 8)
     assert kl_topk(ids, lp, p_logits).abs().max() < 1e-6  # identical distributions
-    assert get_metric("kl").fn(ids, lp, p_logits) == pytest.approx(0.0, abs=1e-6)
+    assert get_metric("kl").impl("text")(ids, lp, p_logits).abs().max() < 1e-6
 
 
 def test_top1_and_matches():
     logits = torch.tensor([[0.0, 1.0], [2.0, 0.0], [0.0, 3.0]])
-    assert top1_agreement(torch.tensor([1, 0, 0]), logits) == pytest.approx(2 / 3)
+    assert top1_agreement(torch.tensor([1, 0, 0]), logits).tolist() == [True, True, False]
     assert exact_match(" 1234567.", "1234567") == 1.0
     assert exact_match("The Answer!", "the answer") == 1.0
     assert exact_match("12345678", "1234567") == 0.0

@@ -8,7 +8,9 @@ import pytest
 from tiny_lm import tiny_causal_lm
 
 from harness.report import compare
-from harness.runner import RunConfig, RunError, read_rows, run
+from harness.rows import read_rows
+from harness.config import RunConfig, RunError
+from harness.runner import run
 from kernels import CODECS, Codec, list_codecs, register_codec
 
 TWO = [c for c in ("turboquant-mse", "octopus", "quarot", "kivi", "polarquant") if c in list_codecs()][:2]
@@ -54,6 +56,13 @@ def test_run_resume_and_determinism(lm, textfile, tmp_path):
     assert len({(r["task"], r["prompt"], r["label"]) for r in rows}) == len(rows)
     assert all(r["kl"] == 0 for r in rows if r["label"] == "none")
     assert {r["label"] for r in rows} == {"none", *(f"{c}@{b}" for c in TWO for b in (2, 4))}
+    # every row embeds the exact codec config it ran: it rebuilds that codec, options resolved
+    from kernels import CodecConfig, codec_class
+    for r in rows:
+        cfg = CodecConfig.from_json(r["codec_config"])
+        assert (cfg.name, cfg.bits, cfg.head_dim, cfg.num_heads) == (r["codec"], r["bits"], lm.geometry.head_dim,
+                                                                     lm.geometry.kv_heads)
+        assert set(cfg.options) == {f for f in codec_class(cfg.name).Options.__dataclass_fields__}
 
     # the same command again, elsewhere: byte-identical rows, summary and report
     again = run(_config(textfile), out=tmp_path / "again", model=lm, progress=False, log=lambda *_: None)

@@ -34,7 +34,9 @@ def test_still_indices():
 
 def test_run_through_the_runner_and_resume(model, tmp_path):
     """harness run --model causvid-tiny --task video --codec octopus --bits 2 --limit 1, then a resume."""
-    from harness.runner import RunConfig, read_rows, run
+    from harness.rows import read_rows
+    from harness.config import RunConfig
+    from harness.runner import run
 
     cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], limit=1,
                     task_options={"video": {"stills": "4"}})

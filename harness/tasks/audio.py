@@ -111,8 +111,7 @@ class AudioTask(Task):
     """Options (``--task-opt audio.NAME=VALUE``): see ``option_defaults``."""
 
     modality = "audio"
-    metrics = ("snr_db", "lsd", "log_mel_mse", "latent_cosine", "tf_token_agreement", "tf_kl",
-               "free_token_match")
+    metrics = ("snr_db", "lsd", "log_mel_mse", "latent_cos", "top1_agree", "kl", "free_token_match")
     option_defaults = {
         "clip_seconds": (10.0, "conditioning clip length, s (CLAP's window: no random crop)"),
         "cfg": (4.0, "classifier-free guidance at the last scale (ramped linearly from 0)"),
@@ -167,14 +166,15 @@ class AudioTask(Task):
         tf = model.rollout(baseline.emb, cache_config, sampling=self.sampling, teacher=base.tokens)
         sr = model.sample_rate
         ref_wav, wav = base.audio[0].numpy(), free.audio[0].numpy()
-        row = {
-            "snr_db": am.snr_db(ref_wav, wav),
-            "lsd": am.lsd(ref_wav, wav),
-            "log_mel_mse": am.log_mel_mse(ref_wav, wav, sr=sr),
-            "latent_cosine": am.latent_cosine(base.f_hat, free.f_hat),
-            "tf_token_agreement": am.pooled(am.token_agreement, base.logits, tf.logits),
-            "tf_kl": am.pooled(am.kl_divergence, base.logits, tf.logits),
-            "free_token_match": am.token_match(base.tokens, free.tokens),
+        m = self.metric
+        row = {  # top1_agree and kl are teacher-forced; the rest compare the free-running rollouts
+            "snr_db": m("snr_db")(ref_wav, wav),
+            "lsd": m("lsd")(ref_wav, wav),
+            "log_mel_mse": m("log_mel_mse")(ref_wav, wav, sr=sr),
+            "latent_cos": m("latent_cos")(base.f_hat, free.f_hat),
+            "top1_agree": am.pooled(m("top1_agree"), base.logits, tf.logits),
+            "kl": am.pooled(m("kl"), base.logits, tf.logits),
+            "free_token_match": m("free_token_match")(base.tokens, free.tokens),
         }
         row.update(cache_row_stats(free.cache))  # the teacher-forced pass holds the same tokens
         label = cache_config.label if hasattr(cache_config, "label") else str(cache_config)
@@ -185,9 +185,9 @@ class AudioTask(Task):
         sr, rel = model.sample_rate, Path("audio") / prompt.id
         arts = {}
         curves = {"scales": list(model.aar.cfg.scales),
-                  "tf_token_agreement": am.per_scale(am.token_agreement, base.logits, tf.logits),
-                  "tf_kl": am.per_scale(am.kl_divergence, base.logits, tf.logits),
-                  "free_token_match": am.per_scale(am.token_match, base.tokens, free.tokens),
+                  "top1_agree": am.per_scale(self.metric("top1_agree"), base.logits, tf.logits),
+                  "kl": am.per_scale(self.metric("kl"), base.logits, tf.logits),
+                  "free_token_match": am.per_scale(self.metric("free_token_match"), base.tokens, free.tokens),
                   "conditioning": model.conditioning_label}
         (out_dir / rel).mkdir(parents=True, exist_ok=True)
         (out_dir / rel / f"{_safe(label)}.per_scale.json").write_text(json.dumps(curves, indent=1))
@@ -198,7 +198,7 @@ class AudioTask(Task):
             _write_wav(out_dir / rel / f"{_safe(label)}.wav", free.audio[0].numpy(), sr)
             title = (f"{prompt.id} | {model.name} | conditioning: {model.conditioning_label}\n"
                      f"{label}: SNR {row['snr_db']:.2f} dB, LSD {row['lsd']:.2f} dB, "
-                     f"teacher-forced KL {row['tf_kl']:.3g}")
+                     f"teacher-forced KL {row['kl']:.3g}")
             _spectrogram_png(out_dir / rel / f"{_safe(label)}.png", base.audio[0].numpy(), free.audio[0].numpy(), sr,
                              title, ("baseline (uncompressed cache)", label))
             arts.update(wav_baseline=str(rel / "baseline.wav"), wav=str(rel / f"{_safe(label)}.wav"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 
 @dataclass
@@ -28,13 +28,21 @@ class Prompt:
 class Task:
     name: ClassVar[str] = ""
     modality: ClassVar[str] = ""  # "text", "video", "audio"
-    metrics: ClassVar[tuple[str, ...]] = ()  # names in the metrics registry, in report order
+    #: names in the metrics registry, in report order; each must have an implementation for
+    #: ``modality`` (checked by :func:`register_task`); compute them with :meth:`metric`
+    metrics: ClassVar[tuple[str, ...]] = ()
     #: optional: option name -> (default, help). ``harness list`` shows them; ``--task-opt NAME=VALUE``
     #: values are parsed by the default's type (see :func:`parse_option`).
     option_defaults: ClassVar[dict[str, tuple[Any, str]]] = {}
 
     def __init__(self, **options):
         self.options = options
+
+    def metric(self, name: str) -> Callable:
+        """The registry's implementation of metric ``name`` for this task's modality."""
+        from metrics import get_metric
+
+        return get_metric(name).impl(self.modality)
 
     def opt(self, name: str):
         """An option's value: given, else its declared default."""
@@ -87,7 +95,17 @@ TASKS: dict[str, type[Task]] = {}
 
 
 def register_task(name: str):
+    """Class decorator: register a :class:`Task` under ``name``; a second task of the same name
+    raises, as does a declared metric the registry does not implement for the task's modality."""
     def wrap(cls):
+        if name in TASKS:
+            raise ValueError(f"task '{name}' is already registered ({TASKS[name].__module__}.{TASKS[name].__qualname__}); "
+                             f"pick another name for {cls.__module__}.{cls.__qualname__}")
+        if cls.modality:
+            from metrics import get_metric
+
+            for m in cls.metrics:
+                get_metric(m).impl(cls.modality)  # unknown name or modality -> a one-line error
         cls.name = name
         TASKS[name] = cls
         return cls

@@ -20,7 +20,7 @@ import torch
 
 from adapters.cache_stats import cache_row_stats
 from kernels import private_generator
-from metrics.text import exact_match, first_number, kl_topk, topk_logprobs
+from metrics.text import first_number, topk_logprobs
 
 from .base import Prompt, Task, register_task
 from .text_corpus import load_excerpts, text_hash
@@ -171,11 +171,12 @@ class NeedleTask(Task):
         r = model.greedy(p["ids"], self.opt("max_new_tokens"), cache_config, force=baseline["tokens"])
         answer = model.decode(r["tokens"])
         forced = r["forced_logits"]
+        exact_match = self.metric("exact_match")
         row = {
             "exact_match": exact_match(first_number(answer, 7), p["value"]),
-            "output_match": float(r["tokens"] == list(baseline["tokens"])),
-            "kl": float(kl_topk(baseline["top_ids"], baseline["top_logp"], forced).double().mean()),
-            "top1_agree": float((forced.argmax(-1) == baseline["top_ids"][:, 0].long()).double().mean()),
+            "output_match": self.metric("output_match")(r["tokens"], baseline["tokens"]),
+            "kl": float(self.metric("kl")(baseline["top_ids"], baseline["top_logp"], forced).double().mean()),
+            "top1_agree": float(self.metric("top1_agree")(baseline["top_ids"][:, 0], forced).double().mean()),
             "baseline_exact_match": exact_match(first_number(baseline["answer"], 7), p["value"]),
             "answer": answer.strip(),
             "tokens": len(p["ids"]),

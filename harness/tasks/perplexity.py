@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from adapters.cache_stats import cache_row_stats
-from metrics.text import kl_topk, perplexity_from_nll, token_nll, topk_logprobs
+from metrics.text import token_nll, topk_logprobs
 
 from .base import Prompt, Task, register_task
 from .text_corpus import load_excerpts, text_hash
@@ -88,6 +88,7 @@ class PerplexityTask(Task):
             raise RuntimeError(f"prompt '{prompt.id}': the stored baseline was made from other tokens "
                                f"(another tokenizer or text?); start a fresh run")
         nll, kl, agree = [], [], []
+        kl_fn, agree_fn = self.metric("kl"), self.metric("top1_agree")
 
         def on_chunk(start, logits):
             s = self._scored(ids, start, logits)
@@ -95,16 +96,16 @@ class PerplexityTask(Task):
                 rows, tgt = s
                 lg = logits[: tgt.shape[0]]
                 nll.append(token_nll(lg, tgt))
-                kl.append(kl_topk(baseline["top_ids"][rows], baseline["top_logp"][rows], lg))
-                agree.append((lg.argmax(-1) == baseline["top_ids"][rows, 0].long()).float())
+                kl.append(kl_fn(baseline["top_ids"][rows], baseline["top_logp"][rows], lg))
+                agree.append(agree_fn(baseline["top_ids"][rows, 0], lg).float())
 
         cache = model.teacher_force(ids, sizes, cache_config, on_chunk)
         nll_t = torch.cat(nll)
         row = {
-            "perplexity": perplexity_from_nll(nll_t),
+            "perplexity": self.metric("perplexity")(nll_t),
             "kl": float(torch.cat(kl).double().mean()),
             "top1_agree": float(torch.cat(agree).double().mean()),
-            "baseline_perplexity": perplexity_from_nll(baseline["nll"]),
+            "baseline_perplexity": self.metric("perplexity")(baseline["nll"]),
             "tokens": len(ids),
             "scored_tokens": int(nll_t.numel()),
         }

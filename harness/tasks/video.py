@@ -234,12 +234,12 @@ class VideoTask(Task):
     # --- scoring -----------------------------------------------------------------------------
     def score(self, r: VideoRollout, base: VideoRollout) -> tuple[dict, dict]:
         """(row of per-prompt values, per-frame curves) of rollout ``r`` against ``base``."""
-        per_frame = {"psnr": vm.psnr_frames(r.frames, base.frames),
-                     "ssim": vm.ssim_frames(r.frames, base.frames),
-                     "latent_cos": vm.latent_cosine_frames(r.latents, base.latents)}
+        per_frame = {"psnr": self.metric("psnr")(r.frames, base.frames),
+                     "ssim": self.metric("ssim")(r.frames, base.frames),
+                     "latent_cos": self.metric("latent_cos")(r.latents, base.latents)}
         if "lpips" not in self.unavailable:
             try:
-                per_frame["lpips"] = vm.lpips_frames(r.frames, base.frames)
+                per_frame["lpips"] = self.metric("lpips")(r.frames, base.frames)
             except vm.MetricUnavailable as e:
                 self.unavailable["lpips"] = str(e)
         row = {}

@@ -1,0 +1,120 @@
+"""The run configuration: :class:`RunConfig`, the defaults, and the metadata each field carries
+for the ``harness run`` command line (which :mod:`harness.cli` derives from these fields)."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Callable
+
+from adapters.kv_cache import DEFAULT_RESIDUAL, CacheConfig
+
+from .rows import dumps
+
+RUN_CONFIG_VERSION = 1
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_CODECS = ("octopus", "turboquant-mse", "turboquant-prod", "qjl", "polarquant", "polarquant-2d", "quarot", "kivi")
+DEFAULT_BITS = (2, 3, 4)
+DEFAULT_TASKS = {"text": ("perplexity", "needle")}
+REPORTS_DIR = Path("reports")
+
+
+class RunError(ValueError):
+    pass
+
+
+def cli(help: str, *, flag: str | None = None, choices: tuple | None = None, parse: Callable | None = None,
+        metavar: str | None = None, default_note: str | None = None) -> dict:
+    """Field metadata for the command line: ``flag`` (default ``--field-name``), closed ``choices``,
+    ``parse`` (string -> value, raising ValueError with the allowed forms), ``metavar``, and
+    ``default_note`` (shown instead of the default value when that says more)."""
+    return {"cli": {"help": help, "flag": flag, "choices": choices, "parse": parse, "metavar": metavar,
+                    "default_note": default_note}}
+
+
+def parse_protect(s: str) -> str | list[int]:
+    if s in ("none", "boundary-1"):
+        return s
+    try:
+        return [int(i) for i in s.split(",")]
+    except ValueError:
+        raise ValueError(f"--protect takes 'none', 'boundary-1' or layer indices like 0,29; got '{s}'") from None
+
+
+@dataclass
+class RunConfig:
+    """Everything that decides a run's numbers; round-trips to JSON. The field order is the
+    order of config.json and of ``harness run --help``."""
+
+    model: str = field(default=DEFAULT_MODEL, metadata=cli("model name (see `harness list`)"))
+    model_path: str | None = field(default=None, metadata=cli(
+        "local checkpoint directory (or .gguf file) for the model"))
+    tasks: list[str] = field(default_factory=list, metadata=cli(
+        "task(s)", flag="--task", default_note="the model's; text: perplexity needle"))
+    codecs: list[str] = field(default_factory=lambda: list(DEFAULT_CODECS), metadata=cli("codec(s)", flag="--codec"))
+    bits: list[int] = field(default_factory=lambda: list(DEFAULT_BITS), metadata=cli("key bit width(s)"))
+    prompts: str | None = field(default=None, metadata=cli(
+        "prompt source: a path, or for text wikitext2 / c4", default_note="the task's default; text: offline corpus"))
+    limit: int | None = field(default=None, metadata=cli("at most this many prompts per task"))
+    seed: int = field(default=0, metadata=cli("seed of every random draw"))
+    residual: int = field(default=DEFAULT_RESIDUAL, metadata=cli("native window in tokens"))
+    protect: str | list[int] = field(default="none", metadata=cli(
+        "layers kept native: none, boundary-1, or 0,29", parse=parse_protect))
+    value_bits: int | None = field(default=None, metadata=cli(
+        "value bit width", default_note="the key bit width"))
+    value_group: int = field(default=32, metadata=cli("value quantization group size"))
+    attend: str = field(default="score", metadata=cli(
+        "read keys through each codec's score estimator or its reconstruction", choices=("score", "reconstruct")))
+    backend: str = field(default="auto", metadata=cli("attention backend", choices=("auto", "triton", "torch")))
+    device: str = field(default="auto", metadata=cli("auto (cuda if available), cpu, cuda, cuda:1, ..."))
+    dtype: str = field(default="auto", metadata=cli(
+        "auto (float32 on cpu, bfloat16 on cuda), float32, bfloat16, float16"))
+    task_options: dict[str, dict] = field(default_factory=dict, metadata=cli(
+        "task option, repeatable (e.g. needle.contexts=512,1024; see `harness list`)",
+        flag="--task-opt", metavar="TASK.NAME=VALUE"))
+    codec_options: dict[str, dict[str, str]] = field(default_factory=dict, metadata=cli(
+        "codec option, repeatable (e.g. octopus.split=3,3,3)", flag="--codec-opt", metavar="CODEC.NAME=VALUE"))
+    # also run codec 'none' through the cache path (a row per prompt; KL must be 0)
+    baseline: bool = field(default=True, metadata=cli("do not add the codec 'none' rows", flag="--no-baseline-row"))
+
+    def to_json(self) -> dict:
+        return {"version": RUN_CONFIG_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RunConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known - {"version"}
+        if unknown:
+            raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def digest(self) -> str:
+        return hashlib.sha256(dumps(self.to_json()).encode()).hexdigest()[:8]
+
+    def default_out(self) -> Path:
+        return REPORTS_DIR / f"{self.model}-{self.digest()}"
+
+    def codec_options_for(self, codec: str) -> dict:
+        """The options of ``codec`` as CacheConfig.options holds them: the strings of ``--codec-opt``
+        read by the types of the codec's ``Options`` (the one place they are parsed)."""
+        from kernels.config import parse_codec_options
+
+        try:
+            return parse_codec_options(codec, self.codec_options.get(codec, {}))
+        except ValueError as e:
+            raise RunError(f"--codec-opt: {e}") from None
+
+    def cache_configs(self) -> list[CacheConfig]:
+        """The baseline ('none') first, then every (codec, bits) in the order given."""
+        unknown = set(self.codec_options) - set(self.codecs)
+        if unknown:
+            raise RunError(f"options given for codec(s) {sorted(unknown)} that this run does not have ({self.codecs})")
+        common = dict(residual=self.residual, protect=self.protect, value_bits=self.value_bits,
+                      value_group=self.value_group, seed=self.seed, attend=self.attend, backend=self.backend)
+        out = [CacheConfig(codec="none", bits=16, **common)] if self.baseline else []
+        for codec in self.codecs:
+            if codec == "none":
+                continue
+            options = self.codec_options_for(codec)
+            out += [CacheConfig(codec=codec, bits=b, options=dict(options), **common) for b in self.bits]
+        return out

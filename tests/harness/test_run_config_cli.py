@@ -1,0 +1,118 @@
+"""harness/config.py + harness/cli.py: the `harness run` command line is derived from RunConfig's
+fields; every field is reachable from argv and survives the JSON round trip."""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+import pytest
+
+from adapters.kv_cache import CacheConfig
+from harness.cli import config_from_args, main, run_parser
+from harness.config import DEFAULT_BITS, DEFAULT_CODECS, RunConfig, RunError
+
+
+def parse(argv: list[str]) -> RunConfig:
+    p = argparse.ArgumentParser()
+    run_parser(p)
+    return config_from_args(p.parse_args(argv))
+
+
+def roundtrip(c: RunConfig) -> RunConfig:
+    return RunConfig.from_json(c.to_json())
+
+
+# argv -> the fields it sets, covering every RunConfig field
+ARGV = {
+    "model": (["--model", "hf"], "hf"),
+    "model_path": (["--model-path", "/ckpt"], "/ckpt"),
+    "tasks": (["--task", "perplexity,needle"], ["perplexity", "needle"]),
+    "codecs": (["--codec", "octopus,qjl", "kivi"], ["octopus", "qjl", "kivi"]),
+    "bits": (["--bits", "2", "3,4"], [2, 3, 4]),
+    "prompts": (["--prompts", "wikitext2"], "wikitext2"),
+    "limit": (["--limit", "3"], 3),
+    "seed": (["--seed", "7"], 7),
+    "residual": (["--residual", "16"], 16),
+    "protect": (["--protect", "0,29"], [0, 29]),
+    "value_bits": (["--value-bits", "4"], 4),
+    "value_group": (["--value-group", "64"], 64),
+    "attend": (["--attend", "reconstruct"], "reconstruct"),
+    "backend": (["--backend", "torch"], "torch"),
+    "device": (["--device", "cpu"], "cpu"),
+    "dtype": (["--dtype", "float32"], "float32"),
+    "task_options": (["--task-opt", "needle.contexts=512,1024", "--task-opt", "needle.depths=0.5"],
+                     {"needle": {"contexts": "512,1024", "depths": "0.5"}}),
+    "codec_options": (["--codec-opt", "octopus.split=3,3,3", "--codec-opt", "qjl.sketch=64"],
+                      {"octopus": {"split": "3,3,3"}, "qjl": {"sketch": "64"}}),
+    "baseline": (["--no-baseline-row"], False),
+}
+
+
+def test_every_field_has_a_flag_and_the_defaults_are_the_dataclass_defaults():
+    assert set(ARGV) == {f.name for f in fields(RunConfig)}
+    assert parse([]) == RunConfig()
+    assert RunConfig().codecs == list(DEFAULT_CODECS) and RunConfig().bits == list(DEFAULT_BITS)
+
+
+@pytest.mark.parametrize("name", sorted(ARGV))
+def test_each_flag_sets_its_field_and_round_trips(name):
+    argv, want = ARGV[name]
+    c = parse(argv)
+    assert getattr(c, name) == want
+    assert roundtrip(c) == c
+    assert all(getattr(c, f.name) == getattr(RunConfig(), f.name) for f in fields(RunConfig) if f.name != name)
+
+
+def test_all_flags_together_round_trip():
+    c = parse([a for argv, _ in ARGV.values() for a in argv])
+    assert {n: getattr(c, n) for n in ARGV} == {n: want for n, (_, want) in ARGV.items()}
+    assert roundtrip(c) == c
+
+
+def test_protect_names():
+    assert parse(["--protect", "boundary-1"]).protect == "boundary-1"
+    assert parse(["--protect", "none"]).protect == "none"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bits", "two"], "--bits takes int values, got 'two'"),
+    (["--protect", "first"], "--protect takes 'none', 'boundary-1' or layer indices"),
+    (["--attend", "fast"], "invalid choice: 'fast'"),
+    (["--task-opt", "needle=1"], "--task-opt takes TASK.NAME=VALUE, got 'needle=1'"),
+    (["--codec-opt", "octopus.split"], "--codec-opt takes CODEC.NAME=VALUE, got 'octopus.split'"),
+    (["--limit", "many"], "--limit takes int values, got 'many'"),
+])
+def test_malformed_flags_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_codec_options_reach_that_codecs_cache_configs_only():
+    c = parse(["--codec", "octopus", "qjl", "--bits", "2", "3", "--codec-opt", "octopus.split=4,2",
+               "--codec-opt", "octopus.rounding=nearest"])
+    ccs = c.cache_configs()
+    assert [cc.label for cc in ccs] == ["none", "octopus@2", "octopus@3", "qjl@2", "qjl@3"]
+    # read by the types of the codec's Options: "4,2" is the tuple (b_u, b_r)
+    octo = {"split": (4, 2), "rounding": "nearest"}
+    assert [cc.options for cc in ccs] == [{}, octo, octo, {}, {}]
+    assert all(CacheConfig.from_json(json.loads(json.dumps(cc.to_json()))) == cc for cc in ccs)
+
+
+@pytest.mark.parametrize("opt, message", [
+    ("octopus.split=3,3,3", r"codec 'octopus' option split"),
+    ("octopus.rounding=round", r"codec 'octopus' option rounding must be one of"),
+    ("octopus.splt=4,2", r"codec 'octopus' got unknown option\(s\) \['splt'\]"),
+])
+def test_bad_codec_options_are_one_line_errors(opt, message):
+    with pytest.raises(RunError, match=message):
+        parse(["--codec", "octopus", "--codec-opt", opt]).cache_configs()
+
+
+def test_codec_options_for_a_codec_the_run_does_not_have(capsys, tmp_path):
+    with pytest.raises(RunError, match=r"options given for codec\(s\) \['kivi'\] that this run does not have"):
+        parse(["--codec", "octopus", "--codec-opt", "kivi.group=64"]).cache_configs()
+    assert main(["run", "--codec", "octopus", "--codec-opt", "kivi.group=64", "--quiet",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "options given for codec(s) ['kivi']" in capsys.readouterr().err
