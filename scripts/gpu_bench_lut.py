@@ -139,6 +139,40 @@ def bench(a) -> dict:
     return res
 
 
+def sweep(a):
+    """Launch configurations and the two kernels alone (profiling: split only, combine only)."""
+    from kernels.cuda.decode_lut import LAST_LAUNCH, decode_attention_lut
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(7)
+    cfgs = [json.loads(c) for c in a.configs.split(";")] if a.configs else [{}]
+    for shape in _csv(a.shapes):
+        Hq, Hkv, d = SHAPES[shape]
+        for B in _csv(a.batch, int):
+            for ctx in _csv(a.contexts, _parse_ctx):
+                T = ctx - 32
+                q = torch.randn(B, Hq, 1, d, device=dev, generator=gen).to(torch.bfloat16)
+                wk = torch.randn(B, Hkv, 32, d, device=dev, generator=gen).to(torch.bfloat16)
+                wv = torch.randn_like(wk)
+                for bits in _csv(a.bits, int):
+                    codec = make_codec("octopus", bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
+                    ks, vs = random_state(codec, B, Hkv, T, dev, gen)
+                    n = max(1, min(32, math.ceil(L2_FLUSH / (ks.nbytes() + vs.nbytes()))))
+                    states = [(ks, vs)] + [random_state(codec, B, Hkv, T, dev, gen) for _ in range(n - 1)]
+                    for cfg in cfgs:
+                        line = []
+                        for parts in ("both", "split", "combine"):
+                            def f(parts=parts, cfg=cfg):
+                                for x, y in states:
+                                    decode_attention_lut(q, x, y, codec, wk, wv, config=cfg, _parts=parts)
+                            line.append(_time(f, a.rep_ms) / n * 1e6)
+                        sf = LAST_LAUNCH["split"]
+                        print(f"sweep {shape} B{B} {ctx // 1024}k @{bits} {json.dumps(cfg)}: both {line[0]:.1f} "
+                              f"split {line[1]:.1f} combine {line[2]:.1f} us; regs {sf.num_regs} local "
+                              f"{sf.local_size_bytes} smem {LAST_LAUNCH['layout']['smem']}", flush=True)
+                    del states
+
+
 def once(a):
     from kernels.cuda.decode_lut import decode_attention_lut
 
@@ -171,6 +205,13 @@ def main(argv=None):
     b.add_argument("--config", default=None, help="JSON launch config for the LUT kernel")
     b.add_argument("--out", default=None, help="write the JSON here")
     sub.add_parser("check")
+    w = sub.add_parser("sweep")
+    w.add_argument("--contexts", default="4k,32k,128k")
+    w.add_argument("--batch", default="1,8")
+    w.add_argument("--bits", default="3")
+    w.add_argument("--shapes", default="qwen2.5-7b")
+    w.add_argument("--rep-ms", type=int, default=30)
+    w.add_argument("--configs", default=None, help="';'-separated JSON launch configs")
     o = sub.add_parser("once")
     o.add_argument("bits", type=int)
     o.add_argument("--ctx", default="32k")
@@ -183,6 +224,8 @@ def main(argv=None):
         return 2
     if a.cmd == "check":
         check()
+    elif a.cmd == "sweep":
+        sweep(a)
     elif a.cmd == "once":
         once(a)
     else:

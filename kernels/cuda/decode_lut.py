@@ -169,7 +169,11 @@ def _stream():
     ptr = torch.cuda.current_stream().cuda_stream
     s = _STREAMS.get(ptr)
     if s is None:
-        s = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr)
+        import warnings
+
+        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for from_external
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr)
     return s
 
 
@@ -205,7 +209,7 @@ def _choose_splits(tiles: int, heads: int, slots: int) -> int:
 
 def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
                          window_lengths=None, scale=None, num_splits: int | None = None, return_lse: bool = False,
-                         config: dict | None = None):
+                         config: dict | None = None, _parts: str = "both"):
     """Decode attention over an OCTOPUS-compressed prefix plus a native window (see the module doc).
     q [B, Hq, 1, D] (fp32/fp16/bf16); states [B, Hkv, T, ...]; window [B, Hkv, W, D].
     Returns out [B, Hq, 1, D] in q's dtype (and lse [B, Hq], natural log, with ``return_lse``)."""
@@ -279,14 +283,16 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     u64, i32, f32 = np.uint64, np.int32, np.float32
     qscale = scale * _LOG2E / (math.sqrt(st.d_pad) * TSCALE)
     with _stream():
-        split_fn((S, B * Hkv), (32 * nw,), (
-            u64(qc.data_ptr()), u64(plan.signs.data_ptr()), i32(plan.sign_stride), u64(plan.tab.data_ptr()),
-            u64(plan.rho.data_ptr()), *[u64(p) for p in ptrs], *[u64(e) for e in ends],
-            u64(lens.data_ptr() if lens is not None else 0), i32(lens is not None), i32(T), i32(Hkv), i32(per),
-            i32(S), f32(qscale), u64(o_part.data_ptr()), u64(ml_part.data_ptr())), shared_mem=lay["smem"])
-        comb_fn((B * Hq,), (D,), (
-            u64(qc.data_ptr()), u64(wk.data_ptr()), u64(wv.data_ptr()), u64(wl.data_ptr() if wl is not None else 0),
-            i32(wl is not None), i32(W), *[np.int64(x) for x in wstr], u64(o_part.data_ptr()),
-            u64(ml_part.data_ptr()), i32(S), i32(Hq), i32(Hkv), f32(scale * _LOG2E), u64(out.data_ptr()),
-            u64(lse.data_ptr()), i32(return_lse)))
+        if _parts != "combine":  # profiling only: "split" / "combine" launch one kernel
+            split_fn((S, B * Hkv), (32 * nw,), (
+                u64(qc.data_ptr()), u64(plan.signs.data_ptr()), i32(plan.sign_stride), u64(plan.tab.data_ptr()),
+                u64(plan.rho.data_ptr()), *[u64(p) for p in ptrs], *[u64(e) for e in ends],
+                u64(lens.data_ptr() if lens is not None else 0), i32(lens is not None), i32(T), i32(Hkv), i32(per),
+                i32(S), f32(qscale), u64(o_part.data_ptr()), u64(ml_part.data_ptr())), shared_mem=lay["smem"])
+        if _parts != "split":
+            comb_fn((B * Hq,), (D,), (
+                u64(qc.data_ptr()), u64(wk.data_ptr()), u64(wv.data_ptr()), u64(wl.data_ptr() if wl is not None else 0),
+                i32(wl is not None), i32(W), *[np.int64(x) for x in wstr], u64(o_part.data_ptr()),
+                u64(ml_part.data_ptr()), i32(S), i32(Hq), i32(Hkv), f32(scale * _LOG2E), u64(out.data_ptr()),
+                u64(lse.data_ptr()), i32(return_lse)))
     return (out, lse) if return_lse else out

@@ -199,10 +199,17 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   {
     const u64* src = (const u64*)tab;
     u64* dst = (u64*)smem;
-    for (int e = tid; e < NE; e += NW * 32) {
-      u64 v = src[e];
+    constexpr int NTE = (NE + NW * 32 - 1) / (NW * 32);
+    u64 tv[NTE];
 #pragma unroll
-      for (int k = 0; k < C; ++k) dst[e * C + k] = v;
+    for (int k = 0; k < NTE; ++k) { const int e = tid + k * NW * 32; tv[k] = e < NE ? src[e] : 0ull; }
+#pragma unroll
+    for (int k = 0; k < NTE; ++k) {
+      const int e = tid + k * NW * 32;
+      if (e < NE) {
+#pragma unroll
+        for (int cc = 0; cc < C; ++cc) dst[e * C + cc] = tv[k];
+      }
     }
 #if !FUSED
     u32* rdst = (u32*)(smem + RHO_OFF);
@@ -210,9 +217,20 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
 #endif
   }
   float* qb = (float*)(smem + QB_OFF);
-  for (int i = tid; i < G * D; i += NW * 32) {
-    int g = i / D, e = i % D;
-    qb[i] = ldq(q, ((long long)bh * G + g) * D + e) * signs[h * sign_stride + e];
+  {
+    constexpr int NQE = (G * D + NW * 32 - 1) / (NW * 32);
+    float qv[NQE], sv[NQE];
+#pragma unroll
+    for (int k = 0; k < NQE; ++k) {
+      const int i = tid + k * NW * 32;
+      qv[k] = i < G * D ? ldq(q, (long long)bh * G * D + i) : 0.f;
+      sv[k] = i < G * D ? signs[h * sign_stride + (i % D)] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < NQE; ++k) {
+      const int i = tid + k * NW * 32;
+      if (i < G * D) qb[i] = qv[k] * sv[k];
+    }
   }
   __syncthreads();
   for (int len = 1; len < D; len <<= 1) {
@@ -461,59 +479,86 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
 }
 
 // ------------------------------------------------------------------------------------------------
-#define WCH 64
+#define WCH (D / 4)
 extern "C" __global__ void __launch_bounds__(D) lut_combine(
     const void* __restrict__ q, const void* __restrict__ wk, const void* __restrict__ wv,
     const int* __restrict__ wlens, int has_wlens, int W,
     long long skb, long long skh, long long skt, long long svb, long long svh, long long svt,
     const float* __restrict__ o_part, const float* __restrict__ ml_part, int S, int Hq, int Hkv,
     float sm_log2, void* __restrict__ out, float* __restrict__ lse, int write_lse) {
+  // one (batch, query head) per CTA, one output coordinate per thread. Every loop issues its
+  // loads together (constant trip counts or unrolled batches): the latency of L2 is paid a few
+  // times, not once per split or window token.
   __shared__ float qs[D];
   __shared__ float sw[WCH];
+  __shared__ float red[D / 32];
+  __shared__ float wsp[D], lsp[D];
   const int pid = blockIdx.x, d = threadIdx.x, lane = d & 31, warp = d >> 5;
   const int b = pid / Hq, hq = pid % Hq, h = hq / G, g = hq % G;
   const long long bh = (long long)b * Hkv + h;
-  float M = -1e30f, Lsum = 0.f, O = 0.f;
+  const float* ml = ml_part + bh * S * 16;
+  // ---- the largest split max (splits in parallel) --------------------------------------------
+  float cm = -1e30f;
+  for (int s = d; s < S; s += D) cm = fmaxf(cm, ml[(s * 8 + g) * 2]);
+#pragma unroll
+  for (int k = 16; k > 0; k >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, k));
+  if (lane == 0) red[warp] = cm;
   int wl = W;
   if (has_wlens) { wl = wlens[b]; wl = wl < W ? wl : W; }
-  if (wl > 0) {
-    qs[d] = ldq(q, (long long)pid * D + d);
-    __syncthreads();
-    for (int c0 = 0; c0 < wl; c0 += WCH) {
-      const int n = wl - c0 < WCH ? wl - c0 : WCH;
-      for (int t = warp; t < n; t += D / 32) {
-        float a = 0.f;
-        for (int e = lane; e < D; e += 32) a += qs[e] * ldq(wk, b * skb + h * skh + (long long)(c0 + t) * skt + e);
+  if (wl > 0) qs[d] = ldq(q, (long long)pid * D + d);
+  __syncthreads();
+  float M = -1e30f;
 #pragma unroll
-        for (int k = 16; k > 0; k >>= 1) a += __shfl_xor_sync(0xffffffffu, a, k);
-        if (lane == 0) sw[t] = a * sm_log2;
-      }
-      __syncthreads();
-      float cm = -1e30f;
-      for (int t = 0; t < n; ++t) cm = fmaxf(cm, sw[t]);
-      const float nm = fmaxf(M, cm), al = ex2(M - nm);
-      O *= al; Lsum *= al; M = nm;
-      for (int t = 0; t < n; ++t) {
-        const float p = ex2(sw[t] - M);
-        Lsum += p;
-        O += p * ldq(wv, b * svb + h * svh + (long long)(c0 + t) * svt + d);
-      }
-      __syncthreads();
+  for (int k = 0; k < D / 32; ++k) M = fmaxf(M, red[k]);
+  float Lsum = 0.f, O = 0.f;
+  // ---- native window, WCH tokens per pass: 4 lanes per token, D / 4 coordinates each ----------
+  for (int c0 = 0; c0 < wl; c0 += WCH) {
+    const int n = wl - c0 < WCH ? wl - c0 : WCH;
+    const int t = d >> 2, part = d & 3;
+    float a = 0.f;
+    if (t < n) {
+      const long long base = b * skb + h * skh + (long long)(c0 + t) * skt + part * (D / 4);
+#pragma unroll
+      for (int e = 0; e < D / 4; ++e) a += qs[part * (D / 4) + e] * ldq(wk, base + e);
     }
-  }
-  const float* ml = ml_part + bh * S * 16;
-  float cm = -1e30f;
-  for (int s = 0; s < S; ++s) cm = fmaxf(cm, ml[(s * 8 + g) * 2]);
-  {
-    const float nm = fmaxf(M, cm), al = ex2(M - nm);
+    a += __shfl_xor_sync(0xffffffffu, a, 1);
+    a += __shfl_xor_sync(0xffffffffu, a, 2);
+    if (part == 0 && t < WCH) sw[t] = t < n ? a * sm_log2 : -1e30f;
+    __syncthreads();
+    float cmw = -1e30f;
+#pragma unroll
+    for (int k = 0; k < WCH; ++k) cmw = fmaxf(cmw, sw[k]);
+    const float nm = fmaxf(M, cmw), al = ex2(M - nm);
     O *= al; Lsum *= al; M = nm;
+    float vv[WCH];
+#pragma unroll
+    for (int k = 0; k < WCH; ++k) vv[k] = k < n ? ldq(wv, b * svb + h * svh + (long long)(c0 + k) * svt + d) : 0.f;
+#pragma unroll
+    for (int k = 0; k < WCH; ++k) {
+      const float p = k < n ? ex2(sw[k] - M) : 0.f;
+      Lsum += p;
+      O += p * vv[k];
+    }
+    __syncthreads();
   }
+  // ---- splits: weights in parallel, then every thread sums its coordinate ----------------------
   const float* op = o_part + bh * S * 8 * D + g * D + d;
-#pragma unroll 4
-  for (int s = 0; s < S; ++s) {
-    const float w = ex2(ml[(s * 8 + g) * 2] - M);
-    Lsum += w * ml[(s * 8 + g) * 2 + 1];
-    O += w * op[(long long)s * 8 * D];
+  for (int s0 = 0; s0 < S; s0 += D) {
+    const int s = s0 + d;
+    wsp[d] = s < S ? ex2(ml[(s * 8 + g) * 2] - M) : 0.f;
+    lsp[d] = s < S ? ml[(s * 8 + g) * 2 + 1] : 0.f;
+    __syncthreads();
+    const int n = S - s0 < D ? S - s0 : D;
+    int k = 0;
+    for (; k + 8 <= n; k += 8) {
+      float ov[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) ov[u] = op[(long long)(s0 + k + u) * 8 * D];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) { O += wsp[k + u] * ov[u]; Lsum += wsp[k + u] * lsp[k + u]; }
+    }
+    for (; k < n; ++k) { O += wsp[k] * op[(long long)(s0 + k) * 8 * D]; Lsum += wsp[k] * lsp[k]; }
+    __syncthreads();
   }
   stq(out, (long long)pid * D + d, Lsum > 0.f ? O / Lsum : 0.f);
   if (write_lse && d == 0) lse[pid] = Lsum > 0.f ? (M + lg2(Lsum)) * 0.6931471805599453f : __int_as_float(0xff800000);
