@@ -233,12 +233,20 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
     }
   }
   __syncthreads();
-  for (int len = 1; len < D; len <<= 1) {
-    for (int i = tid; i < G * D / 2; i += NW * 32) {
-      int g = i / (D / 2), k = i % (D / 2);
-      int i0 = g * D + (k / len) * 2 * len + (k % len);
-      float x = qb[i0], y = qb[i0 + len];
-      qb[i0] = x + y; qb[i0 + len] = x - y;
+  // Walsh-Hadamard butterflies, stages unrolled (constant strides: shifts, no divisions)
+#pragma unroll
+  for (int lg = 0; (1 << lg) < D; ++lg) {
+    const int len = 1 << lg;
+    constexpr int NB = (G * D / 2 + NW * 32 - 1) / (NW * 32);
+#pragma unroll
+    for (int kk = 0; kk < NB; ++kk) {
+      const int i = tid + kk * NW * 32;
+      if (i < G * D / 2) {
+        const int g = i / (D / 2), k = i % (D / 2);
+        const int i0 = g * D + ((k >> lg) << (lg + 1)) + (k & (len - 1));
+        const float x = qb[i0], y = qb[i0 + len];
+        qb[i0] = x + y; qb[i0 + len] = x - y;
+      }
     }
     __syncthreads();
   }
@@ -550,12 +558,12 @@ extern "C" __global__ void __launch_bounds__(D) lut_combine(
     __syncthreads();
     const int n = S - s0 < D ? S - s0 : D;
     int k = 0;
-    for (; k + 8 <= n; k += 8) {
-      float ov[8];
+    for (; k + 16 <= n; k += 16) {
+      float ov[16];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) ov[u] = op[(long long)(s0 + k + u) * 8 * D];
+      for (int u = 0; u < 16; ++u) ov[u] = op[(long long)(s0 + k + u) * 8 * D];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) { O += wsp[k + u] * ov[u]; Lsum += wsp[k + u] * lsp[k + u]; }
+      for (int u = 0; u < 16; ++u) { O += wsp[k + u] * ov[u]; Lsum += wsp[k + u] * lsp[k + u]; }
     }
     for (; k < n; ++k) { O += wsp[k] * op[(long long)(s0 + k) * 8 * D]; Lsum += wsp[k] * lsp[k]; }
     __syncthreads();
