@@ -109,7 +109,7 @@ def supports(codec, q_dtype=torch.bfloat16, G: int | None = None, device=None) -
 
 def default_config(codec) -> dict:
     """Launch configuration per bit width: table fused with the norm code where 16 copies of it fit
-    in 32 KB... else 4 copies (fewer bank conflicts than one)."""
+    in 32 KB (16 copies at 2 bits, 4 at 3 bits), else the (u, v) table alone (4 copies at 4 bits)."""
     st = codec.stage
     fused_entries = 1 << (2 * st.b_u + st.b_r)
     if fused_entries * 8 * 4 <= 32 * 1024:
@@ -117,7 +117,8 @@ def default_config(codec) -> dict:
     else:
         fused = False
         copies = max(1, min(16, (32 * 1024) // ((1 << (2 * st.b_u)) * 8)))
-    return {"fused": fused, "copies": copies, "num_warps": 4, "stages": 4, "mt": 1, "minb": 3}
+    # 8 warps share one table copy per CTA, 2 CTAs per SM (H100 sweep, scripts/gpu_bench_lut.py sweep)
+    return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2}
 
 
 class _Plan:
