@@ -1,0 +1,297 @@
+"""OCTOPUS decode attention with one table lookup per triplet (CUDA, compiled at run time).
+
+Same call as :func:`kernels.triton.decode_attention.decode_attention_fused` and the same stored
+state (nothing about the codec's layout changes): ``decode_attention_lut(q, key_state,
+value_state, codec, window_k, window_v, lengths, window_lengths, scale)``. The kernel source and
+its design are in :mod:`kernels.cuda.decode_lut_src`.
+
+The direction table is derived once per (codec, device) from the codec's codebooks
+(:func:`lut_tables`): entry ``u | v << b_u`` (the (u, v) pair exactly as the u field stores it)
+holds ``octa_decode(c[u], c[v])`` as fp16 (x, y, z, 0), times ``TSCALE``; with ``fused`` the
+norm code joins the index (``| r << 2 b_u``) and the entry holds ``rho_c[r] * direction``.
+No octahedral arithmetic runs per token.
+
+Needs CUDA, a Hopper GPU (``cp.async.bulk``, mbarriers; sm_90) and CuPy (NVRTC). :func:`supports`
+says why a call cannot run; tests compare every path with
+:func:`kernels.attention.decode_attention_torch`.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+
+from .decode_lut_src import SOURCE
+
+TSCALE = 8.0  #: table entries are TSCALE * rho * direction (kept in fp16's normal range)
+_LOG2E = 1.4426950408889634
+#: the latest launch's compiled functions and layout (for the benchmark's register report)
+LAST_LAUNCH: dict = {}
+
+
+# ------------------------------------------------------------------------------------------------
+# tables (pure PyTorch: tested on the CPU)
+# ------------------------------------------------------------------------------------------------
+def lut_tables(b_u: int, b_r: int, d_pad: int, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(table, rho) on the CPU. table: fp16 [NE, 4] with NE = 2^(2 b_u (+ b_r when fused)); row
+    ``u | v << b_u (| r << 2 b_u)`` = TSCALE * (rho_c[r] *) octa_decode(c[u], c[v]), 4th entry 0.
+    rho: fp16 [2^b_r, 2] = (rho_c[r], rho_c[r]) (the unfused kernel multiplies half2 by it)."""
+    from ..joint_rounding import direction_grid
+    from ..lloyd_max import codebook
+
+    K = 1 << b_u
+    p = torch.arange(K * K)
+    u, v = p & (K - 1), p >> b_u
+    dirs = direction_grid(b_u)[u * K + v].double()  # [K*K, 3]
+    rho = codebook("triplet_norm", d_pad, b_r).double()  # [2^b_r]
+    if fused:
+        ent = (rho[:, None, None] * dirs[None]).reshape(-1, 3)  # index r * K*K + p = p | r << 2 b_u
+    else:
+        ent = dirs
+    tab = torch.zeros(ent.shape[0], 4, dtype=torch.float64)
+    tab[:, :3] = ent * TSCALE
+    rho2 = torch.stack((rho, rho), -1)
+    return tab.to(torch.float16), rho2.to(torch.float16)
+
+
+def table_keys(codec, fields: dict, fused: bool = True) -> torch.Tensor:
+    """Rotated-frame keys (unit norm, [..., T, d_pad], float32) rebuilt from the stored fields with
+    the table alone, exactly as the kernel indexes it: the CPU test of the table and its index."""
+    st = codec.stage
+    tab, rho2 = lut_tables(st.b_u, st.b_r, st.d_pad, fused)
+    uv = st.u_field.unpack(fields["u"])  # [..., 2 nt] interleaved u0, v0, u1, v1, ...
+    pair = uv[..., 0::2] | (uv[..., 1::2] << st.b_u)
+    rc = st.r_field.unpack(fields["r"])
+    if fused:
+        e = tab[pair | (rc << (2 * st.b_u))].float()
+    else:
+        e = (tab[pair].float() * rho2[rc][..., :1].float())
+    t = e[..., :3] / TSCALE  # [..., nt, 3]
+    return t.flatten(-2)[..., : st.d_pad]
+
+
+# ------------------------------------------------------------------------------------------------
+# support and configuration
+# ------------------------------------------------------------------------------------------------
+_QT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def supports(codec, q_dtype=torch.bfloat16, G: int | None = None, device=None) -> str | None:
+    """None when :func:`decode_attention_lut` runs this codec, else the reason it does not."""
+    if codec.name != "octopus":
+        return f"codec '{codec.name}' has no table-lookup kernel (octopus only)"
+    D = codec.head_dim
+    if D not in (64, 128):
+        return f"head_dim {D} not in (64, 128)"
+    st = codec.stage
+    if not (1 <= st.b_u <= 5 and 1 <= st.b_r <= 3):
+        return f"OCTOPUS split (b_u={st.b_u}, b_r={st.b_r}) outside b_u <= 5, 1 <= b_r <= 3"
+    vq = codec.value_quantizer
+    if vq.bits not in (2, 3, 4) or vq.group != 32 or vq.padded != D:
+        return f"value quantizer (bits={vq.bits}, group={vq.group}) not supported (bits 2-4, group 32)"
+    if q_dtype not in _QT:
+        return f"query dtype {q_dtype} not supported"
+    if G is not None and G > 8:
+        return f"{G} query heads per KV head (at most 8)"
+    if device is not None:
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            return f"the CUDA kernel needs a CUDA device, got {dev}"
+        if torch.cuda.get_device_capability(dev) < (9, 0):
+            return "the CUDA kernel needs sm_90 (Hopper: cp.async.bulk)"
+    try:
+        import cupy  # noqa: F401
+    except ImportError as e:
+        return f"cupy is not importable ({e})"
+    return None
+
+
+def default_config(codec) -> dict:
+    """Launch configuration per bit width: table fused with the norm code where 16 copies of it fit
+    in 32 KB (16 copies at 2 bits, 4 at 3 bits), else the (u, v) table alone (4 copies at 4 bits)."""
+    st = codec.stage
+    fused_entries = 1 << (2 * st.b_u + st.b_r)
+    if fused_entries * 8 * 4 <= 32 * 1024:
+        fused, copies = True, max(1, min(16, (32 * 1024) // (fused_entries * 8)))
+    else:
+        fused = False
+        copies = max(1, min(16, (32 * 1024) // ((1 << (2 * st.b_u)) * 8)))
+    # 8 warps share one table copy per CTA, 2 CTAs per SM (H100 sweep, scripts/gpu_bench_lut.py sweep)
+    return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2}
+
+
+class _Plan:
+    def __init__(self, codec, device, fused: bool):
+        st = codec.stage
+        tab, rho2 = lut_tables(st.b_u, st.b_r, st.d_pad, fused)
+        self.tab = tab.contiguous().to(device)
+        self.rho = rho2.contiguous().view(torch.int32).reshape(-1).contiguous().to(device)
+        signs = codec.rot.signs[:, 0, :].float()  # [heads, n]
+        self.signs = signs.contiguous().to(device)
+        self.sign_stride = 0 if signs.shape[0] == 1 else signs.shape[1]
+        self.heads = signs.shape[0]
+
+
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_MODULES: dict = {}
+_STREAMS: dict = {}
+
+
+def _plan(codec, device, fused) -> _Plan:
+    per = _PLANS.setdefault(codec, {})
+    key = (str(torch.device(device)), fused)
+    if key not in per:
+        per[key] = _Plan(codec, device, fused)
+    return per[key]
+
+
+def _module(defs: dict):
+    key = tuple(sorted(defs.items()))
+    if key not in _MODULES:
+        import cupy
+
+        head = "".join(f"#define {k} {v}\n" for k, v in defs.items())
+        mod = cupy.RawModule(code=head + SOURCE, options=("-std=c++17",))
+        split = mod.get_function("lut_split")
+        comb = mod.get_function("lut_combine")
+        lay = cupy.ndarray((4,), cupy.int32, mod.get_global("lut_smem_bytes")).get()
+        smem = int(lay[0])
+        if smem > 48 * 1024:
+            split.max_dynamic_shared_size_bytes = smem
+        _MODULES[key] = (split, comb, {"smem": smem, "st_off": int(lay[1]), "stage_bytes": int(lay[2]),
+                                       "tab_bytes": int(lay[3])})
+    return _MODULES[key]
+
+
+def _stream():
+    import cupy
+
+    ptr = torch.cuda.current_stream().cuda_stream
+    s = _STREAMS.get(ptr)
+    if s is None:
+        import warnings
+
+        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for from_external
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr)
+    return s
+
+
+def _as_lengths(lengths, B, device):
+    lens = torch.as_tensor(lengths, device=device)
+    if lens.dtype != torch.int32:
+        lens = lens.to(torch.int32)
+    if lens.shape != (B,):
+        raise ValueError(f"lengths must have shape [{B}], got {tuple(lens.shape)}")
+    return lens.contiguous()
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.data_ptr() % 16:
+        t = t.clone()
+    return t
+
+
+def _choose_splits(tiles: int, heads: int, slots: int) -> int:
+    """Splits per (batch, head) minimising waves x tiles per CTA (as the Triton launcher does)."""
+    best, best_cost = 1, None
+    for waves in range(1, 9):
+        s = max(1, min(tiles, (waves * slots) // heads))
+        per = -(-tiles // s)
+        s = -(-tiles // per)
+        cost = (-(-(heads * s) // slots)) * per + 0.02 * s
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
+def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
+                         window_lengths=None, scale=None, num_splits: int | None = None, return_lse: bool = False,
+                         config: dict | None = None, _parts: str = "both"):
+    """Decode attention over an OCTOPUS-compressed prefix plus a native window (see the module doc).
+    q [B, Hq, 1, D] (fp32/fp16/bf16); states [B, Hkv, T, ...]; window [B, Hkv, W, D].
+    Returns out [B, Hq, 1, D] in q's dtype (and lse [B, Hq], natural log, with ``return_lse``)."""
+    B, Hq, Tq, D = q.shape
+    assert Tq == 1, "decode attention takes one query token"
+    dev = q.device
+    tt = key_state.tensors
+    Hkv, T = tt["norm"].shape[-3], tt["norm"].shape[-2]
+    G = Hq // Hkv
+    why = supports(codec, q.dtype, G, dev)
+    if why:
+        raise RuntimeError(f"decode_attention_lut cannot run: {why}")
+    cfg = default_config(codec) | (config or {})
+    st = codec.stage
+    vq = codec.value_quantizer
+    plan = _plan(codec, dev, cfg["fused"])
+    if plan.heads not in (1, Hkv):
+        raise ValueError(f"codec rotation has {plan.heads} heads, the cache {Hkv}")
+    defs = {"D": D, "G": G, "BU": st.b_u, "BR": st.b_r, "VB": vq.bits, "UB": st.u_field.nbytes,
+            "RB": st.r_field.nbytes, "FUSED": int(cfg["fused"]), "C": cfg["copies"], "NW": cfg["num_warps"],
+            "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q.dtype], "MINB": cfg["minb"]}
+    split_fn, comb_fn, lay = _module(defs)
+    LAST_LAUNCH.update(split=split_fn, combine=comb_fn, layout=lay, defs=defs)
+    nw = cfg["num_warps"]  # (the CTA's merge buffer reuses the stage area, grown to fit where needed)
+
+    fields = [_aligned(tt["norm"]), _aligned(tt["u"]), _aligned(tt["r"]), _aligned(value_state.tensors["codes"]),
+              _aligned(value_state.tensors["scale"]), _aligned(value_state.tensors["zero"])]
+    ptrs = [f.data_ptr() for f in fields]
+    ends = [(f.data_ptr() + f.numel() * f.element_size() + 15) // 16 * 16 for f in fields]
+    qc = q.reshape(B, Hq, D).contiguous()
+    lens = None if lengths is None else _as_lengths(lengths, B, dev)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    tok = 16 * cfg["mt"]
+    tiles = max(1, -(-T // tok))
+    if num_splits is None:  # in units of NW stages (one per warp)
+        nsm = torch.cuda.get_device_properties(dev).multi_processor_count
+        per_sm = max(1, min(cfg["minb"], (227 * 1024) // max(lay["smem"], 1)))
+        nb = -(-tiles // nw)
+        per = -(-nb // _choose_splits(nb, B * Hkv, per_sm * nsm)) * nw
+    else:
+        per = -(-tiles // num_splits)
+    S = max(1, -(-tiles // per))
+    o_part = torch.empty(B * Hkv * S * 8 * D, dtype=torch.float32, device=dev)
+    ml_part = torch.empty(B * Hkv * S * 16, dtype=torch.float32, device=dev)
+    out = torch.empty(B, Hq, 1, D, dtype=q.dtype, device=dev)
+    lse = torch.empty(B, Hq, dtype=torch.float32, device=dev) if return_lse else o_part
+    has_w = window_k is not None and window_k.shape[-2] > 0
+    if has_w:
+        wk, wv = window_k, window_v
+        if wk.dtype != q.dtype:
+            wk = wk.to(q.dtype)
+        if wv.dtype != q.dtype:
+            wv = wv.to(q.dtype)
+        if wk.stride(-1) != 1:
+            wk = wk.contiguous()
+        if wv.stride(-1) != 1:
+            wv = wv.contiguous()
+        W = wk.shape[-2]
+        wl = None if window_lengths is None else _as_lengths(window_lengths, B, dev)
+        wstr = (wk.stride(0), wk.stride(1), wk.stride(2), wv.stride(0), wv.stride(1), wv.stride(2))
+    else:
+        wk = wv = qc
+        W = 0
+        wl = None
+        wstr = (0,) * 6
+
+    import numpy as np
+
+    u64, i32, f32 = np.uint64, np.int32, np.float32
+    qscale = scale * _LOG2E / (math.sqrt(st.d_pad) * TSCALE)
+    with _stream():
+        if _parts != "combine":  # profiling only: "split" / "combine" launch one kernel
+            split_fn((S, B * Hkv), (32 * nw,), (
+                u64(qc.data_ptr()), u64(plan.signs.data_ptr()), i32(plan.sign_stride), u64(plan.tab.data_ptr()),
+                u64(plan.rho.data_ptr()), *[u64(p) for p in ptrs], *[u64(e) for e in ends],
+                u64(lens.data_ptr() if lens is not None else 0), i32(lens is not None), i32(T), i32(Hkv), i32(per),
+                i32(S), f32(qscale), u64(o_part.data_ptr()), u64(ml_part.data_ptr())), shared_mem=lay["smem"])
+        if _parts != "split":
+            comb_fn((B * Hq,), (D,), (
+                u64(qc.data_ptr()), u64(wk.data_ptr()), u64(wv.data_ptr()), u64(wl.data_ptr() if wl is not None else 0),
+                i32(wl is not None), i32(W), *[np.int64(x) for x in wstr], u64(o_part.data_ptr()),
+                u64(ml_part.data_ptr()), i32(S), i32(Hq), i32(Hkv), f32(scale * _LOG2E), u64(out.data_ptr()),
+                u64(lse.data_ptr()), i32(return_lse)))
+    return (out, lse) if return_lse else out

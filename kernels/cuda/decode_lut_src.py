@@ -1,0 +1,576 @@
+"""CUDA C++ source of the table-lookup OCTOPUS decode attention (:mod:`kernels.cuda.decode_lut`).
+
+Compiled by NVRTC (CuPy) with a block of ``#define`` lines in front, one module per
+configuration. Constants: D (head dim, 64 or 128), G (query heads per KV head, <= 8), BU, BR
+(OCTOPUS direction / norm code bits), VB (value bits, 2..4; value groups of 32), UB, RB
+(bytes per token of the u and r fields), FUSED (table indexed by (u, v, r) -> rho * direction;
+else (u, v) -> direction and a rho table), C (table copies, interleaved so that lanes hit
+different banks), NW (warps per CTA), NSTAGE (pipeline stages per warp), MT (16-token tiles per
+stage), QT (query / window / output dtype: 0 fp32, 1 fp16, 2 bf16).
+
+Kernel 1 ``lut_split``, grid (splits, B * Hkv), NW warps. Each warp owns every NW-th stage of
+16 * MT tokens of its CTA's chunk and runs its own pipeline: lane 0 copies the six per-token
+fields of a stage (norm, u, r, value codes, scales, zeros; contiguous over tokens) with
+``cp.async.bulk`` into shared memory, completing on an mbarrier, NSTAGE stages ahead.
+
+Per 16-token tile (lane = 4 * r + c):
+  scores  S^T[16 tok x 8 heads] = K[16 x 4 KS] . Qf^T, mma m16n8k16, KS = ceil(ceil(D/3) / 4)
+          k-steps. Thread c supplies the slots (2c, 2c+1, 2c+8, 2c+9) = (x, y, z, 0) of triplet
+          j = c * KS + s of tokens r and r + 8: ONE 8-byte table load gives both A registers.
+          The query side Qf (rotated once per CTA by a shared-memory Walsh-Hadamard butterfly)
+          stays in 2 * KS registers.
+  softmax per head in the log2 domain, rescaling the accumulators only when a running max grows;
+          P^T goes from the accumulator layout to the B layout of the next product with
+          ``movmatrix.trans`` (two per tile).
+  values  O^T[d x heads] += V^T[16 d x 16 tok] . (P^T * scale). Coordinates are permuted so that
+          every m-tile lies in one value group (its scale folds into B) and each thread's A
+          registers come from one 4-code chunk per group and token pair: 1024 + code (or
+          1024 + 2^VB code) is made exact in fp16 by OR-ing the code into 0x6400 ("magic
+          number"), and a second product with A = -1024 removes the offset exactly.
+          Zero points: one more product Z^T[group x tok] . P^T per tile.
+The CTA merges its warps and writes unnormalised partial outputs and (max, sum) per head.
+
+Kernel 2 ``lut_combine``, grid (B * Hq), D threads: attends the native window and merges the
+splits in one softmax, writes the output (and the natural log-sum-exp).
+"""
+
+SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define NT ((D + 2) / 3)
+#define KS ((NT + 3) / 4)
+#define NGRP (D / 32)
+#define NMT (D / 16)
+#define TOK (16 * MT)
+#define TPAD 32
+#define XN 4
+#define XU UB
+#define XR RB
+#define XV (D * VB / 8)
+#define XS (2 * NGRP)
+#define SZ(X) (TOK * (X) + TPAD)
+#define OFF_N 0
+#define OFF_U (OFF_N + SZ(XN))
+#define OFF_R (OFF_U + SZ(XU))
+#define OFF_V (OFF_R + SZ(XR))
+#define OFF_S (OFF_V + SZ(XV))
+#define OFF_Z (OFF_S + SZ(XS))
+#define STAGE_BYTES (OFF_Z + SZ(XS))
+#if FUSED
+#define NE (1 << (2 * BU + BR))
+#define RHO_BYTES 0
+#else
+#define NE (1 << (2 * BU))
+#define RHO_BYTES ((1 << BR) * 32 * 4)
+#endif
+#define TAB_BYTES (NE * C * 8)
+#define RHO_OFF TAB_BYTES
+#define MB_OFF (((RHO_OFF + RHO_BYTES) + 15) / 16 * 16)
+#define QB_OFF (MB_OFF + ((NW * NSTAGE * 8 + 15) / 16 * 16))
+#define ST_OFF (QB_OFF + 8 * D * 4)
+#define MERGE_BYTES (NW * 8 * D * 4 + NW * 64)
+#define STAGE_AREA (NW * NSTAGE * STAGE_BYTES)
+#define SMEM_BYTES (ST_OFF + (STAGE_AREA > MERGE_BYTES ? STAGE_AREA : MERGE_BYTES))
+#define NWO ((KS * 2 * BU + 31) / 32)
+#define NRO ((KS * BR + 31) / 32)
+#define PM ((1u << (2 * BU)) - 1u)
+#define RM ((1u << BR) - 1u)
+#define VM ((1u << VB) - 1u)
+#define MAGIC 0x64006400u
+#define NEG1024 0xE400E400u
+
+extern "C" __constant__ int lut_smem_bytes[4] = {SMEM_BYTES, ST_OFF, STAGE_BYTES, TAB_BYTES};
+
+__device__ __forceinline__ u32 sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(u32 a, u32 n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(u32 a, u32 tx) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(a), "r"(tx) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 a, u32 par) {
+  asm volatile("{\n\t.reg .pred P1;\n\tLAB_WAIT:\n\t"
+               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
+               "@P1 bra DONE;\n\tbra LAB_WAIT;\n\tDONE:\n\t}" :: "r"(a), "r"(par) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(u32 dst, u64 src, u32 bytes, u32 mbar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
+}
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+  u32 r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+  u32 r; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r;
+}
+__device__ __forceinline__ u32 trans8(u32 a) {
+  u32 r; asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(a)); return r;
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}
+__device__ __forceinline__ float lg2(float x) {
+  float y; asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
+}
+__device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float ldq(const void* p, long long i) {
+#if QT == 0
+  return ((const float*)p)[i];
+#elif QT == 1
+  unsigned short h = ((const unsigned short*)p)[i]; float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+#else
+  unsigned short h = ((const unsigned short*)p)[i]; return __uint_as_float(((u32)h) << 16);
+#endif
+}
+__device__ __forceinline__ void stq(void* p, long long i, float v) {
+#if QT == 0
+  ((float*)p)[i] = v;
+#elif QT == 1
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); ((unsigned short*)p)[i] = h;
+#else
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v)); ((unsigned short*)p)[i] = h;
+#endif
+}
+
+struct Fields {
+  u64 p[6];    // base address of each field (token 0 of batch 0, head 0)
+  u64 end[6];  // end of each field, rounded up to 16 bytes
+};
+
+__device__ __forceinline__ void issue_stage(u32 sdst, u32 mbar, const Fields& f, long long row0) {
+  const u32 X[6] = {XN, XU, XR, XV, XS, XS};
+  const u32 O[6] = {OFF_N, OFF_U, OFF_R, OFF_V, OFF_S, OFF_Z};
+  u64 a[6]; u32 n[6]; u32 tx = 0;
+#pragma unroll
+  for (int k = 0; k < 6; ++k) {
+    u64 st = f.p[k] + (u64)row0 * X[k];
+    a[k] = st & ~15ull;
+    u64 e = a[k] + (u64)(TOK * X[k] + 16);
+    if (e > f.end[k]) e = f.end[k];
+    n[k] = e > a[k] ? (u32)(e - a[k]) : 0u;
+    tx += n[k];
+  }
+  mbar_expect(mbar, tx);
+#pragma unroll
+  for (int k = 0; k < 6; ++k)
+    if (n[k]) bulk_g2s(sdst + O[k], a[k], n[k], mbar);
+}
+
+extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
+    const void* __restrict__ q, const float* __restrict__ signs, int sign_stride,
+    const unsigned char* __restrict__ tab, const u32* __restrict__ rhotab,
+    u64 p0, u64 p1, u64 p2, u64 p3, u64 p4, u64 p5, u64 e0, u64 e1, u64 e2, u64 e3, u64 e4, u64 e5,
+    const int* __restrict__ lens, int has_lens, int T, int Hkv, int tiles_per_cta, int S,
+    float qscale, float* __restrict__ o_part, float* __restrict__ ml_part) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  Fields f;
+  f.p[0] = p0; f.p[1] = p1; f.p[2] = p2; f.p[3] = p3; f.p[4] = p4; f.p[5] = p5;
+  f.end[0] = e0; f.end[1] = e1; f.end[2] = e2; f.end[3] = e3; f.end[4] = e4; f.end[5] = e5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int r = lane >> 2, c = lane & 3;
+  const int s_id = blockIdx.x, bh = blockIdx.y;
+  const int b = bh / Hkv, h = bh % Hkv;
+  int L = T;
+  if (has_lens) { L = lens[b]; L = L < T ? L : T; L = L > 0 ? L : 0; }
+  const int lo = s_id * tiles_per_cta * TOK;
+  int hi = lo + tiles_per_cta * TOK; hi = hi < L ? hi : L;
+  const int ntiles = hi > lo ? (hi - lo + TOK - 1) / TOK : 0;
+  const int my_tiles = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
+  const long long rowbase = (long long)bh * T + lo;
+
+  // ---- pipeline start: barriers, then the first NSTAGE stages of this warp -------------------
+  const u32 mb0 = sa(smem + MB_OFF) + warp * NSTAGE * 8;
+  const u32 st0 = sa(smem + ST_OFF) + warp * NSTAGE * STAGE_BYTES;
+  unsigned char* const stp = smem + ST_OFF + warp * NSTAGE * STAGE_BYTES;
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < NSTAGE; ++k) mbar_init(mb0 + 8 * k, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int k = 0; k < NSTAGE && k < my_tiles; ++k)
+      issue_stage(st0 + k * STAGE_BYTES, mb0 + 8 * k, f, rowbase + (long long)(warp + k * NW) * TOK);
+  }
+
+  // ---- table copies and the rotated query ---------------------------------------------------
+  {
+    const u64* src = (const u64*)tab;
+    u64* dst = (u64*)smem;
+    constexpr int NTE = (NE + NW * 32 - 1) / (NW * 32);
+    u64 tv[NTE];
+#pragma unroll
+    for (int k = 0; k < NTE; ++k) { const int e = tid + k * NW * 32; tv[k] = e < NE ? src[e] : 0ull; }
+#pragma unroll
+    for (int k = 0; k < NTE; ++k) {
+      const int e = tid + k * NW * 32;
+      if (e < NE) {
+#pragma unroll
+        for (int cc = 0; cc < C; ++cc) dst[e * C + cc] = tv[k];
+      }
+    }
+#if !FUSED
+    u32* rdst = (u32*)(smem + RHO_OFF);
+    for (int e = tid; e < (1 << BR) * 32; e += NW * 32) rdst[e] = rhotab[e >> 5];
+#endif
+  }
+  float* qb = (float*)(smem + QB_OFF);
+  {
+    constexpr int NQE = (G * D + NW * 32 - 1) / (NW * 32);
+    float qv[NQE], sv[NQE];
+#pragma unroll
+    for (int k = 0; k < NQE; ++k) {
+      const int i = tid + k * NW * 32;
+      qv[k] = i < G * D ? ldq(q, (long long)bh * G * D + i) : 0.f;
+      sv[k] = i < G * D ? signs[h * sign_stride + (i % D)] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < NQE; ++k) {
+      const int i = tid + k * NW * 32;
+      if (i < G * D) qb[i] = qv[k] * sv[k];
+    }
+  }
+  __syncthreads();
+  // Walsh-Hadamard butterflies, stages unrolled (constant strides: shifts, no divisions)
+#pragma unroll
+  for (int lg = 0; (1 << lg) < D; ++lg) {
+    const int len = 1 << lg;
+    constexpr int NB = (G * D / 2 + NW * 32 - 1) / (NW * 32);
+#pragma unroll
+    for (int kk = 0; kk < NB; ++kk) {
+      const int i = tid + kk * NW * 32;
+      if (i < G * D / 2) {
+        const int g = i / (D / 2), k = i % (D / 2);
+        const int i0 = g * D + ((k >> lg) << (lg + 1)) + (k & (len - 1));
+        const float x = qb[i0], y = qb[i0 + len];
+        qb[i0] = x + y; qb[i0 + len] = x - y;
+      }
+    }
+    __syncthreads();
+  }
+  u32 qf0[KS], qf1[KS];
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    int j = c * KS + s;
+    float x = 0.f, y = 0.f, z = 0.f;
+    if (r < G) {
+      const float* qr = qb + r * D;
+      if (3 * j < D) x = qr[3 * j] * qscale;
+      if (3 * j + 1 < D) y = qr[3 * j + 1] * qscale;
+      if (3 * j + 2 < D) z = qr[3 * j + 2] * qscale;
+    }
+    qf0[s] = pack_h2(x, y);
+    qf1[s] = pack_h2(z, 0.f);
+  }
+
+  // ---- main loop ------------------------------------------------------------------------------
+  float acc[NMT][4], accz[4];
+#pragma unroll
+  for (int m = 0; m < NMT; ++m) { acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f; }
+  accz[0] = accz[1] = accz[2] = accz[3] = 0.f;
+  float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
+  const float NINF = __int_as_float(0xff800000);
+  const u32 laneoff = (u32)(lane % C) * 8u;
+#if VB == 4
+  const u32 vsel = (r & 1) ? 0x7632u : 0x5410u;
+#elif VB == 2
+  const u32 vsel = (u32)(r & 3) * 0x0011u + (u32)(4 + (r & 3)) * 0x1100u;
+#endif
+
+  for (int it = 0; it < my_tiles; ++it) {
+    const int stg = it % NSTAGE;
+    mbar_wait(mb0 + 8 * stg, (u32)((it / NSTAGE) & 1));
+    const unsigned char* sb = stp + stg * STAGE_BYTES;
+    const long long row0 = rowbase + (long long)(warp + it * NW) * TOK;  // global row of the stage's token 0
+    const int tstage = lo + (warp + it * NW) * TOK;                      // its token index
+    const u32 dN = (u32)(f.p[0] + (u64)row0 * XN) & 15u;
+    const u32 dU = (u32)(f.p[1] + (u64)row0 * XU) & 15u;
+    const u32 dR = (u32)(f.p[2] + (u64)row0 * XR) & 15u;
+    const u32 dV = (u32)(f.p[3] + (u64)row0 * XV) & 15u;
+    const u32 dS = (u32)(f.p[4] + (u64)row0 * XS) & 15u;
+    const u32 dZ = (u32)(f.p[5] + (u64)row0 * XS) & 15u;
+#pragma unroll 1
+    for (int mt = 0; mt < MT; ++mt) {
+      const int tb = 16 * mt;
+      if (tstage + tb >= hi) break;
+      // ---------------- keys: one table lookup per triplet, straight into the A registers ----
+      float sc[4] = {0.f, 0.f, 0.f, 0.f};
+      {
+        u32 U[2][NWO], R[2][NRO];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int tt = tb + r + 8 * hh;
+          const u32 ub = (dU + (u32)tt * UB) * 8u + (u32)(c * KS * 2 * BU);
+          const u32* uw = (const u32*)(sb + OFF_U) + (ub >> 5);
+          u32 w[NWO + 1];
+#pragma unroll
+          for (int k = 0; k <= NWO; ++k) w[k] = uw[k];
+#pragma unroll
+          for (int k = 0; k < NWO; ++k) U[hh][k] = __funnelshift_r(w[k], w[k + 1], ub & 31);
+          const u32 rb = (dR + (u32)tt * RB) * 8u + (u32)(c * KS * BR);
+          const u32* rw = (const u32*)(sb + OFF_R) + (rb >> 5);
+          u32 v[NRO + 1];
+#pragma unroll
+          for (int k = 0; k <= NRO; ++k) v[k] = rw[k];
+#pragma unroll
+          for (int k = 0; k < NRO; ++k) R[hh][k] = __funnelshift_r(v[k], v[k + 1], rb & 31);
+        }
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+          u32 a[2][2];
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int o = 2 * BU * s;
+            u32 p;
+            if ((o & 31) + 2 * BU <= 32 || (o >> 5) + 1 >= NWO) p = (U[hh][o >> 5] >> (o & 31)) & PM;
+            else p = __funnelshift_r(U[hh][o >> 5], U[hh][(o >> 5) + 1], o & 31) & PM;
+            const int o2 = BR * s;
+            u32 rc;
+            if ((o2 & 31) + BR <= 32 || (o2 >> 5) + 1 >= NRO) rc = (R[hh][o2 >> 5] >> (o2 & 31)) & RM;
+            else rc = __funnelshift_r(R[hh][o2 >> 5], R[hh][(o2 >> 5) + 1], o2 & 31) & RM;
+#if FUSED
+            const uint2 e = *(const uint2*)(smem + (p | (rc << (2 * BU))) * (8u * C) + laneoff);
+            a[hh][0] = e.x; a[hh][1] = e.y;
+#else
+            const uint2 e = *(const uint2*)(smem + p * (8u * C) + laneoff);
+            const u32 rho = *(const u32*)(smem + RHO_OFF + (rc * 32u + (u32)lane) * 4u);
+            a[hh][0] = hmul2(e.x, rho); a[hh][1] = hmul2(e.y, rho);
+#endif
+          }
+          mma(sc, a[0][0], a[1][0], a[0][1], a[1][1], qf0[s], qf1[s]);
+        }
+      }
+      // ---------------- scores -> probabilities (log2 domain) -----------------------------------
+      const float* nr = (const float*)(sb + OFF_N + dN);
+      const int tA = tstage + tb + r, tB = tA + 8;
+      float s0 = tA < hi ? sc[0] * nr[tb + r] : NINF;
+      float s1 = tA < hi ? sc[1] * nr[tb + r] : NINF;
+      float s2 = tB < hi ? sc[2] * nr[tb + r + 8] : NINF;
+      float s3 = tB < hi ? sc[3] * nr[tb + r + 8] : NINF;
+      float mx0 = fmaxf(s0, s2), mx1 = fmaxf(s1, s3);
+#pragma unroll
+      for (int k = 4; k < 32; k <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, k));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, k));
+      }
+      if (__any_sync(0xffffffffu, (mx0 > m0) | (mx1 > m1))) {
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float al0 = ex2(m0 - n0), al1 = ex2(m1 - n1);
+        m0 = n0; m1 = n1; l0 *= al0; l1 *= al1;
+#pragma unroll
+        for (int m = 0; m < NMT; ++m) { acc[m][0] *= al0; acc[m][1] *= al1; acc[m][2] *= al0; acc[m][3] *= al1; }
+        accz[0] *= al0; accz[1] *= al1; accz[2] *= al0; accz[3] *= al1;
+      }
+      const float p0 = ex2(s0 - m0), p1 = ex2(s1 - m1), p2 = ex2(s2 - m0), p3 = ex2(s3 - m1);
+      l0 += p0 + p2; l1 += p1 + p3;
+      const u32 pb0 = trans8(pack_h2(p0, p1));  // P^T rows: tokens 2c, 2c+1 of head r
+      const u32 pb1 = trans8(pack_h2(p2, p3));  // tokens 2c+8, 2c+9
+      // ---------------- values: codes as exact fp16, scales folded into P, zeros by one product --
+      {
+        const int t0 = tb + 2 * c;  // tokens t0, t0+1, t0+8, t0+9 of the stage
+        const unsigned char* vrow = sb + OFF_V + dV;
+        const u32* s_a = (const u32*)(sb + OFF_S + dS + (t0) * XS);
+        const u32* s_b = (const u32*)(sb + OFF_S + dS + (t0 + 1) * XS);
+        const u32* s_c = (const u32*)(sb + OFF_S + dS + (t0 + 8) * XS);
+        const u32* s_d = (const u32*)(sb + OFF_S + dS + (t0 + 9) * XS);
+        // validity masks of the four tokens, for the last (partial) tile: scales and zeros of
+        // tokens past the end are garbage (possibly NaN) and must not meet p = 0
+        u32 mab = 0xffffffffu, mcd = 0xffffffffu;
+        const int tg = tstage + t0;
+        if (tstage + tb + 16 > hi) {
+          mab = (tg < hi ? 0x0000ffffu : 0u) | (tg + 1 < hi ? 0xffff0000u : 0u);
+          mcd = (tg + 8 < hi ? 0x0000ffffu : 0u) | (tg + 9 < hi ? 0xffff0000u : 0u);
+        }
+        {  // zero points: rows r < NGRP of Z^T are groups
+          u32 za = 0, zb = 0;
+          if (r < NGRP) {
+            const u32 zsel = (r & 1) ? 0x7632u : 0x5410u;
+            const u32* zr = (const u32*)(sb + OFF_Z + dZ);
+            za = __byte_perm(zr[(t0) * (XS / 4) + (r >> 1)], zr[(t0 + 1) * (XS / 4) + (r >> 1)], zsel) & mab;
+            zb = __byte_perm(zr[(t0 + 8) * (XS / 4) + (r >> 1)], zr[(t0 + 9) * (XS / 4) + (r >> 1)], zsel) & mcd;
+          }
+          mma(accz, za, 0u, zb, 0u, pb0, pb1);
+        }
+        const u32 hscale = (u32)(15 + VB) << 10;  // fp16 2^VB in the low half
+        const u32 h2v = hscale | (hscale << 16);
+#pragma unroll
+        for (int gi = 0; gi < NGRP; ++gi) {
+          const u32 ssel = (gi & 1) ? 0x7632u : 0x5410u;
+          const u32 sab = __byte_perm(s_a[gi >> 1], s_b[gi >> 1], ssel) & mab;
+          const u32 scd = __byte_perm(s_c[gi >> 1], s_d[gi >> 1], ssel) & mcd;
+          const u32 b1_0 = hmul2(pb0, sab), b1_1 = hmul2(pb1, scd);  // par 1: p * s
+          const u32 b0_0 = hmul2(b1_0, h2v), b0_1 = hmul2(b1_1, h2v);  // par 0: p * s * 2^VB
+          u32 xa, xb;
+#if VB == 3
+          {
+            const int bit = 96 * gi + 12 * r;
+            const int wi = bit >> 5, sh = bit & 31;
+            const u32* ra = (const u32*)(vrow + (t0) * XV) + wi;
+            const u32* rb = (const u32*)(vrow + (t0 + 1) * XV) + wi;
+            const u32* rc2 = (const u32*)(vrow + (t0 + 8) * XV) + wi;
+            const u32* rd = (const u32*)(vrow + (t0 + 9) * XV) + wi;
+            xa = __byte_perm(__funnelshift_r(ra[0], ra[1], sh), __funnelshift_r(rb[0], rb[1], sh), 0x5410u);
+            xb = __byte_perm(__funnelshift_r(rc2[0], rc2[1], sh), __funnelshift_r(rd[0], rd[1], sh), 0x5410u);
+          }
+#else
+          {
+            const int wi = (VB == 4) ? (4 * gi + (r >> 1)) : (2 * gi + (r >> 2));
+            xa = __byte_perm(((const u32*)(vrow + (t0) * XV))[wi], ((const u32*)(vrow + (t0 + 1) * XV))[wi], vsel);
+            xb = __byte_perm(((const u32*)(vrow + (t0 + 8) * XV))[wi], ((const u32*)(vrow + (t0 + 9) * XV))[wi], vsel);
+          }
+#endif
+          const u32 xa2 = xa >> (2 * VB), xb2 = xb >> (2 * VB);
+          const u32 M0 = VM | (VM << 16), M1 = M0 << VB;
+          float* c0 = acc[2 * gi];
+          mma(c0, (xa & M0) | MAGIC, (xa2 & M0) | MAGIC, (xb & M0) | MAGIC, (xb2 & M0) | MAGIC, b0_0, b0_1);
+          mma(c0, NEG1024, NEG1024, NEG1024, NEG1024, b0_0, b0_1);
+          float* c1 = acc[2 * gi + 1];
+          mma(c1, (xa & M1) | MAGIC, (xa2 & M1) | MAGIC, (xb & M1) | MAGIC, (xb2 & M1) | MAGIC, b1_0, b1_1);
+          mma(c1, NEG1024, NEG1024, NEG1024, NEG1024, b1_0, b1_1);
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0 && it + NSTAGE < my_tiles)
+      issue_stage(st0 + stg * STAGE_BYTES, mb0 + 8 * stg, f, rowbase + (long long)(warp + (it + NSTAGE) * NW) * TOK);
+  }
+
+  // ---- epilogue: per warp, then across the CTA --------------------------------------------------
+#pragma unroll
+  for (int k = 4; k < 32; k <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, k);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, k);
+  }
+  __syncthreads();  // every warp is done with its stages: the stage area becomes the merge buffer
+  float* ow = (float*)(smem + ST_OFF);      // [NW][8][D]
+  float* mlw = ow + NW * 8 * D;             // [NW][8][2]
+  const float inv = 1.0f / (float)(1 << VB);
+#pragma unroll
+  for (int gi = 0; gi < NGRP; ++gi) {
+    const float z0 = __shfl_sync(0xffffffffu, accz[0], gi * 4 + c);
+    const float z1 = __shfl_sync(0xffffffffu, accz[1], gi * 4 + c);
+#pragma unroll
+    for (int par = 0; par < 2; ++par) {
+      const float* a = acc[2 * gi + par];
+      const int d0 = 32 * gi + 4 * r + par, d1 = d0 + 2;
+      float* o0 = ow + (warp * 8 + 2 * c) * D;
+      float* o1 = o0 + D;
+      o0[d0] = a[0] * inv + z0; o1[d0] = a[1] * inv + z1;
+      o0[d1] = a[2] * inv + z0; o1[d1] = a[3] * inv + z1;
+    }
+  }
+  if (r == 0) {
+    mlw[(warp * 8 + 2 * c) * 2] = m0; mlw[(warp * 8 + 2 * c) * 2 + 1] = l0;
+    mlw[(warp * 8 + 2 * c + 1) * 2] = m1; mlw[(warp * 8 + 2 * c + 1) * 2 + 1] = l1;
+  }
+  __syncthreads();
+  const long long part = (long long)bh * S + s_id;
+  for (int i = tid; i < G * D; i += NW * 32) {
+    const int g = i / D, d = i % D;
+    float M = -1e30f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, mlw[(w * 8 + g) * 2]);
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) o += ow[(w * 8 + g) * D + d] * ex2(mlw[(w * 8 + g) * 2] - M);
+    o_part[(part * 8 + g) * D + d] = o;
+    if (d == 0) {
+      float l = 0.f;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) l += mlw[(w * 8 + g) * 2 + 1] * ex2(mlw[(w * 8 + g) * 2] - M);
+      ml_part[(part * 8 + g) * 2] = M;
+      ml_part[(part * 8 + g) * 2 + 1] = l;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+#define WCH (D / 4)
+extern "C" __global__ void __launch_bounds__(D) lut_combine(
+    const void* __restrict__ q, const void* __restrict__ wk, const void* __restrict__ wv,
+    const int* __restrict__ wlens, int has_wlens, int W,
+    long long skb, long long skh, long long skt, long long svb, long long svh, long long svt,
+    const float* __restrict__ o_part, const float* __restrict__ ml_part, int S, int Hq, int Hkv,
+    float sm_log2, void* __restrict__ out, float* __restrict__ lse, int write_lse) {
+  // one (batch, query head) per CTA, one output coordinate per thread. Every loop issues its
+  // loads together (constant trip counts or unrolled batches): the latency of L2 is paid a few
+  // times, not once per split or window token.
+  __shared__ float qs[D];
+  __shared__ float sw[WCH];
+  __shared__ float red[D / 32];
+  __shared__ float wsp[D], lsp[D];
+  const int pid = blockIdx.x, d = threadIdx.x, lane = d & 31, warp = d >> 5;
+  const int b = pid / Hq, hq = pid % Hq, h = hq / G, g = hq % G;
+  const long long bh = (long long)b * Hkv + h;
+  const float* ml = ml_part + bh * S * 16;
+  // ---- the largest split max (splits in parallel) --------------------------------------------
+  float cm = -1e30f;
+  for (int s = d; s < S; s += D) cm = fmaxf(cm, ml[(s * 8 + g) * 2]);
+#pragma unroll
+  for (int k = 16; k > 0; k >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, k));
+  if (lane == 0) red[warp] = cm;
+  int wl = W;
+  if (has_wlens) { wl = wlens[b]; wl = wl < W ? wl : W; }
+  if (wl > 0) qs[d] = ldq(q, (long long)pid * D + d);
+  __syncthreads();
+  float M = -1e30f;
+#pragma unroll
+  for (int k = 0; k < D / 32; ++k) M = fmaxf(M, red[k]);
+  float Lsum = 0.f, O = 0.f;
+  // ---- native window, WCH tokens per pass: 4 lanes per token, D / 4 coordinates each ----------
+  for (int c0 = 0; c0 < wl; c0 += WCH) {
+    const int n = wl - c0 < WCH ? wl - c0 : WCH;
+    const int t = d >> 2, part = d & 3;
+    float a = 0.f;
+    if (t < n) {
+      const long long base = b * skb + h * skh + (long long)(c0 + t) * skt + part * (D / 4);
+#pragma unroll
+      for (int e = 0; e < D / 4; ++e) a += qs[part * (D / 4) + e] * ldq(wk, base + e);
+    }
+    a += __shfl_xor_sync(0xffffffffu, a, 1);
+    a += __shfl_xor_sync(0xffffffffu, a, 2);
+    if (part == 0 && t < WCH) sw[t] = t < n ? a * sm_log2 : -1e30f;
+    __syncthreads();
+    float cmw = -1e30f;
+#pragma unroll
+    for (int k = 0; k < WCH; ++k) cmw = fmaxf(cmw, sw[k]);
+    const float nm = fmaxf(M, cmw), al = ex2(M - nm);
+    O *= al; Lsum *= al; M = nm;
+    float vv[WCH];
+#pragma unroll
+    for (int k = 0; k < WCH; ++k) vv[k] = k < n ? ldq(wv, b * svb + h * svh + (long long)(c0 + k) * svt + d) : 0.f;
+#pragma unroll
+    for (int k = 0; k < WCH; ++k) {
+      const float p = k < n ? ex2(sw[k] - M) : 0.f;
+      Lsum += p;
+      O += p * vv[k];
+    }
+    __syncthreads();
+  }
+  // ---- splits: weights in parallel, then every thread sums its coordinate ----------------------
+  const float* op = o_part + bh * S * 8 * D + g * D + d;
+  for (int s0 = 0; s0 < S; s0 += D) {
+    const int s = s0 + d;
+    wsp[d] = s < S ? ex2(ml[(s * 8 + g) * 2] - M) : 0.f;
+    lsp[d] = s < S ? ml[(s * 8 + g) * 2 + 1] : 0.f;
+    __syncthreads();
+    const int n = S - s0 < D ? S - s0 : D;
+    int k = 0;
+    for (; k + 16 <= n; k += 16) {
+      float ov[16];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) ov[u] = op[(long long)(s0 + k + u) * 8 * D];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) { O += wsp[k + u] * ov[u]; Lsum += wsp[k + u] * lsp[k + u]; }
+    }
+    for (; k < n; ++k) { O += wsp[k] * op[(long long)(s0 + k) * 8 * D]; Lsum += wsp[k] * lsp[k]; }
+    __syncthreads();
+  }
+  stq(out, (long long)pid * D + d, Lsum > 0.f ? O / Lsum : 0.f);
+  if (write_lse && d == 0) lse[pid] = Lsum > 0.f ? (M + lg2(Lsum)) * 0.6931471805599453f : __int_as_float(0xff800000);
+}
+"""
