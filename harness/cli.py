@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import sys
@@ -168,10 +169,19 @@ def cmd_report(a) -> int:
     return 0
 
 
+def _opt_text(value) -> str:
+    """An option's default as --codec-opt takes it back ("4,2" for a tuple, "none" for None)."""
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def cmd_list(a) -> int:
     from adapters.registry import list_models
     from harness.tasks import UNAVAILABLE, list_tasks
-    from kernels import list_codecs
+    from kernels import codec_class, list_codecs
     from metrics import list_metrics
 
     print("models:")
@@ -180,6 +190,13 @@ def cmd_list(a) -> int:
     print("codecs (bits):")
     for name, bits in list_codecs().items():
         print(f"  {name:<26} {','.join(map(str, bits))}")
+        opts = codec_class(name).Options
+        hints = typing.get_type_hints(opts)
+        for f in dataclasses.fields(opts):
+            tp = hints[f.name]
+            shown = ("one of " + "|".join(map(str, typing.get_args(tp)))) if typing.get_origin(tp) is typing.Literal \
+                else str(tp).replace("typing.", "")
+            print(f"      --codec-opt {name}.{f.name}={_opt_text(f.default)}  ({shown})")
     print("tasks:")
     for name, cls in list_tasks().items():
         print(f"  {name:<26} {cls.modality:<6} metrics: {', '.join(cls.metrics)}")

@@ -12,10 +12,10 @@ modality's module; a quantity measured in several modalities is defined once in
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable
 
-_MODULES = ("metrics.shared", "metrics.text", "metrics.video", "metrics.audio", "metrics.probe")
 MODALITIES = ("text", "video", "audio", "probe")
 SCALES = ("linear", "log", "dB")  # "log": plotted on a log axis; "dB": already logarithmic
 
@@ -76,19 +76,32 @@ def register_metric(name: str, modality: str, **definition):
     return wrap
 
 
+#: module name -> why it could not be imported (a missing optional dependency)
+UNAVAILABLE: dict[str, str] = {}
+
+
 def _import_all() -> None:
-    for mod in _MODULES:
+    """Import every module of the ``metrics`` package (each registers its metrics), the shared
+    definitions first; a module whose third-party dependency is missing is recorded, not fatal."""
+    import metrics
+
+    names = ["shared"] + sorted(i.name for i in pkgutil.iter_modules(metrics.__path__)
+                                if not i.name.startswith("_") and i.name not in ("registry", "shared"))
+    for name in names:
         try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
+            importlib.import_module(f"metrics.{name}")
+        except ImportError as e:
+            missing = getattr(e, "name", None) or ""
+            if missing.split(".")[0] == "metrics":  # a bug in our own code still raises
                 raise
+            UNAVAILABLE[name] = f"needs '{missing or e}' ({e})"
 
 
 def get_metric(name: str) -> Metric:
     _import_all()
     if name not in METRICS:
-        raise ValueError(f"Unknown metric '{name}'. Available: {', '.join(sorted(METRICS))}")
+        extra = "".join(f"; 'metrics.{m}' is unavailable: {why}" for m, why in sorted(UNAVAILABLE.items()))
+        raise ValueError(f"Unknown metric '{name}'. Available: {', '.join(sorted(METRICS))}{extra}")
     return METRICS[name]
 
 

@@ -6,7 +6,7 @@ joint rounding, and bit packing in one kernel; it writes the reference state
 Every step follows the PyTorch reference operation for operation (IEEE division and square
 root, the same butterfly order, no multiply-add contraction), so the state matches the
 reference byte for byte except where float summation order differs (the key norm, the
-3-term dot products) and moves a value across a decision boundary: tests/test_triton_encode.py
+3-term dot products) and moves a value across a decision boundary: tests/kernels/triton/test_triton_encode.py
 states the tolerance (a tiny fraction of codes, each off by one neighbour).
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ TurboQuant-MSE):
 
 Same operations as the reference (IEEE division and square root, the reference butterfly order),
 so codes match byte for byte except where the key norm's summation order moves a rotated
-coordinate across a decision threshold (tests/test_triton_encode.py states the tolerance).
+coordinate across a decision threshold (tests/kernels/triton/test_triton_encode.py states the tolerance).
 """
 from __future__ import annotations
 

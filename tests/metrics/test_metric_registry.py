@@ -39,3 +39,20 @@ def test_duplicates_and_unknowns_are_rejected():
     with pytest.raises(ValueError, match="metric 'lsd' has no 'text' implementation. Available: audio"):
         get_metric("lsd").impl("text")
     assert "test-ln" not in METRICS and "bleu" not in METRICS
+
+
+def test_every_module_of_the_package_is_discovered():
+    """No hand-kept list: every metrics module is imported and registers what it defines."""
+    import importlib
+    import pkgutil
+
+    import metrics
+    from metrics import list_metrics
+
+    mods = [i.name for i in pkgutil.iter_modules(metrics.__path__) if i.name not in ("registry", "shared")]
+    assert {"text", "video", "audio", "probe"} <= set(mods)
+    registered = {fn.__module__ for m in list_metrics().values() for fn in m.impls.values()}
+    for name in mods:
+        mod = importlib.import_module(f"metrics.{name}")
+        if any(getattr(v, "__module__", None) == mod.__name__ for v in vars(mod).values() if callable(v)):
+            assert f"metrics.{name}" in registered, f"metrics.{name} registers nothing"

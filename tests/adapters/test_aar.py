@@ -241,7 +241,7 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path, capsys):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_audio_rollout.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_audio_rollout.py"
     spec = importlib.util.spec_from_file_location("gpu_audio_rollout", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -6,7 +6,7 @@ the reference's rotated keys (fp16 table entries: ~2e-4 relative), and :func:`su
 what the kernel does not cover. GPU (sm_90 and CuPy; skipped elsewhere): the kernel itself, at
 2/3/4 bits, fused and unfused tables, head dims 64/128, GQA groups 1-8, batches with per-sequence
 lengths (an empty one too), windows with per-sequence lengths, fp32/fp16/bf16 queries, many
-splits and a partial last tile. Tolerances as tests/test_triton_decode_attention.py: fp16
+splits and a partial last tile. Tolerances as tests/kernels/triton/test_triton_decode_attention.py: fp16
 tensor-core operands (keys, query features, probabilities, P * scale) put the fp32-query output
 within ~1e-3 of the fp32 reference; bf16/fp16 outputs add their own rounding.
 """

@@ -274,7 +274,7 @@ def test_random_prompt_embeddings_and_tiny_geometry():
 def test_gpu_script_tiny_on_cpu(capsys):
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_video_rollout.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_video_rollout.py"
     spec = importlib.util.spec_from_file_location("gpu_video_rollout", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

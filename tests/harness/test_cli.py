@@ -24,6 +24,19 @@ def test_list(capsys):
     for word in ("models:", "smollm2-135m", "qwen2.5-7b-instruct-1m", "codecs (bits):", CODEC, "tasks:",
                  "perplexity", "needle", "--task-opt needle.contexts=", "metrics (direction):", "kl"):
         assert word in out
+    # every codec option is listed with its default, in the form --codec-opt reads back
+    from harness.config import RunConfig
+    from kernels import codec_class, list_codecs
+
+    for line in out.splitlines():
+        if "--codec-opt" in line:
+            name, opt = line.split()[1].split(".", 1)
+            key, default = opt.split("=", 1)
+            parsed = RunConfig(codecs=[name], codec_options={name: {key: default}}).codec_options_for(name)
+            assert parsed == {key: getattr(codec_class(name).Options(), key)}
+    assert "--codec-opt octopus.rounding=local  (one of local|full|nearest)" in out
+    assert sum("--codec-opt" in line for line in out.splitlines()) == sum(
+        len(codec_class(c).Options.__dataclass_fields__) for c in list_codecs())
 
 
 def test_run_compare_report(ckpt, tmp_path, capsys):
