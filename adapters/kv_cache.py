@@ -48,7 +48,7 @@ class CacheConfig:
     value_group: int = 32
     seed: int = 0
     attend: str = "score"  # ATTENDS: "score": codec score path; "reconstruct": decode keys then attend
-    backend: str = "auto"  # BACKENDS: "auto" (fused kernel on CUDA), "triton", "torch"
+    backend: str = "auto"  # BACKENDS: "auto" (fused kernels on CUDA), "lut", "triton", "torch"
     options: dict = field(default_factory=dict)  # the codec's options (its Options fields), checked
     #: keep the decoded committed keys/values of non-estimator codecs between reads (speed only:
     #: decoding is deterministic, so results are identical; not counted as cache bytes)

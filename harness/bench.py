@@ -1,13 +1,15 @@
 """``harness bench``: fused decode-attention latency and bandwidth, and fused encode throughput.
 
-Per (shape, batch, context, codec, bits): one decode step of the fused kernel
-(:func:`kernels.triton.decode_attention.decode_attention_fused`) against, in the same process,
-(a) torch SDPA in bf16 on the uncompressed cache (flash backend) and (b) dequantize-then-SDPA
-(the codec's PyTorch decode of keys and values, then SDPA). Reported: latency per step, ratios,
-compulsory bytes per step (compressed states + native window + query), achieved bandwidth as a
-fraction of a device-to-device copy measured in the same run, the extra device memory one step
-allocates (vs the size of a full-precision key tensor), and encode throughput of the fused
-encoders vs the PyTorch reference. Writes bench.json and bench.md under --out
+Per (shape, batch, context, codec, bits): one decode step of the fused Triton kernel
+(:func:`kernels.triton.decode_attention.decode_attention_fused`) and, where it covers the codec,
+the table-lookup CUDA kernel (:func:`kernels.cuda.decode_lut.decode_attention_lut`, OCTOPUS; the
+path 'auto' takes first) against, in the same process, (a) torch SDPA in bf16 on the uncompressed
+cache (flash backend) and (b) dequantize-then-SDPA (the codec's PyTorch decode of keys and
+values, then SDPA). Reported: latency per step, ratios, compulsory bytes per step (compressed
+states + native window + query), the bytes floor (those bytes / copy bandwidth), achieved
+bandwidth as a fraction of a device-to-device copy measured in the same run, the fixed cost (the
+time at the shortest context), the extra device memory one step allocates (vs the size of a
+full-precision key tensor), and encode throughput of the fused encoders vs the PyTorch reference. Writes bench.json and bench.md under --out
 (default reports/bench-<timestamp>/) and prints the table.
 
 Timing: CUDA-graph replays (triton.testing.do_bench_cudagraph, median); each timed call cycles
@@ -70,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-n", type=int, default=None, help="override the kernel's BLOCK_N")
     p.add_argument("--num-warps", type=int, default=None)
     p.add_argument("--num-splits", type=int, default=None)
+    p.add_argument("--no-lut", action="store_true", help="skip the table-lookup CUDA kernel")
+    p.add_argument("--lut-config", default=None, help="JSON launch config for the table-lookup kernel")
+    p.add_argument("--no-triton", action="store_true",
+                   help="skip timing the Triton kernel (rows then report the table-lookup kernel alone)")
     p.add_argument("--tune", action="store_true",
                    help="time the launch variants in TUNE_VARIANTS per row and report the best (slower)")
     p.add_argument("--out", default=None, help="output folder (default reports/bench-<timestamp>)")
@@ -152,8 +158,9 @@ def sdpa_backend_fn(q, k, v, gqa):
     return (lambda: _sdpa(q, k, v, gqa)), "default"
 
 
-def check_correctness(codec, Hq, Hkv, d, dev) -> float:
-    """Relative error of the fused kernel vs the PyTorch reference on real encoded keys."""
+def check_correctness(codec, Hq, Hkv, d, dev, kernel=None) -> float:
+    """Relative error of a fused kernel (default: the Triton one) vs the PyTorch reference on real
+    encoded keys."""
     from kernels.attention import decode_attention_torch
     from kernels.triton.decode_attention import decode_attention_fused
 
@@ -165,7 +172,7 @@ def check_correctness(codec, Hq, Hkv, d, dev) -> float:
     wv = torch.randn(2, Hkv, 24, d, device=dev, generator=g).to(torch.bfloat16)
     ks, vs = codec.encode(k), codec.encode_values(v)
     lens = torch.tensor([1000, 613], dtype=torch.int32, device=dev)
-    out = decode_attention_fused(q, ks, vs, codec, wk, wv, lens)
+    out = (kernel or decode_attention_fused)(q, ks, vs, codec, wk, wv, lens)
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lens)
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
@@ -205,6 +212,8 @@ def run(args) -> dict:
     import triton
 
     from kernels import make_codec
+    from kernels.cuda.decode_lut import LAST_LAUNCH, decode_attention_lut
+    from kernels.cuda.decode_lut import supports as lut_supports
     from kernels.triton.decode_attention import _launch, supports
 
     dev = torch.device("cuda")
@@ -216,8 +225,9 @@ def run(args) -> dict:
         "command": "harness bench " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
         "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
         "triton": triton.__version__, "python": platform.python_version(), "config": vars(args) | {"argv": None},
-        "rows": [], "encode": [], "correctness": {},
+        "rows": [], "encode": [], "correctness": {}, "lut_refused": {},
     }
+    lut_cfg = json.loads(args.lut_config) if args.lut_config else None
     bw_copy = copy_bandwidth(dev)
     result["copy_bandwidth_Bps"] = bw_copy
     print(f"device {props.name}: copy bandwidth {bw_copy / 1e9:.0f} GB/s (read + write)", flush=True)
@@ -259,11 +269,28 @@ def run(args) -> dict:
                         ncp = max(1, min(32, math.ceil(L2_FLUSH_BYTES / st_bytes)))
                         states = [(ks, vs)] + [random_state(codec, B, Hkv, T, dev, gen) for _ in range(ncp - 1)]
 
-                        def timed(kw, states=states, codec=codec):
+                        def timed(kw, states=states, codec=codec, fn=_launch):
                             def fused_all():
                                 for a, b in states:
-                                    _launch(q, a, b, codec, wk, wv, **kw)
+                                    fn(q, a, b, codec, wk, wv, **kw)
                             return _time(fused_all, rep) / ncp
+
+                        # the table-lookup CUDA kernel, where it covers the codec (its reason otherwise)
+                        t_lut, lut_info = None, {}
+                        why_lut = "--no-lut" if args.no_lut else lut_supports(codec, q.dtype, Hq // Hkv, dev, Hkv)
+                        if why_lut is None:
+                            kl = f"{shape}/{name}@{bits} lut"
+                            if kl not in result["correctness"]:
+                                result["correctness"][kl] = check_correctness(codec, Hq, Hkv, d, dev,
+                                                                              decode_attention_lut)
+                            t_lut = timed({"config": lut_cfg} if lut_cfg else {}, fn=decode_attention_lut)
+                            sf = LAST_LAUNCH.get("split")
+                            lut_info = {"regs": getattr(sf, "num_regs", None),
+                                        "local_bytes": getattr(sf, "local_size_bytes", None),
+                                        "smem": LAST_LAUNCH.get("layout", {}).get("smem"),
+                                        "defs": dict(LAST_LAUNCH.get("defs", {}))}
+                        else:
+                            result["lut_refused"][f"{name}@{bits}"] = why_lut
 
                         variants = {}
                         if args.tune:
@@ -279,6 +306,8 @@ def run(args) -> dict:
                                       f"smem {getattr(kk.metadata, 'shared', '?')}", flush=True)
                             print("   tune " + ", ".join(f"{k}: {v * 1e6:.1f}" for k, v in variants.items()),
                                   flush=True)
+                        elif args.no_triton and t_lut is not None:
+                            t_fused = None
                         else:
                             t_fused = timed(tune)
                         # extra memory one step allocates (workspace), vs a full-precision key tensor
@@ -299,22 +328,30 @@ def run(args) -> dict:
                             t_deq = _time_eager(deq, max(rep // 2, 20))
                         del states
                         step_bytes = st_bytes + 2 * wk.numel() * 2 + q.numel() * 2 * 2
-                        bw = step_bytes / t_fused
+                        # the path decode_attention's 'auto' takes: the LUT kernel where it runs, else Triton
+                        best = t_lut if t_lut is not None else t_fused
+                        bw = step_bytes / best
+                        us = (lambda t: None if t is None else t * 1e6)
+                        ratio = (lambda t, ref: None if t is None or ref is None else t / ref)
                         row = {
                             "shape": shape, "batch": B, "context": ctx, "codec": name, "bits": bits,
-                            "fused_us": t_fused * 1e6, "sdpa_us": t_sdpa * 1e6, "sdpa_backend": sdpa_name,
-                            "ratio_vs_sdpa": t_fused / t_sdpa,
+                            "fused_us": us(t_fused), "lut_us": us(t_lut), "sdpa_us": t_sdpa * 1e6,
+                            "sdpa_backend": sdpa_name, "auto_path": "lut" if t_lut is not None else "triton",
+                            "ratio_vs_sdpa": ratio(t_fused, t_sdpa), "lut_ratio_vs_sdpa": ratio(t_lut, t_sdpa),
+                            "best_ratio_vs_sdpa": best / t_sdpa,
                             "dequant_sdpa_us": None if t_deq is None else t_deq * 1e6,
-                            "ratio_vs_dequant": None if t_deq is None else t_fused / t_deq,
+                            "ratio_vs_dequant": ratio(best, t_deq),
                             "bytes_per_step": step_bytes, "sdpa_bytes_per_step": kv_bytes,
+                            "floor_us": step_bytes / bw_copy * 1e6,
                             "achieved_Bps": bw, "frac_of_copy_bw": bw / bw_copy,
+                            "fused_frac_of_copy_bw": None if t_fused is None else step_bytes / t_fused / bw_copy,
                             "sdpa_frac_of_copy_bw": kv_bytes / t_sdpa / bw_copy,
                             "extra_alloc_bytes": extra, "fp_key_tensor_bytes": key_fp,
-                            "tune_us": {k: v * 1e6 for k, v in variants.items()},
+                            "tune_us": {k: v * 1e6 for k, v in variants.items()}, "lut_kernel": lut_info,
                         }
                         if name in TARGETS and ctx >= 32 * 1024:
                             row["target_ratio"] = TARGETS[name].get(bits)
-                            row["meets_ratio"] = row["ratio_vs_sdpa"] <= TARGETS[name].get(bits, 0)
+                            row["meets_ratio"] = row["best_ratio_vs_sdpa"] <= TARGETS[name].get(bits, 0)
                             if bits in (2, 3):
                                 row["meets_bw"] = row["frac_of_copy_bw"] >= TARGET_BW
                         result["rows"].append(row)
@@ -335,46 +372,78 @@ def run(args) -> dict:
     return result
 
 
-HEADER = ("shape", "B", "ctx", "codec", "b", "fused us", "sdpa us", "x sdpa", "deq us", "x deq", "MB/step",
-          "GB/s", "of copy", "extra MB", "fp-key MB")
+HEADER = ("shape", "B", "ctx", "codec", "b", "sdpa us", "triton us", "tri x sdpa", "lut us", "lut x sdpa",
+          "deq us", "x deq", "MB/step", "floor us", "GB/s", "of copy", "extra MB", "fp-key MB")
+
+
+def _f(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _cells(r: dict) -> list[str]:
+    """One row's cells in HEADER's order; GB/s and 'of copy' are the path 'auto' takes (LUT where it runs)."""
+    return [r["shape"], str(r["batch"]), f"{r['context'] // 1024}k", r["codec"], str(r["bits"]),
+            f"{r['sdpa_us']:.1f}", _f(r["fused_us"], ".1f"), _f(r["ratio_vs_sdpa"], ".3f"),
+            _f(r.get("lut_us"), ".1f"), _f(r.get("lut_ratio_vs_sdpa"), ".3f"),
+            _f(r["dequant_sdpa_us"], ".0f"), _f(r["ratio_vs_dequant"], ".3f"),
+            f"{r['bytes_per_step'] / 1e6:.2f}", _f(r.get("floor_us"), ".1f"), f"{r['achieved_Bps'] / 1e9:.0f}",
+            f"{r['frac_of_copy_bw']:.2f}", f"{r['extra_alloc_bytes'] / 1e6:.2f}", f"{r['fp_key_tensor_bytes'] / 1e6:.1f}"]
 
 
 def _row_line(r: dict) -> str:
-    deq = "-" if r["dequant_sdpa_us"] is None else f"{r['dequant_sdpa_us']:.0f}"
-    rdeq = "-" if r["ratio_vs_dequant"] is None else f"{r['ratio_vs_dequant']:.3f}"
-    return (f"{r['shape']:<11} {r['batch']:>2} {r['context'] // 1024:>4}k {r['codec']:<15} {r['bits']} "
-            f"{r['fused_us']:>8.1f} {r['sdpa_us']:>8.1f} {r['ratio_vs_sdpa']:>6.3f} {deq:>7} {rdeq:>6} "
-            f"{r['bytes_per_step'] / 1e6:>8.2f} {r['achieved_Bps'] / 1e9:>6.0f} {r['frac_of_copy_bw']:>6.2f} "
-            f"{r['extra_alloc_bytes'] / 1e6:>7.2f} {r['fp_key_tensor_bytes'] / 1e6:>8.1f}")
+    c = _cells(r)
+    return f"{c[0]:<11} {c[1]:>2} {c[2]:>5} {c[3]:<15} {c[4]} " + " ".join(f"{x:>7}" for x in c[5:])
+
+
+def fixed_costs(rows: list[dict]) -> list[dict]:
+    """Per (shape, batch, codec, bits): the rows at the shortest context timed (the fixed cost of a step)."""
+    first: dict = {}
+    for r in rows:
+        k = (r["shape"], r["batch"], r["codec"], r["bits"])
+        if k not in first or r["context"] < first[k]["context"]:
+            first[k] = r
+    return list(first.values())
 
 
 def to_markdown(res: dict) -> str:
     lines = [f"# harness bench — {res['device']}", "",
              f"`{res['command']}`", "",
              f"torch {res['torch']}, triton {res['triton']}; copy bandwidth {res['copy_bandwidth_Bps'] / 1e9:.0f} GB/s "
-             "(read + write). Latency per decode step (CUDA-graph replay, median); 'x sdpa' = fused / bf16 SDPA "
-             "(flash) on the uncompressed cache; 'x deq' = fused / (PyTorch decode + SDPA); MB/step = compulsory "
-             "bytes (compressed states + native window + query); 'of copy' = achieved / copy bandwidth; "
-             "'extra MB' = device memory one fused step allocates (split workspace), next to the size a "
-             "full-precision key tensor would take.", "",
+             "(read + write). Latency per decode step (CUDA-graph replay, median); 'triton' = the fused Triton "
+             "kernel, 'lut' = the table-lookup CUDA kernel (OCTOPUS; what backend 'auto' runs where it applies); "
+             "'x sdpa' = that kernel / bf16 SDPA (flash) on the uncompressed cache; 'x deq' = the 'auto' path / "
+             "(PyTorch decode + SDPA); MB/step = compulsory bytes (compressed states + native window + query); "
+             "floor = MB/step / copy bandwidth; GB/s and 'of copy' = achieved bandwidth of the 'auto' path "
+             "(LUT where it runs) / copy bandwidth; 'extra MB' = device memory one Triton step allocates (split "
+             "workspace), next to the size a full-precision key tensor would take.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in res["rows"]:
-        deq = "-" if r["dequant_sdpa_us"] is None else f"{r['dequant_sdpa_us']:.0f}"
-        rdeq = "-" if r["ratio_vs_dequant"] is None else f"{r['ratio_vs_dequant']:.3f}"
-        lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['codec']} | {r['bits']} | "
-                     f"{r['fused_us']:.1f} | {r['sdpa_us']:.1f} | {r['ratio_vs_sdpa']:.3f} | {deq} | {rdeq} | "
-                     f"{r['bytes_per_step'] / 1e6:.2f} | {r['achieved_Bps'] / 1e9:.0f} | {r['frac_of_copy_bw']:.2f} | "
-                     f"{r['extra_alloc_bytes'] / 1e6:.2f} | {r['fp_key_tensor_bytes'] / 1e6:.1f} |")
+        lines.append("| " + " | ".join(_cells(r)) + " |")
+    fixed = fixed_costs(res["rows"])
+    if fixed:
+        lines += ["", "## Fixed cost (the time at the shortest context timed)", "",
+                  "| shape | B | ctx | codec | b | sdpa us | triton us | lut us | floor us |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in fixed:
+            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['codec']} | {r['bits']} | "
+                         f"{r['sdpa_us']:.1f} | {_f(r['fused_us'], '.1f')} | {_f(r.get('lut_us'), '.1f')} | "
+                         f"{_f(r.get('floor_us'), '.1f')} |")
     tgt = [r for r in res["rows"] if "target_ratio" in r]
     if tgt:
-        lines += ["", "## Targets (OCTOPUS, context >= 32k): latency <= 0.5x SDPA at 2-3 bits (0.7x at 4) and "
-                  ">= 60% of copy bandwidth at 2-3 bits", "",
-                  "| shape | B | ctx | bits | x sdpa | meets | of copy | meets |", "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "## Targets (OCTOPUS, context >= 32k, the path 'auto' takes): latency <= 0.5x SDPA at 2-3 "
+                  "bits (0.7x at 4) and >= 60% of copy bandwidth at 2-3 bits", "",
+                  "| shape | B | ctx | bits | path | x sdpa | meets | of copy | meets |", "|---|---|---|---|---|---|---|---|---|"]
         for r in tgt:
             bw = "-" if "meets_bw" not in r else ("yes" if r["meets_bw"] else "no")
             lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['bits']} | "
-                         f"{r['ratio_vs_sdpa']:.3f} | {'yes' if r['meets_ratio'] else 'no'} | "
-                         f"{r['frac_of_copy_bw']:.2f} | {bw} |")
+                         f"{r.get('auto_path', 'triton')} | {r.get('best_ratio_vs_sdpa', r['ratio_vs_sdpa']):.3f} | "
+                         f"{'yes' if r['meets_ratio'] else 'no'} | {r['frac_of_copy_bw']:.2f} | {bw} |")
+    if res.get("lut_refused"):
+        lines += ["", "## Table-lookup kernel not run", ""]
+        lines += [f"- {k}: {v}" for k, v in res["lut_refused"].items()]
+    lut = next((r["lut_kernel"] for r in reversed(res["rows"]) if r.get("lut_kernel")), None)
+    if lut:
+        lines += ["", f"lut_split (last row): {lut.get('regs')} registers, {lut.get('local_bytes')} B local, "
+                  f"{lut.get('smem')} B shared"]
     if res["encode"]:
         lines += ["", "## Encode throughput (4 KV heads, d=128, bf16 keys)", "",
                   "| codec | bits | fused M vec/s | torch M vec/s | speedup | bytes equal |", "|---|---|---|---|---|---|"]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from adapters.kv_cache import DEFAULT_RESIDUAL, CacheConfig
+from kernels.backend import BACKENDS
 
 from .rows import dumps
 
@@ -65,7 +66,7 @@ class RunConfig:
     value_group: int = field(default=32, metadata=cli("value quantization group size"))
     attend: str = field(default="score", metadata=cli(
         "read keys through each codec's score estimator or its reconstruction", choices=("score", "reconstruct")))
-    backend: str = field(default="auto", metadata=cli("attention backend", choices=("auto", "triton", "torch")))
+    backend: str = field(default="auto", metadata=cli("attention backend", choices=BACKENDS))
     device: str = field(default="auto", metadata=cli("auto (cuda if available), cpu, cuda, cuda:1, ..."))
     dtype: str = field(default="auto", metadata=cli(
         "auto (float32 on cpu, bfloat16 on cuda), float32, bfloat16, float16"))

@@ -6,9 +6,11 @@ flight, with masks, causal order and per-sequence lengths, in one float32 softma
 (:meth:`adapters.kv_cache.LayerKV.attend`) and the decode-step reference
 (:func:`decode_attention_torch`) both call it.
 
-:func:`decode_attention` attends one query token per sequence: on CUDA the fused Triton kernel
-(:mod:`kernels.triton.decode_attention`) where it covers the codec, else :func:`attend`; the choice
-is :func:`kernels.backend.use_fused`'s ('auto' | 'triton' | 'torch', env ``KVCODEC_BACKEND``).
+:func:`decode_attention` attends one query token per sequence: on CUDA the table-lookup CUDA
+kernel (:mod:`kernels.cuda.decode_lut`, OCTOPUS) where it covers the call, else the fused Triton
+kernel (:mod:`kernels.triton.decode_attention`) where it covers the codec, else :func:`attend`.
+The choice is :func:`kernels.backend.decide`'s ('auto' | 'lut' | 'triton' | 'torch', env
+``KVCODEC_BACKEND``); :func:`decide_attention` returns it with the reason each path was passed over.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import math
 
 import torch
 
-from .backend import resolve_backend, triton_unavailable, use_fused
+from .backend import ATTENTION_PATHS, Decision, decide, resolve_backend, triton_unavailable
 from .base import Codec, Encoded
 
 
@@ -99,9 +101,10 @@ def decode_attention_torch(q: torch.Tensor, key_state: Encoded | None, value_sta
                   window_lengths=window_lengths, scale=scale)
 
 
-def fused_unsupported(q: torch.Tensor, codec: Codec) -> str | None:
-    """None when the fused kernel can run this call, else the reason it cannot."""
-    why = triton_unavailable(q.device)
+def fused_unsupported(q: torch.Tensor, codec: Codec, device=None) -> str | None:
+    """None when the fused Triton kernel can run this call, else the reason it cannot
+    (``device`` defaults to q's)."""
+    why = triton_unavailable(q.device if device is None else device)
     if why is not None:
         return why
     if q.shape[-2] != 1:
@@ -109,6 +112,28 @@ def fused_unsupported(q: torch.Tensor, codec: Codec) -> str | None:
     from .triton.decode_attention import supports
 
     return supports(codec, q.dtype)
+
+
+def lut_unsupported(q: torch.Tensor, codec: Codec, num_kv_heads: int, device=None) -> str | None:
+    """None when the table-lookup CUDA kernel can run this call, else the reason it cannot
+    (``device`` defaults to q's; CuPy is imported only here, when asked)."""
+    if q.shape[-2] != 1:
+        return f"the table-lookup kernel takes one query token per step, got {q.shape[-2]}"
+    from .cuda.decode_lut import supports
+
+    G = q.shape[1] // num_kv_heads
+    return supports(codec, q.dtype, G, q.device if device is None else device, num_kv_heads)
+
+
+def decide_attention(q: torch.Tensor, codec: Codec, num_kv_heads: int, backend: str = "auto",
+                     device=None) -> Decision:
+    """Which decode-attention path runs this call ('lut', 'triton' or 'torch'), and why each path
+    passed over was refused (:func:`kernels.backend.decide` over :data:`ATTENTION_PATHS`, in that
+    order). ``device`` (default: q's) lets tests ask about a device this machine lacks."""
+    dev = torch.device(q.device if device is None else device)
+    why_not = {"lut": lambda: lut_unsupported(q, codec, num_kv_heads, dev),
+               "triton": lambda: fused_unsupported(q, codec, dev)}
+    return decide(backend, dev, [(p, why_not[p]) for p in ATTENTION_PATHS], "run this call")
 
 
 def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: Encoded | None, codec: Codec,
@@ -126,13 +151,20 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
     lengths:      int [B] or None: sequence b uses compressed tokens [0, lengths[b]) (right padding).
     window_lengths: int [B] or None: sequence b uses window tokens [0, window_lengths[b]).
     scale:        softmax scale, default 1/sqrt(d).
-    backend:      'auto' (fused kernel when it applies; env KVCODEC_BACKEND overrides 'auto'),
-                  'triton' (fused kernel or an error saying why not) or 'torch' (reference).
+    backend:      'auto' (on CUDA the table-lookup kernel, else the Triton kernel, where they apply;
+                  env KVCODEC_BACKEND overrides 'auto'), 'lut' / 'triton' (that kernel or an error
+                  saying why not) or 'torch' (reference). :func:`decide_attention` says which runs.
     Returns [B, Hq, 1, d] in q's dtype.
     """
     resolve_backend(backend)  # an unknown backend fails even with nothing to fuse
     has_prefix = key_state is not None and key_state.num_tokens > 0
-    if has_prefix and use_fused(backend, q.device, lambda: fused_unsupported(q, codec), "run this call"):
+    path = decide_attention(q, codec, key_state.shape[-3], backend).path if has_prefix else "torch"
+    if path == "lut":
+        from .cuda import decode_lut
+
+        return decode_lut.decode_attention_lut(q, key_state, value_state, codec, window_k, window_v, lengths,
+                                               window_lengths, scale)
+    if path == "triton":
         from .triton import decode_attention as fused  # looked up at each call (tests wrap the launcher)
 
         return fused.decode_attention_fused(q, key_state, value_state, codec, window_k, window_v, lengths,

@@ -1,27 +1,37 @@
-"""The one backend decision: a fused Triton kernel or the PyTorch reference.
+"""The one backend decision: which fused kernel, if any, runs a call, or the PyTorch reference.
 
-Both users of the fused kernels ask here: :meth:`kernels.base.Codec.encode` (fused key encoders)
-and the attention dispatch (:func:`kernels.attention.decode_attention`, and through it
-:meth:`adapters.kv_cache.LayerKV.attend`). The backend is 'auto' | 'triton' | 'torch':
+Every user of the fused kernels asks here: :meth:`kernels.base.Codec.encode` (fused key encoders:
+one path, 'triton') and the attention dispatch (:func:`kernels.attention.decode_attention`, and
+through it :meth:`adapters.kv_cache.LayerKV.attend`: paths 'lut', the table-lookup CUDA kernel,
+then 'triton'). Each operation lists its fused paths in order of preference, each with a function
+that says why it cannot run the call (None: it can); :func:`decide` picks one. The backend is
+'auto' | 'lut' | 'triton' | 'torch':
 
 - 'torch': always the reference;
-- 'auto': the fused kernel on a CUDA device where it covers the call, else the reference; the
+- 'auto': on a CUDA device the first fused path that covers the call, else the reference; the
   environment variable ``KVCODEC_BACKEND`` overrides 'auto' (read at every call);
-- 'triton': the fused kernel, or a RuntimeError saying why it cannot run (anywhere: on the CPU
-  under ``TRITON_INTERPRET=1``).
+- 'lut' / 'triton': that fused path, or a RuntimeError saying why it cannot run ('triton'
+  anywhere: on the CPU under ``TRITON_INTERPRET=1``). An operation without that path (encoding
+  under 'lut') decides as under 'auto'.
+
+The :class:`Decision` keeps the reason of every path passed over (``decision.refused``).
 """
 from __future__ import annotations
 
 import os
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
-BACKENDS = ("auto", "triton", "torch")
+BACKENDS = ("auto", "lut", "triton", "torch")
+#: the fused paths of each operation, in the order 'auto' tries them
+ATTENTION_PATHS = ("lut", "triton")
+ENCODE_PATHS = ("triton",)
 
 
 def resolve_backend(backend: str | None) -> str:
-    """'auto' | 'triton' | 'torch'; the environment variable KVCODEC_BACKEND overrides 'auto'."""
+    """'auto' | 'lut' | 'triton' | 'torch'; the environment variable KVCODEC_BACKEND overrides 'auto'."""
     backend = backend or "auto"
     if backend == "auto":
         backend = os.environ.get("KVCODEC_BACKEND", "auto") or "auto"
@@ -31,27 +41,69 @@ def resolve_backend(backend: str | None) -> str:
 
 
 def fused_wanted(backend: str | None, device: torch.device) -> bool:
-    """Whether ``backend`` asks for the fused kernels on ``device`` at all (before asking whether
-    they cover the call): 'triton' anywhere, 'auto' on CUDA, 'torch' never."""
+    """Whether ``backend`` asks for a fused kernel on ``device`` at all (before asking whether one
+    covers the call): a named kernel ('lut', 'triton') anywhere, 'auto' on CUDA, 'torch' never."""
     backend = resolve_backend(backend)
-    return backend == "triton" or (backend == "auto" and torch.device(device).type == "cuda")
+    return backend in ("lut", "triton") or (backend == "auto" and torch.device(device).type == "cuda")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :func:`decide` chose: ``path`` is a fused path's name or 'torch'; ``refused`` holds
+    (path, reason) for each path passed over, in the order they were asked."""
+
+    path: str
+    refused: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def fused(self) -> bool:
+        return self.path != "torch"
+
+    def reason(self, path: str) -> str | None:
+        """Why ``path`` was passed over (None: it was chosen, or not asked)."""
+        return dict(self.refused).get(path)
+
+    def __str__(self) -> str:
+        why = "; ".join(f"{p}: {r}" for p, r in self.refused)
+        return self.path + (f" ({why})" if why else "")
+
+
+Paths = Sequence[tuple[str, Callable[[], "str | None"]]]
+
+
+def decide(backend: str | None, device: torch.device, paths: Paths, what: str) -> Decision:
+    """Pick the fused path (or the reference) for one call.
+
+    ``paths``: (name, why_not) in order of preference; ``why_not()`` is None when that kernel
+    covers the call, else the reason it does not (asked only when the backend wants it). A named
+    backend that is one of ``paths`` gets that path or ``RuntimeError("backend='NAME' cannot
+    {what}: {reason}")``; one that is not decides as 'auto'."""
+    backend = resolve_backend(backend)
+    names = [name for name, _ in paths]
+    if backend == "torch":
+        return Decision("torch", tuple((n, "backend 'torch'") for n in names))
+    if backend in names:
+        why = dict(paths)[backend]()
+        if why is not None:
+            raise RuntimeError(f"backend='{backend}' cannot {what}: {why}")
+        return Decision(backend)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return Decision("torch", tuple((n, f"'{backend}' runs fused kernels on CUDA only, got {dev}") for n in names))
+    refused = []
+    for name, why_not in paths:
+        why = why_not()
+        if why is None:
+            return Decision(name, tuple(refused))
+        refused.append((name, why))
+    return Decision("torch", tuple(refused))
 
 
 def use_fused(backend: str | None, device: torch.device, why_not: Callable[[], str | None], what: str) -> bool:
-    """True: run the fused kernel; False: the PyTorch reference.
-
-    ``why_not()`` is None when the fused kernel covers this call, else the reason it does not
-    (asked only when the backend wants the kernel). With 'triton' a reason is an error:
-    ``RuntimeError("backend='triton' cannot {what}: {reason}")``.
-    """
-    if not fused_wanted(backend, device):
-        return False
-    why = why_not()
-    if why is None:
-        return True
-    if resolve_backend(backend) == "triton":
-        raise RuntimeError(f"backend='triton' cannot {what}: {why}")
-    return False
+    """True: run the fused Triton kernel; False: the PyTorch reference (:func:`decide` over the one
+    path 'triton'). With 'triton' a reason is an error:
+    ``RuntimeError("backend='triton' cannot {what}: {reason}")``."""
+    return decide(backend, device, [("triton", why_not)], what).fused
 
 
 def triton_unavailable(device: torch.device) -> str | None:

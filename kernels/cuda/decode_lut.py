@@ -1,50 +1,67 @@
 """OCTOPUS decode attention with one table lookup per triplet (CUDA, compiled at run time).
 
 Same call as :func:`kernels.triton.decode_attention.decode_attention_fused` and the same stored
-state (nothing about the codec's layout changes): ``decode_attention_lut(q, key_state,
-value_state, codec, window_k, window_v, lengths, window_lengths, scale)``. The kernel source and
-its design are in :mod:`kernels.cuda.decode_lut_src`.
+state: ``decode_attention_lut(q, key_state, value_state, codec, window_k, window_v, lengths,
+window_lengths, scale)``. :func:`kernels.attention.decode_attention` runs it under backend 'auto'
+(first choice on CUDA) or 'lut', through :func:`kernels.backend.decide`. The CUDA source and its
+design are in ``decode_lut.cu`` beside this file, read and compiled (NVRTC through CuPy) at the
+first launch of each configuration.
 
-The direction table is derived once per (codec, device) from the codec's codebooks
-(:func:`lut_tables`): entry ``u | v << b_u`` (the (u, v) pair exactly as the u field stores it)
-holds ``octa_decode(c[u], c[v])`` as fp16 (x, y, z, 0), times ``TSCALE``; with ``fused`` the
-norm code joins the index (``| r << 2 b_u``) and the entry holds ``rho_c[r] * direction``.
-No octahedral arithmetic runs per token.
+Like the Triton kernel, it reads what the codec declares in ``codec.fused_layout()``
+(:class:`kernels.fused_layout.FusedLayout`: octahedral keys, bits, codebooks, field names,
+rotation signs) and the codec's value quantizer, never its name or internals. The direction table
+is derived once per (codec, device) from the declared codebooks (:func:`lut_tables`): entry
+``u | v << b_u`` (the (u, v) pair exactly as the codes field stores it) holds
+``octa_decode(c[u], c[v])`` as fp16 (x, y, z, 0), times ``TSCALE``; with ``fused`` the norm code
+joins the index (``| r << 2 b_u``) and the entry holds ``rho_c[r] * direction``. No octahedral
+arithmetic runs per token.
 
-Needs CUDA, a Hopper GPU (``cp.async.bulk``, mbarriers; sm_90) and CuPy (NVRTC). :func:`supports`
-says why a call cannot run; tests compare every path with
-:func:`kernels.attention.decode_attention_torch`.
+Needs CUDA, a Hopper GPU (``cp.async.bulk``, mbarriers; sm_90) and CuPy (NVRTC; the optional
+extra ``cuda``), imported only when a launch is asked for. :func:`supports` says why a call
+cannot run; tests compare every path with :func:`kernels.attention.decode_attention_torch`.
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
+from pathlib import Path
 
 import torch
 
-from .decode_lut_src import SOURCE
+from ..fused_layout import FusedLayout, KeyCodes
+from ..octahedral import octa_decode
 
 TSCALE = 8.0  #: table entries are TSCALE * rho * direction (kept in fp16's normal range)
 _LOG2E = 1.4426950408889634
+SOURCE_PATH = Path(__file__).with_name("decode_lut.cu")
 #: the latest launch's compiled functions and layout (for the benchmark's register report)
 LAST_LAUNCH: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def source() -> str:
+    """The kernel's CUDA C++ source (``decode_lut.cu``), read once."""
+    return SOURCE_PATH.read_text()
 
 
 # ------------------------------------------------------------------------------------------------
 # tables (pure PyTorch: tested on the CPU)
 # ------------------------------------------------------------------------------------------------
-def lut_tables(b_u: int, b_r: int, d_pad: int, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(table, rho) on the CPU. table: fp16 [NE, 4] with NE = 2^(2 b_u (+ b_r when fused)); row
+def lut_tables(layout: FusedLayout, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(table, rho) on the CPU, from the layout's codebooks (octahedral coordinate centroids c,
+    triplet lengths rho_c). table: fp16 [NE, 4] with NE = 2^(2 b_u (+ b_r when fused)); row
     ``u | v << b_u (| r << 2 b_u)`` = TSCALE * (rho_c[r] *) octa_decode(c[u], c[v]), 4th entry 0.
     rho: fp16 [2^b_r, 2] = (rho_c[r], rho_c[r]) (the unfused kernel multiplies half2 by it)."""
-    from ..joint_rounding import direction_grid
-    from ..lloyd_max import codebook
-
+    b_u, _ = layout.bits
+    c, rho = (cb.detach().cpu().float() for cb in layout.codebooks)
     K = 1 << b_u
+    cu, cv = torch.meshgrid(c, c, indexing="ij")
+    grid = octa_decode(torch.stack((cu, cv), dim=-1)).reshape(-1, 3)  # row iu * K + iv, as the reference's
     p = torch.arange(K * K)
     u, v = p & (K - 1), p >> b_u
-    dirs = direction_grid(b_u)[u * K + v].double()  # [K*K, 3]
-    rho = codebook("triplet_norm", d_pad, b_r).double()  # [2^b_r]
+    dirs = grid[u * K + v].double()  # [K*K, 3], row u | v << b_u
+    rho = rho.double()  # [2^b_r]
     if fused:
         ent = (rho[:, None, None] * dirs[None]).reshape(-1, 3)  # index r * K*K + p = p | r << 2 b_u
     else:
@@ -55,20 +72,21 @@ def lut_tables(b_u: int, b_r: int, d_pad: int, fused: bool) -> tuple[torch.Tenso
     return tab.to(torch.float16), rho2.to(torch.float16)
 
 
-def table_keys(codec, fields: dict, fused: bool = True) -> torch.Tensor:
-    """Rotated-frame keys (unit norm, [..., T, d_pad], float32) rebuilt from the stored fields with
-    the table alone, exactly as the kernel indexes it: the CPU test of the table and its index."""
-    st = codec.stage
-    tab, rho2 = lut_tables(st.b_u, st.b_r, st.d_pad, fused)
-    uv = st.u_field.unpack(fields["u"])  # [..., 2 nt] interleaved u0, v0, u1, v1, ...
-    pair = uv[..., 0::2] | (uv[..., 1::2] << st.b_u)
-    rc = st.r_field.unpack(fields["r"])
+def table_keys(layout: FusedLayout, fields: dict, fused: bool = True) -> torch.Tensor:
+    """Rotated-frame keys (unit norm, [..., T, n], float32) rebuilt from the stored fields with the
+    table alone, exactly as the kernel indexes it: the CPU test of the table and its index."""
+    b_u, _ = layout.bits
+    u_field, r_field = layout.code_fields
+    tab, rho2 = lut_tables(layout, fused)
+    uv = u_field.unpack(fields[layout.codes_field])  # [..., 2 nt] interleaved u0, v0, u1, v1, ...
+    pair = uv[..., 0::2] | (uv[..., 1::2] << b_u)
+    rc = r_field.unpack(fields[layout.triplet_norm_field])
     if fused:
-        e = tab[pair | (rc << (2 * st.b_u))].float()
+        e = tab[pair | (rc << (2 * b_u))].float()
     else:
         e = (tab[pair].float() * rho2[rc][..., :1].float())
     t = e[..., :3] / TSCALE  # [..., nt, 3]
-    return t.flatten(-2)[..., : st.d_pad]
+    return t.flatten(-2)[..., : layout.padded]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -77,57 +95,93 @@ def table_keys(codec, fields: dict, fused: bool = True) -> torch.Tensor:
 _QT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
-def supports(codec, q_dtype=torch.bfloat16, G: int | None = None, device=None) -> str | None:
-    """None when :func:`decode_attention_lut` runs this codec, else the reason it does not."""
-    if codec.name != "octopus":
-        return f"codec '{codec.name}' has no table-lookup kernel (octopus only)"
+def layout_unsupported(codec) -> str | None:
+    """None when the kernel covers ``codec``'s declared layout and value quantizer, else why not
+    (no device needed: the part of :func:`supports` that depends on the codec alone)."""
+    layout = codec.fused_layout()
+    if layout is None:
+        return f"codec '{codec.name}' declares no fused layout"
+    if layout.keys != KeyCodes.OCTAHEDRAL:
+        return f"the table-lookup kernel reads octahedral keys; codec '{codec.name}' declares {layout.keys.value} keys"
+    if layout.residual is not None:
+        return f"the table-lookup kernel has no QJL residual stage (codec '{codec.name}')"
     D = codec.head_dim
-    if D not in (64, 128):
+    if D not in (64, 128) or layout.padded != D:
         return f"head_dim {D} not in (64, 128)"
-    st = codec.stage
-    if not (1 <= st.b_u <= 5 and 1 <= st.b_r <= 3):
-        return f"OCTOPUS split (b_u={st.b_u}, b_r={st.b_r}) outside b_u <= 5, 1 <= b_r <= 3"
+    b_u, b_r = layout.bits
+    if not (1 <= b_u <= 5 and 1 <= b_r <= 3):
+        return f"OCTOPUS split (b_u={b_u}, b_r={b_r}) outside b_u <= 5, 1 <= b_r <= 3"
     vq = codec.value_quantizer
     if vq.bits not in (2, 3, 4) or vq.group != 32 or vq.padded != D:
         return f"value quantizer (bits={vq.bits}, group={vq.group}) not supported (bits 2-4, group 32)"
+    return None
+
+
+def supports(codec, q_dtype=torch.bfloat16, G: int | None = None, device=None, Hkv: int | None = None) -> str | None:
+    """None when :func:`decode_attention_lut` runs this call, else the reason it does not: the
+    codec's layout (:func:`layout_unsupported`), the query dtype, G query heads per KV head, the
+    rotation's heads against Hkv, then (with ``device``) a CUDA device, CuPy, sm_90."""
+    why = layout_unsupported(codec)
+    if why is not None:
+        return why
     if q_dtype not in _QT:
         return f"query dtype {q_dtype} not supported"
     if G is not None and G > 8:
         return f"{G} query heads per KV head (at most 8)"
+    heads = codec.fused_layout().rotation.num_heads
+    if Hkv is not None and heads not in (1, Hkv):
+        return f"the codec's rotation has {heads} heads, the cache {Hkv}"
     if device is not None:
         dev = torch.device(device)
         if dev.type != "cuda":
             return f"the CUDA kernel needs a CUDA device, got {dev}"
+        why = cupy_missing()
+        if why is not None:
+            return why
+        if not torch.cuda.is_available():
+            return "CUDA is not available"
         if torch.cuda.get_device_capability(dev) < (9, 0):
             return "the CUDA kernel needs sm_90 (Hopper: cp.async.bulk)"
+    return None
+
+
+def cupy_missing() -> str | None:
+    """None when CuPy imports, else 'cupy missing (...)' (install the optional extra 'cuda')."""
     try:
         import cupy  # noqa: F401
     except ImportError as e:
-        return f"cupy is not importable ({e})"
+        return f"cupy missing ({e}; pip install '.[cuda]')"
     return None
 
 
 def default_config(codec) -> dict:
     """Launch configuration per bit width: table fused with the norm code where 16 copies of it fit
     in 32 KB (16 copies at 2 bits, 4 at 3 bits), else the (u, v) table alone (4 copies at 4 bits)."""
-    st = codec.stage
-    fused_entries = 1 << (2 * st.b_u + st.b_r)
+    b_u, b_r = codec.fused_layout().bits
+    fused_entries = 1 << (2 * b_u + b_r)
     if fused_entries * 8 * 4 <= 32 * 1024:
         fused, copies = True, max(1, min(16, (32 * 1024) // (fused_entries * 8)))
     else:
         fused = False
-        copies = max(1, min(16, (32 * 1024) // ((1 << (2 * st.b_u)) * 8)))
+        copies = max(1, min(16, (32 * 1024) // ((1 << (2 * b_u)) * 8)))
     # 8 warps share one table copy per CTA, 2 CTAs per SM (H100 sweep, scripts/gpu_bench_lut.py sweep)
     return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2}
 
 
 class _Plan:
+    """What the kernel needs from the codec's declared layout, on the device, per (codec, device, fused)."""
+
     def __init__(self, codec, device, fused: bool):
-        st = codec.stage
-        tab, rho2 = lut_tables(st.b_u, st.b_r, st.d_pad, fused)
+        layout = codec.fused_layout()
+        self.layout = layout
+        self.b_u, self.b_r = layout.bits
+        self.u_bytes, self.r_bytes = (f.nbytes for f in layout.code_fields)
+        self.fields = (layout.norm_field, layout.codes_field, layout.triplet_norm_field)
+        self.n = layout.padded
+        tab, rho2 = lut_tables(layout, fused)
         self.tab = tab.contiguous().to(device)
         self.rho = rho2.contiguous().view(torch.int32).reshape(-1).contiguous().to(device)
-        signs = codec.rot.signs[:, 0, :].float()  # [heads, n]
+        signs = layout.rotation.signs[:, 0, :].float()  # [heads, n]
         self.signs = signs.contiguous().to(device)
         self.sign_stride = 0 if signs.shape[0] == 1 else signs.shape[1]
         self.heads = signs.shape[0]
@@ -152,7 +206,7 @@ def _module(defs: dict):
         import cupy
 
         head = "".join(f"#define {k} {v}\n" for k, v in defs.items())
-        mod = cupy.RawModule(code=head + SOURCE, options=("-std=c++17",))
+        mod = cupy.RawModule(code=head + source(), options=("-std=c++17",))
         split = mod.get_function("lut_split")
         comb = mod.get_function("lut_combine")
         lay = cupy.ndarray((4,), cupy.int32, mod.get_global("lut_smem_bytes")).get()
@@ -218,25 +272,23 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     assert Tq == 1, "decode attention takes one query token"
     dev = q.device
     tt = key_state.tensors
-    Hkv, T = tt["norm"].shape[-3], tt["norm"].shape[-2]
+    Hkv, T = key_state.shape[-3], key_state.num_tokens
     G = Hq // Hkv
-    why = supports(codec, q.dtype, G, dev)
+    why = supports(codec, q.dtype, G, dev, Hkv)
     if why:
         raise RuntimeError(f"decode_attention_lut cannot run: {why}")
     cfg = default_config(codec) | (config or {})
-    st = codec.stage
     vq = codec.value_quantizer
     plan = _plan(codec, dev, cfg["fused"])
-    if plan.heads not in (1, Hkv):
-        raise ValueError(f"codec rotation has {plan.heads} heads, the cache {Hkv}")
-    defs = {"D": D, "G": G, "BU": st.b_u, "BR": st.b_r, "VB": vq.bits, "UB": st.u_field.nbytes,
-            "RB": st.r_field.nbytes, "FUSED": int(cfg["fused"]), "C": cfg["copies"], "NW": cfg["num_warps"],
+    defs = {"D": D, "G": G, "BU": plan.b_u, "BR": plan.b_r, "VB": vq.bits, "UB": plan.u_bytes,
+            "RB": plan.r_bytes, "FUSED": int(cfg["fused"]), "C": cfg["copies"], "NW": cfg["num_warps"],
             "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q.dtype], "MINB": cfg["minb"]}
     split_fn, comb_fn, lay = _module(defs)
     LAST_LAUNCH.update(split=split_fn, combine=comb_fn, layout=lay, defs=defs)
     nw = cfg["num_warps"]  # (the CTA's merge buffer reuses the stage area, grown to fit where needed)
 
-    fields = [_aligned(tt["norm"]), _aligned(tt["u"]), _aligned(tt["r"]), _aligned(value_state.tensors["codes"]),
+    norm_f, codes_f, tnorm_f = plan.fields
+    fields = [_aligned(tt[norm_f]), _aligned(tt[codes_f]), _aligned(tt[tnorm_f]), _aligned(value_state.tensors["codes"]),
               _aligned(value_state.tensors["scale"]), _aligned(value_state.tensors["zero"])]
     ptrs = [f.data_ptr() for f in fields]
     ends = [(f.data_ptr() + f.numel() * f.element_size() + 15) // 16 * 16 for f in fields]
@@ -280,7 +332,7 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     import numpy as np
 
     u64, i32, f32 = np.uint64, np.int32, np.float32
-    qscale = scale * _LOG2E / (math.sqrt(st.d_pad) * TSCALE)
+    qscale = scale * _LOG2E / (math.sqrt(plan.n) * TSCALE)
     with _stream():
         if _parts != "combine":  # profiling only: "split" / "combine" launch one kernel
             split_fn((S, B * Hkv), (32 * nw,), (

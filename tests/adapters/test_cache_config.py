@@ -13,7 +13,7 @@ from adapters.kv_cache import CacheConfig, CompressedKVCache
 @pytest.mark.parametrize("field,value,allowed", [
     ("attend", "reconstruc", "score, reconstruct"),
     ("residual_unit", "frame", "token, append"),
-    ("backend", "cuda", "auto, triton, torch"),
+    ("backend", "cuda", "auto, lut, triton, torch"),
     ("protect", "boundary", "none, boundary-1"),
 ])
 def test_unknown_closed_choice_raises(field, value, allowed):

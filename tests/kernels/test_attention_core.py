@@ -164,5 +164,5 @@ def test_one_backend_decision(monkeypatch):
         use_fused("triton", cpu, lambda: "no", "run it")
     monkeypatch.setenv("KVCODEC_BACKEND", "torch")
     assert not fused_wanted("auto", cuda) and fused_wanted("triton", cuda)
-    with pytest.raises(ValueError, match="Unknown backend 'gpu'. Available: auto, triton, torch"):
+    with pytest.raises(ValueError, match="Unknown backend 'gpu'. Available: auto, lut, triton, torch"):
         fused_wanted("gpu", cpu)

@@ -34,7 +34,7 @@ def test_json_round_trip_with_version():
     ({"value_bits": True}, r"codec config value_bits must be int \| None, got True"),
     ({"head_dim": 1}, "head_dim must be >= 2"),
     ({"num_heads": 0}, "num_heads must be >= 1"),
-    ({"backend": "cuda"}, "Unknown backend 'cuda'. Available: auto, triton, torch"),
+    ({"backend": "cuda"}, "Unknown backend 'cuda'. Available: auto, lut, triton, torch"),
     ({"options": {"rounding": "fastest"}}, r"option rounding must be one of \['local', 'full', 'nearest'\]"),
 ])
 def test_config_rejects_bad_values_in_one_line(change, match):

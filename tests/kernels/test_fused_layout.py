@@ -59,15 +59,17 @@ def test_kernels_read_the_layout_not_the_name():
     class RenamedProd(TurboQuantProd):
         name = "renamed-prod"
 
+    # the device the Triton kernels run on here: CUDA, or the CPU under TRITON_INTERPRET=1 (conftest)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # built as the registered codec, then renamed: only the name differs from what the kernels know
     codec = make_codec("octopus", 3, 64, num_heads=2)
     codec.__class__ = Renamed
-    assert supports(codec) is None and encoder_unsupported(codec, torch.device("cpu")) is None
+    assert supports(codec) is None and encoder_unsupported(codec, dev) is None
     plan = plan_for(codec, "cpu")
     assert plan.octa and not plan.qjl
     prod = make_codec("turboquant-prod", 3, 64, num_heads=2)
     prod.__class__ = RenamedProd
-    assert supports(prod) is None and "QJL residual" in encoder_unsupported(prod, torch.device("cpu"))
+    assert supports(prod) is None and "QJL residual" in encoder_unsupported(prod, dev)
     plan = plan_for(prod, "cpu")
     assert not plan.octa and plan.qjl and plan.sketch_split
     assert "no fused layout" in supports(make_codec("kivi", 2, 64))

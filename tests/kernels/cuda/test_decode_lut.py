@@ -51,13 +51,26 @@ def test_table_rebuilds_reference_keys(bits, fused):
     k = torch.randn(2, 2, 37, 128, generator=g) * (1 + torch.rand(2, 2, 37, 1, generator=g) * 3)
     st = codec.encode(k)
     ref = codec.stage.decode_rotated(st.tensors)
-    got = table_keys(codec, st.tensors, fused)
+    layout = codec.fused_layout()
+    got = table_keys(layout, st.tensors, fused)
     err = float((got - ref).norm() / ref.norm())
     assert err < 6e-4, err  # fp16 entries (one rounding fused, two unfused)
     # every table entry is finite and the 4th slot (the MMA's padding column) is zero
-    tab, rho = lut_tables(codec.stage.b_u, codec.stage.b_r, 128, fused)
+    tab, rho = lut_tables(layout, fused)
     assert torch.isfinite(tab.float()).all() and torch.equal(tab[:, 3], torch.zeros_like(tab[:, 3]))
     assert tab.shape[0] == 1 << (2 * codec.stage.b_u + (codec.stage.b_r if fused else 0))
+
+
+def test_tables_read_the_declared_codebooks():
+    """The tables come from the layout's codebooks, not from the codec: other centroids, other table."""
+    import dataclasses
+
+    layout = make_codec("octopus", 3, 128).fused_layout()
+    c, rho = layout.codebooks
+    other = dataclasses.replace(layout, codebooks=(c * 0.5, rho * 2))
+    t1, r1 = lut_tables(layout, True)
+    t2, r2 = lut_tables(other, True)
+    assert torch.allclose(r2.float(), 2 * r1.float(), rtol=1e-3) and not torch.equal(t1, t2)
 
 
 def test_default_config_fits_shared_memory():
@@ -69,13 +82,28 @@ def test_default_config_fits_shared_memory():
 
 
 def test_supports_reasons():
-    assert "octopus only" in supports(make_codec("turboquant-mse", 3, 128))
+    assert "octahedral keys" in supports(make_codec("turboquant-mse", 3, 128))
+    assert "QJL residual" in supports(make_codec("octopus-qjl", 3, 128))
+    assert "no fused layout" in supports(make_codec("kivi", 2, 128))
     assert "value quantizer" in supports(make_codec("octopus", 3, 128, value_group=64))
     assert "at most 8" in supports(make_codec("octopus", 3, 128), G=16)
     assert "head_dim" in supports(make_codec("octopus", 3, 96))
     assert "split" in supports(make_codec("octopus", 3, 128, split=(6, 2)))
     if not torch.cuda.is_available():
         assert "CUDA device" in supports(make_codec("octopus", 3, 128), device="cpu")
+    assert "rotation has 2 heads" in supports(make_codec("octopus", 3, 128, num_heads=2), Hkv=4)
+
+
+def test_renamed_codec_gets_the_kernel():
+    """The kernel reads the declared layout, never the codec's name."""
+    from kernels.octopus import Octopus
+
+    class Renamed(Octopus):
+        name = "renamed-octahedral"
+
+    codec = make_codec("octopus", 3, 128)
+    codec.__class__ = Renamed
+    assert supports(codec) is None
 
 
 # ---------------------------------------------------------------------------------------------

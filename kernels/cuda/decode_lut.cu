@@ -1,6 +1,6 @@
-"""CUDA C++ source of the table-lookup OCTOPUS decode attention (:mod:`kernels.cuda.decode_lut`).
+/* Table-lookup OCTOPUS decode attention: CUDA C++ source, loaded by kernels/cuda/decode_lut.py.
 
-Compiled by NVRTC (CuPy) with a block of ``#define`` lines in front, one module per
+Compiled by NVRTC (CuPy) with a block of #define lines in front, one module per
 configuration. Constants: D (head dim, 64 or 128), G (query heads per KV head, <= 8), BU, BR
 (OCTOPUS direction / norm code bits), VB (value bits, 2..4; value groups of 32), UB, RB
 (bytes per token of the u and r fields), FUSED (table indexed by (u, v, r) -> rho * direction;
@@ -8,10 +8,10 @@ else (u, v) -> direction and a rho table), C (table copies, interleaved so that 
 different banks), NW (warps per CTA), NSTAGE (pipeline stages per warp), MT (16-token tiles per
 stage), QT (query / window / output dtype: 0 fp32, 1 fp16, 2 bf16).
 
-Kernel 1 ``lut_split``, grid (splits, B * Hkv), NW warps. Each warp owns every NW-th stage of
+Kernel 1 lut_split, grid (splits, B * Hkv), NW warps. Each warp owns every NW-th stage of
 16 * MT tokens of its CTA's chunk and runs its own pipeline: lane 0 copies the six per-token
 fields of a stage (norm, u, r, value codes, scales, zeros; contiguous over tokens) with
-``cp.async.bulk`` into shared memory, completing on an mbarrier, NSTAGE stages ahead.
+cp.async.bulk into shared memory, completing on an mbarrier, NSTAGE stages ahead.
 
 Per 16-token tile (lane = 4 * r + c):
   scores  S^T[16 tok x 8 heads] = K[16 x 4 KS] . Qf^T, mma m16n8k16, KS = ceil(ceil(D/3) / 4)
@@ -21,7 +21,7 @@ Per 16-token tile (lane = 4 * r + c):
           stays in 2 * KS registers.
   softmax per head in the log2 domain, rescaling the accumulators only when a running max grows;
           P^T goes from the accumulator layout to the B layout of the next product with
-          ``movmatrix.trans`` (two per tile).
+          movmatrix.trans (two per tile).
   values  O^T[d x heads] += V^T[16 d x 16 tok] . (P^T * scale). Coordinates are permuted so that
           every m-tile lies in one value group (its scale folds into B) and each thread's A
           registers come from one 4-code chunk per group and token pair: 1024 + code (or
@@ -30,11 +30,9 @@ Per 16-token tile (lane = 4 * r + c):
           Zero points: one more product Z^T[group x tok] . P^T per tile.
 The CTA merges its warps and writes unnormalised partial outputs and (max, sum) per head.
 
-Kernel 2 ``lut_combine``, grid (B * Hq), D threads: attends the native window and merges the
+Kernel 2 lut_combine, grid (B * Hq), D threads: attends the native window and merges the
 splits in one softmax, writes the output (and the natural log-sum-exp).
-"""
-
-SOURCE = r"""
+*/
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
@@ -573,4 +571,3 @@ extern "C" __global__ void __launch_bounds__(D) lut_combine(
   stq(out, (long long)pid * D + d, Lsum > 0.f ? O / Lsum : 0.f);
   if (write_lse && d == 0) lse[pid] = Lsum > 0.f ? (M + lg2(Lsum)) * 0.6931471805599453f : __int_as_float(0xff800000);
 }
-"""
