@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from adapters.loading import CheckpointKeyError, load_strict
+from adapters.loading import CheckpointKeyError, load_strict, safe_torch_load
 
 #: What each released format wraps its generator in (prefixes tried in order).
 RELEASED_PREFIXES = {
@@ -42,14 +42,9 @@ VAE_ORIGINAL_FILE = "Wan2.1_VAE.pth"
 T5_TOKENIZER_ORIGINAL = "google/umt5-xxl"
 
 
-def _torch_load(path: Path) -> dict:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        return load_file(str(path))
-    try:
-        return torch.load(str(path), map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
-        return torch.load(str(path), map_location="cpu", weights_only=False)
+def _torch_load(path: Path, what: str, key: str | None = None) -> dict:
+    """Tensors only (never code): see :func:`adapters.loading.safe_torch_load`."""
+    return safe_torch_load(path, what, key)
 
 
 # --- the generator (transformer) ------------------------------------------------------------
@@ -109,7 +104,9 @@ def load_transformer_weights(transformer, sd: dict[str, torch.Tensor], what: str
 def load_released_generator(transformer, path, fmt: str, key: str | None = None) -> Path:
     """Load a released CausVid / Causal Forcing checkpoint into a diffusers ``WanTransformer3DModel``."""
     file = find_generator_file(path, fmt)
-    checkpoint = _torch_load(file)
+    checkpoint = _torch_load(file, f"{fmt} generator checkpoint", key or "generator")
+    if file.suffix == ".safetensors":  # a converted file holds the generator's state dict itself
+        checkpoint = {key or "generator": checkpoint}
     sd = wan_to_diffusers(generator_state_dict(checkpoint, fmt, key))
     load_transformer_weights(transformer, sd, f"{fmt} generator {file}")
     return file
@@ -195,7 +192,7 @@ def load_text_encoder(folder, dtype: torch.dtype, device="cpu"):
 def load_t5_original(file, dtype: torch.dtype = torch.float32):
     """transformers' UMT5EncoderModel from Wan's own T5 encoder checkpoint (strict)."""
     from transformers import UMT5EncoderModel
-    wan_sd = _torch_load(Path(file))
+    wan_sd = _torch_load(Path(file), "Wan T5 encoder")
     with torch.device("meta"):
         enc = UMT5EncoderModel(umt5_config_for(wan_sd))
     sd = wan_t5_to_transformers(wan_sd)
@@ -212,6 +209,6 @@ def load_vae(folder, dtype: torch.dtype, device="cpu"):
         vae = AutoencoderKLWan.from_pretrained(str(f / "vae"), torch_dtype=dtype)
     else:
         vae = AutoencoderKLWan()
-        sd = convert_wan_vae_to_diffusers(dict(_torch_load(f / VAE_ORIGINAL_FILE)))
+        sd = convert_wan_vae_to_diffusers(dict(_torch_load(f / VAE_ORIGINAL_FILE, "Wan VAE")))
         load_strict(vae, sd, f"Wan VAE {f / VAE_ORIGINAL_FILE}")
     return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -145,6 +145,43 @@ def test_load_errors_list_keys(tmp_path, tiny_transformer, fmt, prefix):
         load_released_generator(target, tmp_path / "nogen.pt", fmt)
 
 
+@pytest.mark.parametrize("fmt", ["causvid", "causal-forcing"])
+def test_hostile_generator_checkpoint_runs_no_code(tmp_path, tiny_transformer, fmt):
+    from hostile import save_hostile
+    from adapters.loading import CheckpointError
+    marker = tmp_path / "pwned"
+    native = {"model." + k: v for k, v in to_wan_native(tiny_transformer.state_dict()).items()}
+    f = save_hostile({"generator": native}, tmp_path / "model.pt", marker)
+    target = build_transformer(TINY_TRANSFORMER, "cpu", torch.float32, None)
+    with pytest.raises(CheckpointError) as e:
+        load_released_generator(target, f, fmt)
+    assert not marker.exists()
+    assert str(f) in str(e.value) and "save_file" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_converted_safetensors_generator_loads(tmp_path, tiny_transformer):
+    from safetensors.torch import save_file
+    ref = tiny_transformer.state_dict()
+    save_file({"model." + k: v.contiguous() for k, v in to_wan_native(ref).items()}, tmp_path / "model.safetensors")
+    target = build_transformer(TINY_TRANSFORMER, "cpu", torch.float32, None)
+    load_released_generator(target, tmp_path / "model.safetensors", "causvid")
+    assert all(torch.equal(target.state_dict()[k], ref[k]) for k in ref)
+
+
+def test_hostile_wan_t5_and_vae_files_run_no_code(tmp_path):
+    from hostile import save_hostile
+    from adapters.loading import CheckpointError
+    from adapters.wan.checkpoint import T5_ORIGINAL_FILE, VAE_ORIGINAL_FILE, load_vae
+    marker = tmp_path / "pwned"
+    save_hostile({"token_embedding.weight": torch.zeros(2, 2)}, tmp_path / T5_ORIGINAL_FILE, marker)
+    with pytest.raises(CheckpointError, match="Wan T5 encoder"):
+        load_t5_original(tmp_path / T5_ORIGINAL_FILE)
+    save_hostile({"encoder.conv1.weight": torch.zeros(1)}, tmp_path / VAE_ORIGINAL_FILE, marker)
+    with pytest.raises(CheckpointError, match="Wan VAE"):
+        load_vae(tmp_path, torch.float32)
+    assert not marker.exists()
+
+
 def test_wan_t5_checkpoint_to_umt5(tmp_path):
     from transformers import UMT5Config, UMT5EncoderModel
     ref = random_init_(UMT5EncoderModel(UMT5Config(**TINY_UMT5)), "t5-test").eval()
