@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from adapters.loading import CheckpointKeyError, load_strict, safe_torch_load
+from adapters.loading import CheckpointError, CheckpointKeyError, load_strict, safe_torch_load
 
 #: What each released format wraps its generator in (prefixes tried in order).
 RELEASED_PREFIXES = {
@@ -48,18 +48,59 @@ def _torch_load(path: Path, what: str, key: str | None = None) -> dict:
 
 
 # --- the generator (transformer) ------------------------------------------------------------
+#: What a released checkpoint's folder (or file) name says about its recipe, per format: a pattern
+#: that, found in the name, means a recipe this model does not sample with, and what it means.
+#: CausVid's snapshot: ``autoregressive_checkpoint/`` (3-frame blocks, 3 steps: ours) beside
+#: ``bidirectional_checkpoint{1,2}/`` and a warped 4-step one; Causal Forcing's
+#: ``checkpoints/framewise/`` (ours) beside ``checkpoints/chunkwise/`` (3-frame blocks).
+OTHER_RECIPES = {
+    "causvid": ((r"bidirectional", "a bidirectional (non-causal) model"),
+                (r"frame-?wise", "a frame-wise model (1-frame blocks)"),
+                (r"(?<!\d)(?!3step)\d+-?step", "another step count (causvid samples with 3 steps)")),
+    "causal-forcing": ((r"bidirectional", "a bidirectional (non-causal) model"),
+                       (r"chunk-?wise", "a chunk-wise model (3-frame blocks)"),
+                       (r"(?<!\d)(?!4step)\d+-?step", "another step count (causal-forcing samples with 4 steps)")),
+}
+#: The harness model that samples a recipe the names can tell (for the error's advice). Causal
+#: Forcing's chunk-wise checkpoint has no model here (CausVid's 3-frame recipe has other steps).
+_RECIPE_MODEL = {"frame-wise": "causal-forcing"}
+#: How deep under a given folder checkpoints are looked for (``checkpoints/framewise/x.pt`` from a repository root).
+_SEARCH_DEPTH = 3
+
+
 def find_generator_file(path: str | os.PathLike, fmt: str) -> Path:
+    """The generator file at ``path``: the file itself, or the ONE candidate under the folder
+    (names of :data:`CHECKPOINT_NAMES`, up to three folders down). Several candidates are an
+    error listing them; a file whose folder names another recipe (:data:`OTHER_RECIPES`) too."""
     p = Path(path)
     if p.is_file():
+        check_recipe(p, fmt)
         return p
     if p.is_dir():
-        for name in CHECKPOINT_NAMES[fmt]:
-            for cand in (p / name, *p.glob(f"*/{name}")):
-                if cand.is_file():
-                    return cand
+        found = sorted({c for name in CHECKPOINT_NAMES[fmt] for depth in range(_SEARCH_DEPTH + 1)
+                        for c in p.glob("/".join(["*"] * depth + [name])) if c.is_file()})
+        if len(found) == 1:
+            check_recipe(found[0], fmt)
+            return found[0]
+        if found:
+            raise CheckpointError(
+                f"{p} holds {len(found)} candidate {fmt} checkpoints ({', '.join(str(f.relative_to(p)) for f in found)}); "
+                f"pass the one to run as --model-path FILE (see docs/video.md)")
     raise FileNotFoundError(
         f"no {fmt} generator checkpoint at {p}: pass the file ({' or '.join(CHECKPOINT_NAMES[fmt])}) "
         f"or a folder holding it (see docs/video.md)")
+
+
+def check_recipe(file: Path, fmt: str) -> None:
+    """Refuse a checkpoint whose folder or file name says it is another recipe than ``fmt`` samples."""
+    names = f"{file.parent.name}/{file.name}".lower()
+    for pattern, what in OTHER_RECIPES[fmt]:
+        if re.search(pattern, names):
+            other = next((m for k, m in _RECIPE_MODEL.items() if k in what), None)
+            fix = (f"use --model {other}" if other and other != fmt
+                   else f"pass the {fmt} checkpoint as --model-path FILE (see docs/video.md)")
+            raise CheckpointError(f"{file} looks like {what} ('{file.parent.name}/{file.name}'), not what model "
+                                  f"'{fmt}' samples with; {fix}")
 
 
 def generator_state_dict(checkpoint: dict, fmt: str, key: str | None = None) -> dict[str, torch.Tensor]:

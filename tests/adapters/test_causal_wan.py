@@ -182,6 +182,53 @@ def test_hostile_wan_t5_and_vae_files_run_no_code(tmp_path):
     assert not marker.exists()
 
 
+def _touch(root, *rels):
+    for rel in rels:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"generator": {}}, root / rel)
+    return root
+
+
+def test_folder_with_several_released_checkpoints_is_an_error(tmp_path):
+    """CausVid's snapshot and Causal Forcing's checkpoints/ folder used to load the first glob match."""
+    from adapters.loading import CheckpointError
+    from adapters.wan.checkpoint import find_generator_file
+    snap = _touch(tmp_path / "CausVid", "autoregressive_checkpoint/model.pt", "bidirectional_checkpoint1/model.pt",
+                  "bidirectional_checkpoint2/model.pt")
+    with pytest.raises(CheckpointError) as e:
+        find_generator_file(snap, "causvid")
+    msg = str(e.value)
+    assert "3 candidate" in msg and "autoregressive_checkpoint/model.pt" in msg and "bidirectional_checkpoint1/model.pt" in msg
+    assert "--model-path FILE" in msg and "\n" not in msg
+    repo = _touch(tmp_path / "Causal-Forcing", "checkpoints/framewise/causal_forcing.pt",
+                  "checkpoints/chunkwise/causal_forcing.pt")
+    for root in (repo, repo / "checkpoints"):
+        with pytest.raises(CheckpointError, match="2 candidate causal-forcing checkpoints .*chunkwise/causal_forcing.pt"):
+            find_generator_file(root, "causal-forcing")
+    # one candidate, at the released depth, is found; the file itself always is
+    assert find_generator_file(repo / "checkpoints" / "framewise", "causal-forcing").parent.name == "framewise"
+    one = _touch(tmp_path / "cf", "checkpoints/framewise/causal_forcing.pt")
+    assert find_generator_file(one, "causal-forcing") == one / "checkpoints/framewise/causal_forcing.pt"
+    assert find_generator_file(snap / "autoregressive_checkpoint/model.pt", "causvid").parent.name == \
+        "autoregressive_checkpoint"
+
+
+@pytest.mark.parametrize("fmt,rel,what", [
+    ("causvid", "bidirectional_checkpoint1/model.pt", "bidirectional"),
+    ("causvid", "autoregressive_checkpoint_warp_4step_cfg2/model.pt", "another step count"),
+    ("causvid", "checkpoints/framewise/causal_forcing.pt", "--model causal-forcing"),
+    ("causal-forcing", "checkpoints/chunkwise/causal_forcing.pt", "chunk-wise"),
+    ("causal-forcing", "bidirectional_checkpoint2/model.pt", "bidirectional"),
+])
+def test_checkpoint_of_another_recipe_is_refused(tmp_path, fmt, rel, what):
+    from adapters.loading import CheckpointError
+    from adapters.wan.checkpoint import find_generator_file
+    _touch(tmp_path, rel)
+    with pytest.raises(CheckpointError, match=what) as e:
+        find_generator_file(tmp_path / rel, fmt)
+    assert str(tmp_path / rel) in str(e.value) and "\n" not in str(e.value)
+
+
 def test_wan_t5_checkpoint_to_umt5(tmp_path):
     from transformers import UMT5Config, UMT5EncoderModel
     ref = random_init_(UMT5EncoderModel(UMT5Config(**TINY_UMT5)), "t5-test").eval()
