@@ -394,3 +394,19 @@ def test_diffusers_layout_folder(tmp_path):
     torch.testing.assert_close(enc2(input_ids=ids).last_hidden_state, enc(input_ids=ids).last_hidden_state)
     for k, v in vae.state_dict().items():
         assert torch.equal(vae2.state_dict()[k], v), k
+
+
+def test_prompts_are_cleaned_as_wan_tokenizes_them(causvid6):
+    """HTML entities (escaped twice), mojibake and whitespace runs reach the T5 encoder cleaned."""
+    from adapters.wan.model import clean_prompt
+    dirty = "A red fox &amp;amp; a hare\n\t in the  caf\u00c3\u00a9 garden &lt;at dusk&gt;  "
+    clean = "A red fox & a hare in the café garden <at dusk>"
+    assert clean_prompt(dirty) == clean
+    seen = []
+    tok = causvid6.tokenizer
+    causvid6.tokenizer = lambda texts, **kw: seen.extend(texts) or tok(texts, **kw)
+    try:
+        a = causvid6.encode_prompt(dirty)
+    finally:
+        causvid6.tokenizer = tok
+    assert seen == [clean] and torch.equal(a, causvid6.encode_prompt(clean))
