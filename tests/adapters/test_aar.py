@@ -278,3 +278,14 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path, capsys):
     assert rows[0]["snr_db"] == float("inf") and rows[0]["kl"] == 0.0
     assert rows[1]["cache_mib"] < rows[1]["uncompressed_mib"]
     assert json.loads((tmp_path / "r.json").read_text())["rows"][1]["cache"] == "octopus@2"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_float32_by_default_on_every_device(monkeypatch, device):
+    """The release's inference runs in float32; 'auto' used to pick bfloat16 on CUDA."""
+    import adapters.aar as aar
+    from adapters.registry import get_model
+    monkeypatch.setattr(aar, "random_pipeline", lambda a, s, seed, dev, dtype, name: (dev, dtype))
+    for name in ("aar-tiny", "aar-random"):
+        assert get_model(name).load(None, device, "auto") == (torch.device(device), torch.float32)
+        assert get_model(name).load(None, device, "bfloat16") == (torch.device(device), torch.bfloat16)
