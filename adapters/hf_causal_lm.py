@@ -22,7 +22,7 @@ import torch
 from .hf_cache import CompressedCache, attach, geometry
 from .kv_cache import CacheConfig
 from .loading import cache_root, resolve
-from .model_store import prepare_gguf, prepared_smollm2
+from .model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2
 from .protocol import CachePolicy, Geometry, ModelAdapter
 from .registry import register_model
 
@@ -200,7 +200,7 @@ def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="au
     if not hub:
         p = Path(path).expanduser()
         if p.is_file() and p.suffix == ".gguf":
-            p = prepare_gguf(p, cache_root() / "models" / f"gguf-{p.stem}")
+            p = prepare_gguf(p, gguf_cache_dir(p))  # keyed by content: another file of this name is new
         elif not (p / "config.json").is_file():
             what = "does not exist" if not p.exists() else "has no config.json"
             raise FileNotFoundError(

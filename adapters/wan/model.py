@@ -13,6 +13,8 @@ generator the caller passes, so a rollout is a function of (prompt, seed) and th
 """
 from __future__ import annotations
 
+import html
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -31,6 +33,14 @@ WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim
                 out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
                 qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 
+
+
+def clean_prompt(text: str) -> str:
+    """A prompt as Wan's own T5 tokenizer cleans it before encoding: ``ftfy.fix_text`` (mojibake),
+    HTML entities unescaped twice (``&amp;amp;`` -> ``&``), whitespace runs collapsed to one space."""
+    import ftfy
+    text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+    return re.sub(r"\s+", " ", text).strip()
 
 @dataclass(frozen=True)
 class CausalWanSpec:
@@ -148,8 +158,7 @@ class CausalWan(ModelAdapter):
             g = private_generator("wan-random-prompt", text)
             emb = torch.randn(1, L, D, generator=g)
         else:
-            clean = " ".join(text.split())
-            tok = self.tokenizer([clean], max_length=L, padding="max_length", truncation=True,
+            tok = self.tokenizer([clean_prompt(text)], max_length=L, padding="max_length", truncation=True,
                                  add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
             ids = tok["input_ids"].to(self.text_encoder.device)
             mask = tok["attention_mask"].to(self.text_encoder.device)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from adapters.aar.pipeline import Rollout
 from adapters.cache_stats import cache_row_stats
 from adapters.kv_cache import CacheConfig
 from kernels import private_generator
@@ -112,6 +113,7 @@ class AudioTask(Task):
 
     modality = "audio"
     metrics = ("snr_db", "lsd", "log_mel_mse", "latent_cos", "top1_agree", "kl", "free_token_match")
+    baseline_types = (AudioBaseline, Rollout)
     option_defaults = {
         "clip_seconds": (10.0, "conditioning clip length, s (CLAP's window: no random crop)"),
         "cfg": (4.0, "classifier-free guidance at the last scale (ramped linearly from 0)"),

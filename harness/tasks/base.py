@@ -50,17 +50,20 @@ class Task:
             return parse_option(self.options[name], self.option_defaults.get(name, (None, ""))[0])
         return self.option_defaults[name][0]
 
-    # The runner stores each prompt's baseline on disk so a resumed run reuses it. Override both
-    # where torch.save cannot hold the object.
-    def save_baseline(self, baseline: Any, path: Path) -> None:
-        import torch
+    #: the dataclasses a baseline of this task may hold (the only classes read back from disk)
+    baseline_types: ClassVar[tuple[type, ...]] = ()
 
-        torch.save(baseline, path)
+    # The runner stores each prompt's baseline on disk so a resumed run reuses it: safetensors
+    # (tensors) with the rest as JSON in its header, never a pickle (see harness/tasks/baseline_io.py).
+    def save_baseline(self, baseline: Any, path: Path) -> None:
+        from .baseline_io import save_tree
+
+        save_tree(baseline, path)
 
     def load_baseline(self, path: Path) -> Any:
-        import torch
+        from .baseline_io import load_tree
 
-        return torch.load(path, weights_only=False)
+        return load_tree(path, self.baseline_types)
 
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         raise NotImplementedError

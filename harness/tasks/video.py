@@ -213,11 +213,10 @@ class VideoTask(Task):
     # the runner keeps baselines on disk for resumed runs: latents only (81 decoded 480x832 frames
     # are 388 MB); decoding is deterministic, so the frames are decoded again when first needed
     def save_baseline(self, baseline: VideoRollout, path: Path) -> None:
-        torch.save({"latents": baseline.latents}, path)
+        super().save_baseline({"latents": baseline.latents}, path)
 
     def load_baseline(self, path: Path) -> VideoRollout:
-        d = torch.load(path, weights_only=False)
-        return VideoRollout(d["latents"], None)
+        return VideoRollout(super().load_baseline(path)["latents"], None)
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: VideoRollout, out_dir: Path) -> dict:
         if baseline.frames is None:

@@ -83,6 +83,32 @@ def test_loads_release_format_and_reproduces_the_rollout(tmp_path, pipe, emb):
     assert "STAND-IN" in loaded.conditioning_label  # no CLAP folder given
 
 
+def test_hostile_release_file_runs_no_code(tmp_path, pipe):
+    """The loader used to fall back to an unsafe load exactly when the safe one refused a file."""
+    from hostile import save_hostile
+    from adapters.loading import CheckpointError
+    marker = tmp_path / "pwned"
+    _save_release(tmp_path, pipe)
+    f = save_hostile({"model_state_dict": dict(pipe.aar.state_dict())}, tmp_path / "AAR_d2_test.pth", marker)
+    with pytest.raises(CheckpointError) as e:
+        released_pipeline(tmp_path)
+    assert not marker.exists()
+    assert str(f) in str(e.value) and "['model_state_dict']" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_release_training_args_and_converted_safetensors_load(tmp_path, pipe):
+    import argparse
+    from safetensors.torch import save_file
+    _save_release(tmp_path, pipe)
+    ckpt = torch.load(tmp_path / "AAR_d2_test.pth")
+    torch.save({**ckpt, "args": argparse.Namespace(depth=2, lr=1e-4)}, tmp_path / "AAR_d2_test.pth")
+    assert released_pipeline(tmp_path).aar.cfg == AAR_CFG  # the release's pickled Namespace is allowed
+    (tmp_path / "AAR_d2_test.pth").unlink()
+    save_file({k: v.contiguous() for k, v in pipe.aar.state_dict().items()}, tmp_path / "AAR_d2_test.safetensors")
+    path = f"aar={tmp_path / 'AAR_d2_test.safetensors'},sat={tmp_path / 'SAT_tiny_test.pth'}"
+    assert released_pipeline(path).aar.cfg == AAR_CFG
+
+
 def test_load_errors_list_missing_unexpected_and_misshaped_keys(tmp_path, pipe):
     sd = dict(pipe.aar.state_dict())
     del sd["blocks.1.attn.q_bias"], sd["head.bias"]
@@ -252,3 +278,14 @@ def test_gpu_script_runs_tiny_on_the_cpu(tmp_path, capsys):
     assert rows[0]["snr_db"] == float("inf") and rows[0]["kl"] == 0.0
     assert rows[1]["cache_mib"] < rows[1]["uncompressed_mib"]
     assert json.loads((tmp_path / "r.json").read_text())["rows"][1]["cache"] == "octopus@2"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_float32_by_default_on_every_device(monkeypatch, device):
+    """The release's inference runs in float32; 'auto' used to pick bfloat16 on CUDA."""
+    import adapters.aar as aar
+    from adapters.registry import get_model
+    monkeypatch.setattr(aar, "random_pipeline", lambda a, s, seed, dev, dtype, name: (dev, dtype))
+    for name in ("aar-tiny", "aar-random"):
+        assert get_model(name).load(None, device, "auto") == (torch.device(device), torch.float32)
+        assert get_model(name).load(None, device, "bfloat16") == (torch.device(device), torch.bfloat16)

@@ -145,6 +145,90 @@ def test_load_errors_list_keys(tmp_path, tiny_transformer, fmt, prefix):
         load_released_generator(target, tmp_path / "nogen.pt", fmt)
 
 
+@pytest.mark.parametrize("fmt", ["causvid", "causal-forcing"])
+def test_hostile_generator_checkpoint_runs_no_code(tmp_path, tiny_transformer, fmt):
+    from hostile import save_hostile
+    from adapters.loading import CheckpointError
+    marker = tmp_path / "pwned"
+    native = {"model." + k: v for k, v in to_wan_native(tiny_transformer.state_dict()).items()}
+    f = save_hostile({"generator": native}, tmp_path / "model.pt", marker)
+    target = build_transformer(TINY_TRANSFORMER, "cpu", torch.float32, None)
+    with pytest.raises(CheckpointError) as e:
+        load_released_generator(target, f, fmt)
+    assert not marker.exists()
+    assert str(f) in str(e.value) and "save_file" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_converted_safetensors_generator_loads(tmp_path, tiny_transformer):
+    from safetensors.torch import save_file
+    ref = tiny_transformer.state_dict()
+    save_file({"model." + k: v.contiguous() for k, v in to_wan_native(ref).items()}, tmp_path / "model.safetensors")
+    target = build_transformer(TINY_TRANSFORMER, "cpu", torch.float32, None)
+    load_released_generator(target, tmp_path / "model.safetensors", "causvid")
+    assert all(torch.equal(target.state_dict()[k], ref[k]) for k in ref)
+
+
+def test_hostile_wan_t5_and_vae_files_run_no_code(tmp_path):
+    from hostile import save_hostile
+    from adapters.loading import CheckpointError
+    from adapters.wan.checkpoint import T5_ORIGINAL_FILE, VAE_ORIGINAL_FILE, load_vae
+    marker = tmp_path / "pwned"
+    save_hostile({"token_embedding.weight": torch.zeros(2, 2)}, tmp_path / T5_ORIGINAL_FILE, marker)
+    with pytest.raises(CheckpointError, match="Wan T5 encoder"):
+        load_t5_original(tmp_path / T5_ORIGINAL_FILE)
+    save_hostile({"encoder.conv1.weight": torch.zeros(1)}, tmp_path / VAE_ORIGINAL_FILE, marker)
+    with pytest.raises(CheckpointError, match="Wan VAE"):
+        load_vae(tmp_path, torch.float32)
+    assert not marker.exists()
+
+
+def _touch(root, *rels):
+    for rel in rels:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"generator": {}}, root / rel)
+    return root
+
+
+def test_folder_with_several_released_checkpoints_is_an_error(tmp_path):
+    """CausVid's snapshot and Causal Forcing's checkpoints/ folder used to load the first glob match."""
+    from adapters.loading import CheckpointError
+    from adapters.wan.checkpoint import find_generator_file
+    snap = _touch(tmp_path / "CausVid", "autoregressive_checkpoint/model.pt", "bidirectional_checkpoint1/model.pt",
+                  "bidirectional_checkpoint2/model.pt")
+    with pytest.raises(CheckpointError) as e:
+        find_generator_file(snap, "causvid")
+    msg = str(e.value)
+    assert "3 candidate" in msg and "autoregressive_checkpoint/model.pt" in msg and "bidirectional_checkpoint1/model.pt" in msg
+    assert "--model-path FILE" in msg and "\n" not in msg
+    repo = _touch(tmp_path / "Causal-Forcing", "checkpoints/framewise/causal_forcing.pt",
+                  "checkpoints/chunkwise/causal_forcing.pt")
+    for root in (repo, repo / "checkpoints"):
+        with pytest.raises(CheckpointError, match="2 candidate causal-forcing checkpoints .*chunkwise/causal_forcing.pt"):
+            find_generator_file(root, "causal-forcing")
+    # one candidate, at the released depth, is found; the file itself always is
+    assert find_generator_file(repo / "checkpoints" / "framewise", "causal-forcing").parent.name == "framewise"
+    one = _touch(tmp_path / "cf", "checkpoints/framewise/causal_forcing.pt")
+    assert find_generator_file(one, "causal-forcing") == one / "checkpoints/framewise/causal_forcing.pt"
+    assert find_generator_file(snap / "autoregressive_checkpoint/model.pt", "causvid").parent.name == \
+        "autoregressive_checkpoint"
+
+
+@pytest.mark.parametrize("fmt,rel,what", [
+    ("causvid", "bidirectional_checkpoint1/model.pt", "bidirectional"),
+    ("causvid", "autoregressive_checkpoint_warp_4step_cfg2/model.pt", "another step count"),
+    ("causvid", "checkpoints/framewise/causal_forcing.pt", "--model causal-forcing"),
+    ("causal-forcing", "checkpoints/chunkwise/causal_forcing.pt", "chunk-wise"),
+    ("causal-forcing", "bidirectional_checkpoint2/model.pt", "bidirectional"),
+])
+def test_checkpoint_of_another_recipe_is_refused(tmp_path, fmt, rel, what):
+    from adapters.loading import CheckpointError
+    from adapters.wan.checkpoint import find_generator_file
+    _touch(tmp_path, rel)
+    with pytest.raises(CheckpointError, match=what) as e:
+        find_generator_file(tmp_path / rel, fmt)
+    assert str(tmp_path / rel) in str(e.value) and "\n" not in str(e.value)
+
+
 def test_wan_t5_checkpoint_to_umt5(tmp_path):
     from transformers import UMT5Config, UMT5EncoderModel
     ref = random_init_(UMT5EncoderModel(UMT5Config(**TINY_UMT5)), "t5-test").eval()
@@ -310,3 +394,19 @@ def test_diffusers_layout_folder(tmp_path):
     torch.testing.assert_close(enc2(input_ids=ids).last_hidden_state, enc(input_ids=ids).last_hidden_state)
     for k, v in vae.state_dict().items():
         assert torch.equal(vae2.state_dict()[k], v), k
+
+
+def test_prompts_are_cleaned_as_wan_tokenizes_them(causvid6):
+    """HTML entities (escaped twice), mojibake and whitespace runs reach the T5 encoder cleaned."""
+    from adapters.wan.model import clean_prompt
+    dirty = "A red fox &amp;amp; a hare\n\t in the  caf\u00c3\u00a9 garden &lt;at dusk&gt;  "
+    clean = "A red fox & a hare in the café garden <at dusk>"
+    assert clean_prompt(dirty) == clean
+    seen = []
+    tok = causvid6.tokenizer
+    causvid6.tokenizer = lambda texts, **kw: seen.extend(texts) or tok(texts, **kw)
+    try:
+        a = causvid6.encode_prompt(dirty)
+    finally:
+        causvid6.tokenizer = tok
+    assert seen == [clean] and torch.equal(a, causvid6.encode_prompt(clean))

@@ -1,0 +1,114 @@
+"""Baselines on disk without pickles: a task's baseline (nested dicts, lists, tuples, tensors,
+plain values and the task's own dataclasses) is written as ONE safetensors file whose tensors are
+the baseline's tensors and whose header metadata holds the rest as JSON.
+
+Reading it back runs no code from the file: dataclasses are rebuilt only from the types the task
+names (:attr:`harness.tasks.base.Task.baseline_types`). A file written by an older harness with
+``torch.save`` is read with ``torch.load(weights_only=True)`` when it holds only tensors and plain
+containers; otherwise it is refused (:class:`BaselineFormatError`), never unpickled.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "kvcodec-harness baseline 1"
+
+
+class BaselineFormatError(ValueError):
+    """A stored baseline the harness will not read; the message names the file and the fix."""
+
+
+def save_tree(obj: Any, path: str | Path) -> None:
+    """Write ``obj`` to ``path`` (safetensors: tensors, plus the structure as JSON metadata)."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+
+    def enc(x):
+        if isinstance(x, torch.Tensor):
+            name = f"t{len(tensors)}"
+            # a copy: safetensors refuses tensors that share storage (views of one rollout buffer)
+            tensors[name] = x.detach().to("cpu", copy=True).contiguous()
+            return {"$tensor": name, "device": str(x.device)}
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        if isinstance(x, list):
+            return [enc(v) for v in x]
+        if isinstance(x, tuple):
+            return {"$tuple": [enc(v) for v in x]}
+        if isinstance(x, dict):
+            return {"$dict": [[enc(k), enc(v)] for k, v in x.items()]}
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return {"$dataclass": type(x).__qualname__,
+                    "fields": {f.name: enc(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init}}
+        raise TypeError(f"a baseline cannot hold a {type(x).__name__}: store tensors, numbers, strings, "
+                        f"lists, tuples, dicts or dataclasses")
+
+    tree = enc(obj)
+    save_file(tensors, str(path), metadata={"format": FORMAT, "tree": json.dumps(tree)})
+
+
+def load_tree(path: str | Path, types: tuple[type, ...] = ()) -> Any:
+    """Read what :func:`save_tree` wrote; dataclasses only of ``types``."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        return _legacy(path, e)
+    if meta.get("format") != FORMAT:
+        raise BaselineFormatError(f"baseline {path} is not a harness baseline (format {meta.get('format')!r}); "
+                                  f"delete it and it is computed again, or start over with --fresh")
+    by_name = {t.__qualname__: t for t in types}
+
+    def dec(x):
+        if isinstance(x, list):
+            return [dec(v) for v in x]
+        if not isinstance(x, dict):
+            return x
+        if "$tensor" in x:
+            t = tensors[x["$tensor"]]
+            dev = torch.device(x.get("device", "cpu"))
+            return t.to(dev) if dev.type == "cpu" or _available(dev) else t
+        if "$tuple" in x:
+            return tuple(dec(v) for v in x["$tuple"])
+        if "$dict" in x:
+            return {dec(k): dec(v) for k, v in x["$dict"]}
+        if "$dataclass" in x:
+            cls = by_name.get(x["$dataclass"])
+            if cls is None:
+                raise BaselineFormatError(f"baseline {path} holds a '{x['$dataclass']}', which this task does not "
+                                          f"store; delete it and it is computed again")
+            return cls(**{k: dec(v) for k, v in x["fields"].items()})
+        raise BaselineFormatError(f"baseline {path} is damaged (unknown entry {sorted(x)[:3]}); delete it and it "
+                                  f"is computed again")
+
+    return dec(json.loads(meta["tree"]))
+
+
+def _available(dev: torch.device) -> bool:
+    return dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) < torch.cuda.device_count()
+
+
+def _legacy(path: Path, why: Exception) -> Any:
+    """A baseline from before safetensors: plain tensors and containers only (weights_only)."""
+    import pickle
+    import zipfile
+
+    fix = "delete it and it is computed again, or start over with --fresh"
+    if not zipfile.is_zipfile(path):
+        raise BaselineFormatError(f"baseline {path} is neither a safetensors file nor a PyTorch file ({why}); {fix}")
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+        reason = "it pickles more than tensors" if isinstance(e, pickle.UnpicklingError) else "it is damaged"
+        raise BaselineFormatError(f"baseline {path} is an old pickle baseline that is not read ({reason}; the "
+                                  f"harness never runs code from a data file); {fix}") from None

@@ -1,0 +1,48 @@
+"""adapters/loading.py: checkpoint files are read as tensors only; anything else is a one-line error
+that names the file and the fix."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+from hostile import save_hostile
+
+from adapters.loading import CheckpointError, safe_torch_load
+
+
+def test_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    f = save_hostile({"state_dict": {"w": torch.ones(2)}}, tmp_path / "evil.pt", marker)
+    with pytest.raises(CheckpointError) as e:
+        safe_torch_load(f, "test checkpoint", "state_dict")
+    assert not marker.exists()
+    msg = str(e.value)
+    assert "\n" not in msg and str(f) in msg and "safetensors" in msg and "['state_dict']" in msg
+
+
+def test_release_training_args_are_allowed(tmp_path):
+    torch.save({"model_state_dict": {"w": torch.arange(3.0)}, "args": argparse.Namespace(lr=1e-4, depth=[16]),
+                "epoch": 7}, tmp_path / "ok.pth")
+    ckpt = safe_torch_load(tmp_path / "ok.pth")
+    assert torch.equal(ckpt["model_state_dict"]["w"], torch.arange(3.0)) and ckpt["args"].depth == [16]
+
+
+@pytest.mark.parametrize("content", [b"", b"not a checkpoint at all", b"PK\x03\x04truncated zip"])
+def test_corrupt_or_empty_file_is_one_line(tmp_path, content):
+    f = tmp_path / "model.pt"
+    f.write_bytes(content)
+    with pytest.raises(CheckpointError) as e:
+        safe_torch_load(f, "generator")
+    assert "\n" not in str(e.value) and str(f) in str(e.value) and "not a readable" in str(e.value)
+
+
+def test_safetensors_and_missing_file(tmp_path):
+    from safetensors.torch import save_file
+    save_file({"w": torch.ones(2, 3)}, tmp_path / "m.safetensors")
+    assert safe_torch_load(tmp_path / "m.safetensors")["w"].shape == (2, 3)
+    (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 3)
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        safe_torch_load(tmp_path / "bad.safetensors")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        safe_torch_load(tmp_path / "absent.pt")

@@ -1,0 +1,98 @@
+"""harness/tasks/baseline_io.py: baselines are stored as safetensors + JSON and read back without
+unpickling anything; a hostile pickle left in a run folder runs no code."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hostile import save_hostile
+
+from harness.tasks.baseline_io import BaselineFormatError, load_tree, save_tree
+
+
+@dataclass
+class Inner:
+    tokens: list
+    scale: float
+    cache: object = None
+
+
+@dataclass
+class Outer:
+    emb: torch.Tensor
+    inner: Inner
+    seconds: float
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return type(b) is dict and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return type(a) is type(b) and a == b
+
+
+def test_round_trip_every_kind_of_baseline(tmp_path):
+    base = torch.arange(12.0).reshape(3, 4)
+    tree = {"ids_sha": "ab12", "tokens": [1, 2, 3], "nll": base[0], "view": base[:, 1],  # views share storage
+            "top": (torch.tensor([[1, 2]], dtype=torch.int64), torch.ones(2, dtype=torch.bfloat16)),
+            "value": 7, 3: None, "inf": math.inf, "nan": math.nan, "flag": True, "empty": torch.zeros(0, 4)}
+    save_tree(tree, tmp_path / "b.pt")
+    assert _same(tree, load_tree(tmp_path / "b.pt"))
+    obj = Outer(torch.randn(1, 5), Inner([torch.tensor([3, 1]), torch.tensor([[4]])], 0.5), 10.0)
+    save_tree(obj, tmp_path / "d.pt")
+    back = load_tree(tmp_path / "d.pt", (Outer, Inner))
+    assert isinstance(back, Outer) and isinstance(back.inner, Inner) and back.inner.cache is None
+    assert _same(obj.emb, back.emb) and _same(obj.inner.tokens, back.inner.tokens) and back.seconds == 10.0
+    with pytest.raises(BaselineFormatError, match="does not store"):
+        load_tree(tmp_path / "d.pt", (Inner,))  # a class the task did not name is never built
+    with pytest.raises(TypeError, match="cannot hold a set"):
+        save_tree({"s": {1}}, tmp_path / "x.pt")
+
+
+def test_hostile_pickle_baseline_runs_no_code(tmp_path):
+    marker = tmp_path / "pwned"
+    f = save_hostile({"latents": torch.zeros(1)}, tmp_path / "000_prompt.pt", marker)
+    with pytest.raises(BaselineFormatError) as e:
+        load_tree(f)
+    assert not marker.exists()
+    assert str(f) in str(e.value) and "computed again" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_old_plain_pickle_baseline_still_reads(tmp_path):
+    torch.save({"latents": torch.ones(2, 3), "ids_sha": "x"}, tmp_path / "old.pt")
+    d = load_tree(tmp_path / "old.pt")
+    assert torch.equal(d["latents"], torch.ones(2, 3)) and d["ids_sha"] == "x"
+    (tmp_path / "junk.pt").write_bytes(b"garbage")
+    with pytest.raises(BaselineFormatError, match="neither a safetensors file nor a PyTorch file"):
+        load_tree(tmp_path / "junk.pt")
+
+
+def test_resuming_a_run_folder_with_a_hostile_baseline_runs_no_code(tmp_path):
+    """Resuming someone else's run folder used to unpickle its baselines/*.pt."""
+    from harness.config import RunConfig
+    from harness.runner import run
+    from tiny_lm import tiny_causal_lm
+
+    text = tmp_path / "fox.txt"
+    text.write_text(("The quick brown fox jumps over the lazy dog. " * 40).strip())
+    cfg = RunConfig(model="hf", model_path="(tiny)", tasks=["perplexity"], codecs=["kivi"], bits=[4],
+                    prompts=str(text), limit=1, residual=8,
+                    task_options={"perplexity": {"context": 100, "prefix": 40, "chunk": 20}})
+    lm = tiny_causal_lm("qwen2")
+    out = run(cfg, out=tmp_path / "run", model=lm, progress=False, log=lambda *_: None)
+    [stored] = list((out / "baselines").rglob("*.pt"))
+    with open(stored, "rb") as f:
+        assert f.read(8) != b"PK\x03\x04" and b"kvcodec-harness baseline" in f.read(4096)  # safetensors
+    (out / "rows.jsonl").write_text("")  # resume: every row again, from the stored baseline
+    marker = tmp_path / "pwned"
+    save_hostile({"nll": torch.zeros(1)}, stored, marker)
+    with pytest.raises(ValueError, match="never runs code"):
+        run(cfg, out=out, model=lm, progress=False, log=lambda *_: None)
+    assert not marker.exists()
