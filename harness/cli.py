@@ -223,7 +223,10 @@ def _delegate(module: str, what: str, argv: list[str]) -> int:
     if not hasattr(mod, "main"):
         print(f"harness {what}: {module} has no main(argv)", file=sys.stderr)
         return 2
-    return mod.main(argv) or 0
+    try:
+        return mod.main(argv) or 0
+    except (ValueError, OSError) as e:
+        return error(what, e)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,12 +251,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return {"run": cmd_run, "compare": cmd_compare, "report": cmd_report, "list": cmd_list}[a.cmd](a)
-    except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e:
-        if os.environ.get("HARNESS_DEBUG"):
-            raise
-        hint = "" if isinstance(e, (ValueError, FileNotFoundError)) else " (HARNESS_DEBUG=1 shows the traceback)"
-        print(f"harness {a.cmd}: error: {e}{hint}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError, ImportError, RuntimeError) as e:
+        return error(a.cmd, e)
+
+
+def error(cmd: str, e: BaseException) -> int:
+    """One line on stderr, ``harness CMD: error: ...`` (the message's own line breaks folded), and
+    exit code 2; HARNESS_DEBUG=1 re-raises for the traceback. ValueError (RunError, the adapters'
+    load errors) and OSError messages name the problem and the fix; others get the debug hint."""
+    if os.environ.get("HARNESS_DEBUG"):
+        raise e
+    text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in text:
+        text += f": {e.filename}"
+    hint = "" if isinstance(e, (ValueError, OSError)) else " (HARNESS_DEBUG=1 shows the traceback)"
+    print(f"harness {cmd}: error: {text}{hint}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

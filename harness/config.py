@@ -3,6 +3,7 @@ for the ``harness run`` command line (which :mod:`harness.cli` derives from thes
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
@@ -88,6 +89,48 @@ class RunConfig:
         if unknown:
             raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    def validate(self) -> list[str]:
+        """Check every field that needs no model (names are checked against the registries by
+        ``runner.resolve``) and drop repeated codecs, bits and tasks, keeping the first. Returns a
+        note per dropped repeat; raises :class:`RunError` naming the flag and the allowed values."""
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                                       or self.limit < 1):
+            raise RunError(f"--limit must be a positive number of prompts, got {self.limit}; "
+                           f"leave it out to run every prompt")
+        if self.residual < 0:
+            raise RunError(f"--residual must be >= 0 tokens, got {self.residual}")
+        if self.value_bits is not None and not 1 <= self.value_bits <= 16:
+            raise RunError(f"--value-bits must be in 1..16, got {self.value_bits}; leave it out to use the key bits")
+        if self.value_group < 1:
+            raise RunError(f"--value-group must be >= 1, got {self.value_group}")
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.bits):
+            raise RunError(f"--bits must be positive integers, got {self.bits}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
+            raise RunError(f"--device '{self.device}' is not a device; use auto, cpu, cuda or cuda:N")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RunError(f"--device {self.device}: CUDA is not available on this machine; "
+                               f"use --device cpu (or auto)")
+            index = int(self.device.partition(":")[2] or 0)
+            if index >= torch.cuda.device_count():
+                raise RunError(f"--device {self.device}: this machine has {torch.cuda.device_count()} CUDA "
+                               f"device(s); use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        from adapters.loading import DTYPES
+
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise RunError(f"--dtype '{self.dtype}' is not a dtype; use auto, {', '.join(sorted(DTYPES))}")
+        notes = []
+        for name, flag in (("codecs", "--codec"), ("bits", "--bits"), ("tasks", "--task")):
+            values = getattr(self, name)
+            unique = list(dict.fromkeys(values))
+            if len(unique) != len(values):
+                notes.append(f"{flag} {' '.join(map(str, values))}: each repeat is run once "
+                             f"({' '.join(map(str, unique))})")
+                setattr(self, name, unique)
+        return notes
 
     def digest(self) -> str:
         return hashlib.sha256(dumps(self.to_json()).encode()).hexdigest()[:8]

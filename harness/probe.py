@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -89,6 +90,7 @@ def split_sweep(dim: int, bits: tuple[int, ...], n: int, seeds: int) -> list[dic
     spends one more bit per triplet and so sits off that line."""
     if "octopus" not in list_codecs():
         return []
+    bits = tuple(b for b in bits if b in list_codecs()["octopus"])
     out = []
     keys = ("true_bits", "unit_mse", "cosine", "ip_error")
     for b in bits:
@@ -209,13 +211,43 @@ def plot(out: Path, table: list[dict], dim: int) -> None:
     plt.close(fig)
 
 
-def run(dim: int = 128, bits=DEFAULT_BITS, n: int = 4096, seeds: int = 3, codecs=None, out: Path | None = None,
-        sweep: bool = True, progress: bool = True) -> dict:
-    codecs = codecs or default_codecs()
+def validate(dim: int, bits, n: int, seeds: int, codecs, out: Path | None) -> tuple[tuple[int, ...], list[str]]:
+    """Check every argument before any work; returns (bits, codecs) with repeats dropped. Raises
+    ValueError naming the flag and what it takes. Each codec is built once at ``dim``, so a head
+    dimension a codec cannot take is refused here, not after the cells before it ran."""
     supported = list_codecs()
     for c in codecs:
         if c not in supported:
             raise ValueError(f"Unknown codec '{c}'. Available: {', '.join(supported)}")
+    if dim < 2:
+        raise ValueError(f"--dim must be a head dimension >= 2, got {dim}")
+    if n < 1:
+        raise ValueError(f"--n must be >= 1 vectors per seed, got {n}")
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    known = sorted({b for c in supported for b in supported[c]})
+    for b in bits:
+        if b not in known:
+            raise ValueError(f"--bits {b}: no codec supports it; use {known[0]}..{known[-1]}")
+    bits, codecs = tuple(dict.fromkeys(bits)), list(dict.fromkeys(codecs))
+    for c in codecs:
+        b = next((b for b in bits if b in supported[c]), None)
+        if b is not None:
+            try:
+                make_codec(c, b, dim, seed=0)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"--dim {dim}: {e}; pick another --dim or leave {c} out of --codecs") from None
+    if out is not None and out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; pass a folder path")
+    return bits, codecs
+
+
+def run(dim: int = 128, bits=DEFAULT_BITS, n: int = 4096, seeds: int = 3, codecs=None, out: Path | None = None,
+        sweep: bool = True, progress: bool = True) -> dict:
+    """The probe; with ``out``, probe.json (written last, atomically: never a partial one),
+    report.md and rate_distortion.png there."""
+    bits, codecs = validate(dim, bits, n, seeds, codecs or default_codecs(), out)
+    supported = list_codecs()
     cells = [(c, b) for c in codecs for b in bits if b in supported[c]]
     skipped = [(c, b) for c in codecs for b in bits if b not in supported[c]]
     table = []
@@ -236,9 +268,12 @@ def run(dim: int = 128, bits=DEFAULT_BITS, n: int = 4096, seeds: int = 3, codecs
     }
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "probe.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
         write_report(out, result)
-        plot(out, table, dim)
+        if table:
+            plot(out, table, dim)
+        tmp = out / "probe.json.tmp"
+        tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, out / "probe.json")
     return result
 
 

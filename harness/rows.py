@@ -56,8 +56,13 @@ def row_key(row: dict) -> tuple[str, str, str]:
     return row["task"], row["prompt"], row["label"]
 
 
+class CorruptRows(ValueError):
+    """A line inside rows.jsonl that is not a JSON row (a torn last line is not: it is repaired)."""
+
+
 def read_rows(path: Path, repair: bool = False) -> list[dict]:
-    """Complete rows of ``path``; with ``repair`` a torn last line (a crash mid-write) is cut off."""
+    """Complete rows of ``path``; with ``repair`` a torn last line (a crash mid-write) is cut off.
+    Any other line that is not a JSON object raises :class:`CorruptRows` naming the file and line."""
     if not path.exists():
         return []
     data = path.read_bytes()
@@ -65,7 +70,19 @@ def read_rows(path: Path, repair: bool = False) -> list[dict]:
     if repair and end != len(data):
         with open(path, "r+b") as f:
             f.truncate(end)
-    return [json.loads(line) for line in data[:end].decode().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(data[:end].split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CorruptRows(f"{path}:{i}: not a JSON row ({e}); delete or fix that line (the run "
+                              f"recomputes a missing row), or start over with --fresh") from None
+        if not isinstance(row, dict):
+            raise CorruptRows(f"{path}:{i}: not a JSON object; delete or fix that line, or start over with --fresh")
+        rows.append(row)
+    return rows
 
 
 def append_line(path: Path, line: str) -> None:
@@ -75,8 +92,27 @@ def append_line(path: Path, line: str) -> None:
         os.fsync(f.fileno())
 
 
+class UnsafePath(ValueError):
+    """A path built from input that would leave the run folder."""
+
+
 def safe_name(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
+    """One path component from any string: runs of characters other than letters, digits, '.', '_'
+    and '-' become '_' (slashes, NUL and the rest); '', '.' and '..' become '_', '_.' and '_..'."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(s))
+    return "_" + name if name in ("", ".", "..") else name
+
+
+def inside(root: Path, *parts) -> Path:
+    """``root / parts...``, refused (:class:`UnsafePath`) unless it resolves to a path inside ``root``
+    (symbolic links followed). Build ``parts`` with :func:`safe_name` where they come from input."""
+    root = Path(root)
+    path = root.joinpath(*map(str, parts))
+    top = root.resolve()
+    if not path.resolve().is_relative_to(top) or path.resolve() == top and parts:
+        raise UnsafePath(f"refusing to write {path}: it is not inside the run folder {root}; "
+                         f"rename the prompt or label that names it")
+    return path
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -33,17 +33,22 @@ from adapters.protocol import ModelAdapter
 
 from .config import DEFAULT_TASKS, RunConfig, RunError
 from .report import write_report
-from .rows import ID_FIELDS, append_line, atomic_write, dumps, read_rows, row_key, safe_name
+from .lock import LOCK_NAME, RunLock
+from .rows import ID_FIELDS, append_line, atomic_write, dumps, inside, read_rows, row_key, safe_name
 from .summary import summarize
 
 
 # --- the loop -----------------------------------------------------------------------------------
-def resolve(config: RunConfig) -> tuple[RunConfig, object]:
-    """Fill the model's default tasks; check model, codecs and tasks exist. Returns (config, model spec)."""
+def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
+    """Validate everything that needs no model and fill the model's default tasks: field values
+    (``RunConfig.validate``: repeats dropped with a note), model, task, codec names, task and codec
+    options, each codec against the bit widths. Returns (config, model spec)."""
     from adapters.registry import get_model
     from harness.tasks import get_task
     from kernels import codec_class
 
+    for note in config.validate():
+        log(note)
     spec = get_model(config.model)
     if not config.tasks:
         config.tasks = list(DEFAULT_TASKS.get(spec.modality, (spec.default_task,) if spec.default_task else ()))
@@ -61,7 +66,9 @@ def resolve(config: RunConfig) -> tuple[RunConfig, object]:
         codec_class(c)  # unknown codec -> "Unknown codec 'x'. Available: ..."
     if not config.bits:
         raise RunError("no bit widths given")
-    config.cache_configs()  # options for a codec the run does not have -> RunError
+    # options for a codec the run does not have, or that its Options reject -> RunError; no codec
+    # supporting any given bit width -> RunError (head-dim checks need the model: check_pairs again)
+    check_pairs(config.cache_configs(), None)
     return config, spec
 
 
@@ -114,34 +121,98 @@ def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int]
     return ok, skipped
 
 
-def prepare_out(config: RunConfig, out: Path | None, fresh: bool) -> Path:
-    out = Path(out) if out else config.default_out()
-    cfg_path = out / "config.json"
-    if fresh and out.exists():
-        for name in ("rows.jsonl", "summary.json", "report.md", "timings.jsonl", "model.json", "config.json"):
+RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "timings.jsonl", "model.json", "config.json")
+RUN_DIRS = ("baselines", "video", "audio")
+
+
+def check_out(out: Path) -> None:
+    """``out`` is a folder, or can be created as one, and can be written."""
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out} is a file, not a folder; pass a folder path")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RunError(f"--out {out}: {parent} is a file, not a folder; pass another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunError(f"--out {out}: {parent} is not writable; pass a folder you can write")
+
+
+def _run_config(path: Path) -> dict | None:
+    """The RunConfig JSON of a harness run folder's config.json; None where it is not one."""
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        RunConfig.from_json(d)
+    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+        return None
+    return d if isinstance(d, dict) and "version" in d else None
+
+
+def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
+    """Under the lock, before anything is written: ``out`` must be empty or a harness run folder
+    (by its config.json) of this configuration, or of any configuration with ``fresh``."""
+    entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+    if not entries:
+        return
+    old = _run_config(out / "config.json")
+    if old is None:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise RunError(f"--out {out} holds files that are not a harness run ({shown}); pass a new or "
+                       f"empty folder (--fresh only starts over a harness run folder)")
+    new = json.loads(dumps(config.to_json()))
+    if old != new and not fresh:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise RunError(f"{out} holds a run with another configuration (differs in: {', '.join(diff)}); "
+                       f"pass another --out, or --fresh to start it over")
+
+
+def start_out(config: RunConfig, out: Path, fresh: bool) -> None:
+    """Once the model has loaded: with ``fresh`` delete the run files of ``out`` (claimed by
+    ``claim_out``), then write config.json."""
+    if fresh:
+        for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
-        shutil.rmtree(out / "baselines", ignore_errors=True)
-    if cfg_path.exists():
-        old = json.loads(cfg_path.read_text())
-        new = json.loads(dumps(config.to_json()))
-        if old != new:
-            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            raise RunError(f"{out} holds a run with another configuration (differs in: {', '.join(diff)}); "
-                           f"pass another --out, or --fresh to start it over")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(cfg_path, dumps(config.to_json(), indent=2) + "\n")
-    return out
+        for name in RUN_DIRS:
+            shutil.rmtree(out / name, ignore_errors=True)
+        for f in [*out.glob("*.png"), *out.glob("*.tmp")]:
+            f.unlink(missing_ok=True)
+    atomic_write(out / "config.json", dumps(config.to_json(), indent=2) + "\n")
 
 
 def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=None,
         on_row: Callable[[dict], None] | None = None, progress: bool = True, log=print) -> Path:
     """Run (or resume) ``config``; returns the run folder. ``model``: an already loaded model
-    (tests); ``on_row(row)`` is called after each row is stored."""
-    from harness.tasks import get_task
-    from tqdm.auto import tqdm
+    (tests); ``on_row(row)`` is called after each row is stored.
 
-    config, spec = resolve(config)
-    out = prepare_out(config, out, fresh)
+    Every argument is checked before the folder is touched or the model loads; the folder is
+    locked (:class:`harness.lock.RunLock`) and claimed (``claim_out``); nothing in it changes
+    until the model has loaded and passed its checks. A folder this call created is removed
+    again if it fails before then."""
+    config, spec = resolve(config, log)
+    work = plan(config, log)
+    out = Path(out) if out else config.default_out()
+    check_out(out)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"--out {out}: cannot create it ({e.strerror}); pass another --out") from None
+    with RunLock(out):
+        started = False
+        try:
+            claim_out(config, out, fresh)
+            model, cache_configs, skipped = _load(config, spec, model, log)
+            start_out(config, out, fresh)
+            started = True
+        finally:
+            if created and not started:  # ours, and still empty but for the lock: leave nothing behind
+                shutil.rmtree(out, ignore_errors=True)
+        _loop(config, out, model, cache_configs, skipped, work, on_row, progress, log)
+    return out
+
+
+def _load(config: RunConfig, spec, model, log) -> tuple[ModelAdapter, list[CacheConfig], list[dict]]:
+    """The model (loaded unless given) and the cache configurations it can run, with the skipped."""
     if model is None:
         log(f"loading {config.model}" + (f" from {config.model_path}" if config.model_path else ""))
         model = spec.load(config.model_path, config.device, config.dtype)
@@ -149,6 +220,23 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
         raise RunError(f"model '{config.model}' must be a {spec.modality} adapters.protocol.ModelAdapter, "
                        f"got {type(model).__name__} ({getattr(model, 'modality', '?')})")
     cache_configs, skipped = check_pairs(config.cache_configs(), model.geometry)
+    return model, cache_configs, skipped
+
+
+def plan(config: RunConfig, log=print) -> list[tuple[str, object, list]]:
+    """(task name, task, its prompts) per task: prompt sources are read before the model loads."""
+    from harness.tasks import get_task
+
+    out = []
+    for name in config.tasks:
+        task = get_task(name)(**config.task_options.get(name, {}))
+        out.append((name, task, unique_prompts(name, task.prompts(config.prompts, config.limit), log)))
+    return out
+
+
+def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_row, progress: bool, log) -> None:
+    from tqdm.auto import tqdm
+
     for s in skipped:
         log(f"skipping {s['label']}: {s['reason']}")
     # the exact codec config each row ran (every layer's codec is this one with its own layer index)
@@ -158,18 +246,10 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
 
     rows_path = out / "rows.jsonl"
     done = {row_key(r) for r in read_rows(rows_path, repair=True)}
-    tasks = [(name, get_task(name)(**config.task_options.get(name, {}))) for name in config.tasks]
-    plan = []
-    for name, task in tasks:
-        prompts = task.prompts(config.prompts, config.limit)
-        ids = [p.id for p in prompts]
-        if len(set(ids)) != len(ids):
-            raise RunError(f"task '{name}' produced duplicate prompt ids: rows are keyed by them")
-        plan.append((name, task, prompts))
-    total = sum(len(p) for _, _, p in plan) * len(cache_configs)
+    total = sum(len(p) for _, _, p in work) * len(cache_configs)
     bar = tqdm(total=total, initial=len(done), desc="rows", disable=not progress, unit="row", dynamic_ncols=True)
     try:
-        for name, task, prompts in plan:
+        for name, task, prompts in work:
             for prompt in prompts:
                 todo = [cc for cc in cache_configs if (name, prompt.id, cc.label) not in done]
                 if not todo:
@@ -196,11 +276,26 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
     finally:
         bar.close()
     finish(out)
+
+
+def unique_prompts(task: str, prompts: list, log=print) -> list:
+    """``prompts`` with repeats (same id, same data) dropped with a note; one id naming two
+    different prompts is an error (rows are keyed by the id)."""
+    seen, out = {}, []
+    for p in prompts:
+        if p.id in seen:
+            if dumps(seen[p.id].data) != dumps(p.data):
+                raise RunError(f"task '{task}': prompt id '{p.id}' names two different prompts; "
+                               f"give each prompt its own id")
+            log(f"{task}: prompt '{p.id}' is repeated; it is run once")
+            continue
+        seen[p.id] = p
+        out.append(p)
     return out
 
 
 def _baseline(task, name: str, model, prompt, seed: int, out: Path):
-    path = out / "baselines" / safe_name(name) / f"{safe_name(prompt.id)}.pt"
+    path = inside(out, "baselines", safe_name(name), f"{safe_name(prompt.id)}.pt")
     if path.exists():
         return task.load_baseline(path)
     baseline = task.baseline(model, prompt, seed)

@@ -25,6 +25,7 @@ from adapters.kv_cache import CacheConfig
 from kernels import private_generator
 from metrics import audio as am
 
+from ..rows import inside, safe_name
 from .base import Prompt, Task, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "audio"
@@ -104,7 +105,7 @@ def _spectrogram_png(path: Path, base: np.ndarray, x: np.ndarray, sr: int, title
 
 
 def _safe(label: str) -> str:
-    return label.replace("@", "-").replace("/", "_")
+    return safe_name(label.replace("@", "-").replace("/", "_"))
 
 
 @register_task("audio")
@@ -184,7 +185,8 @@ class AudioTask(Task):
         return row
 
     def _write_artifacts(self, model, prompt, label, base, free, tf, row, out_dir: Path) -> dict:
-        sr, rel = model.sample_rate, Path("audio") / prompt.id
+        sr, rel = model.sample_rate, Path("audio") / safe_name(prompt.id)  # ids come from file names / manifests
+        inside(out_dir, rel)
         arts = {}
         curves = {"scales": list(model.aar.cfg.scales),
                   "top1_agree": am.per_scale(self.metric("top1_agree"), base.logits, tf.logits),

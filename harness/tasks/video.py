@@ -29,6 +29,7 @@ from adapters.kv_cache import CacheConfig, CompressedKVCache
 from kernels import private_generator
 from metrics import video as vm
 
+from ..rows import inside, safe_name
 from .base import Prompt, Task, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "video"
@@ -252,10 +253,10 @@ class VideoTask(Task):
 
     # --- artifacts ---------------------------------------------------------------------------
     def _write_artifacts(self, model, prompt, label, base, r, row, curves, out_dir: Path) -> dict:
-        rel = Path("video") / prompt.id
-        d = out_dir / rel
+        rel = Path("video") / safe_name(prompt.id)  # ids come from the prompt file: one checked component
+        d = inside(out_dir, rel)
         d.mkdir(parents=True, exist_ok=True)
-        name = _safe(label)
+        name = safe_name(_safe(label))
         drift = {"prompt": prompt.data, "label": label, "frames_per_block": model.spec.frames_per_block,
                  "latent_frames": int(r.latents.shape[2]), "pixel_frames": int(r.frames.shape[0]),
                  "note": "null = +inf (identical frame)", **curves}

@@ -95,3 +95,89 @@ def test_bad_task_option(capsys, tmp_path):
     assert main(["run", "--task", "perplexity", "--task-opt", "perplexity.context=lots", "--quiet",
                  "--out", str(tmp_path / "y")]) == 2
     assert "perplexity.context='lots'" in capsys.readouterr().err
+
+
+def _one_line_error(capsys, message):
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("harness ") and ": error: " in lines[0], err
+    assert message in lines[0] and "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--limit", "0"], "--limit must be a positive number"), (["--limit", "-1"], "--limit must be a positive number"),
+    (["--residual", "-5"], "--residual must be >= 0"), (["--bits", "9"], "does not support bits=9"),
+    (["--dtype", "float8"], "--dtype 'float8' is not a dtype"), (["--value-bits", "0"], "--value-bits must be"),
+])
+def test_bad_arguments_are_one_line_before_the_model_loads(ckpt, capsys, tmp_path, extra, message):
+    args = ["run", "--model", "hf", "--model-path", str(ckpt), "--codec", CODEC, "--bits", "2", "--task", "perplexity",
+            "--quiet", "--out", str(tmp_path / "x")]
+    assert main(args + extra) == 2
+    _one_line_error(capsys, message)
+    assert not (tmp_path / "x").exists()  # no config.json to block the corrected command
+
+
+def test_out_that_is_a_file_or_unwritable(capsys, tmp_path):
+    (tmp_path / "f").write_text("mine")
+    for out in (tmp_path / "f", tmp_path / "f" / "sub"):
+        assert main(["run", "--codec", CODEC, "--bits", "2", "--task", "perplexity", "--out", str(out)]) == 2
+        _one_line_error(capsys, "is a file, not a folder")
+    assert (tmp_path / "f").read_text() == "mine"
+    import os
+
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o500)
+        assert main(["run", "--codec", CODEC, "--bits", "2", "--task", "perplexity",
+                     "--out", str(tmp_path / "ro" / "run")]) == 2
+        _one_line_error(capsys, "is not writable")
+
+
+def test_load_errors_are_one_line(ckpt, capsys, tmp_path, monkeypatch):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt, bad)
+    (bad / "config.json").write_text("{not json")
+    assert main(["run", "--model", "hf", "--model-path", str(bad), "--codec", CODEC, "--bits", "2", "--task",
+                 "perplexity", "--limit", "1", "--quiet", "--out", str(tmp_path / "o")]) == 2
+    _one_line_error(capsys, "config.json")
+    assert not (tmp_path / "o").exists()
+
+    # the adapters raise ValueError subclasses for a corrupt or refused checkpoint: one line, exit 2
+    class CheckpointError(ValueError):
+        pass
+
+    def corrupt(*a, **k):
+        raise CheckpointError("checkpoint /x/model.pt is empty or corrupt\nre-download it")
+
+    import adapters.hf_causal_lm as hf
+
+    monkeypatch.setattr(hf, "load_checkpoint", corrupt)
+    assert main(["run", "--model", "hf", "--model-path", str(ckpt), "--codec", CODEC, "--bits", "2", "--task",
+                 "perplexity", "--limit", "1", "--quiet", "--out", str(tmp_path / "o")]) == 2
+    assert _one_line_error(capsys, "is empty or corrupt re-download it")
+    assert not (tmp_path / "o").exists()
+
+
+def test_device_cuda_without_cuda(capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["run", "--device", "cuda", "--codec", CODEC, "--bits", "2", "--task", "perplexity", "--quiet",
+                 "--out", str(tmp_path / "x")]) == 2
+    _one_line_error(capsys, "CUDA is not available on this machine; use --device cpu")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--dim", "0"], "--dim must be a head dimension >= 2"), (["--dim", "1"], "--dim must be"),
+    (["--dim", "-4"], "--dim must be"), (["--n", "0"], "--n must be >= 1"), (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--codecs", "zip"], "Unknown codec 'zip'. Available:"), (["--bits", "9"], "--bits 9: no codec supports it"),
+    (["--dim", "5", "--codecs", "polarquant-2d"], "head_dim must be even"),
+])
+def test_probe_arguments_are_checked_first(capsys, tmp_path, extra, message):
+    args = ["probe", "--dim", "64", "--n", "64", "--seeds", "1", "--codecs", CODEC, "--bits", "2", "--no-sweep"]
+    assert main(args + extra + ["--out", str(tmp_path / "p")]) == 2
+    _one_line_error(capsys, message)
+    assert not (tmp_path / "p").exists()

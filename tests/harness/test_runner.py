@@ -80,6 +80,7 @@ def test_run_resume_and_determinism(lm, textfile, tmp_path):
     out = tmp_path / "crashed"
     with pytest.raises(Crash):
         run(_config(textfile), out=out, model=lm, progress=False, on_row=crash, log=lambda *_: None)
+    assert not (out / ".lock").exists()  # released on the exception
     with open(out / "rows.jsonl", "a") as f:
         f.write('{"task": "perplexity", "prom')
     n_baselines = len(list((out / "baselines").rglob("*.pt")))
@@ -163,3 +164,100 @@ def test_report_and_compare(lm, textfile, tmp_path):
     assert "## perplexity" in text and "a: none" in text and f"b: {TWO[0]}@2" in text and "Δ mean vs baseline" in text
     with pytest.raises(FileNotFoundError, match="not a run folder"):
         compare([tmp_path / "missing"])
+
+
+def _one(textfile, **kw) -> RunConfig:
+    return _config(textfile, **{"tasks": ["perplexity"], "codecs": TWO[:1], "bits": [2], "limit": 1, **kw})
+
+
+def test_folder_with_foreign_files_is_refused_and_kept(lm, textfile, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("my notes")
+    (out / "summary.json").write_text("{}")
+    for fresh in (False, True):
+        with pytest.raises(RunError, match="holds files that are not a harness run .*report.md"):
+            run(_one(textfile), out=out, fresh=fresh, model=lm, progress=False, log=lambda *_: None)
+    assert sorted(p.name for p in out.iterdir()) == ["report.md", "summary.json"]
+    assert (out / "report.md").read_text() == "my notes"
+    (out / "config.json").write_text('{"version": 1, "not": "ours"}')  # a config.json, not a RunConfig
+    with pytest.raises(RunError, match="not a harness run"):
+        run(_one(textfile), out=out, fresh=True, model=lm, progress=False, log=lambda *_: None)
+
+
+def test_fresh_starts_over_only_after_validation(lm, textfile, tmp_path):
+    out = run(_one(textfile), out=tmp_path / "run", model=lm, progress=False, log=lambda *_: None)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for bad in (dict(residual=-5), dict(bits=[9]), dict(limit=0), dict(codecs=["nope"])):
+        with pytest.raises(ValueError):
+            run(_one(textfile, **bad), out=out, fresh=True, model=lm, progress=False, log=lambda *_: None)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before, bad
+    (out / "notes.txt").write_text("kept")  # not a run file: --fresh leaves it
+    run(_one(textfile, residual=16), out=out, fresh=True, model=lm, progress=False, log=lambda *_: None)
+    assert json.loads((out / "config.json").read_text())["residual"] == 16
+    assert len(read_rows(out / "rows.jsonl")) == 2 and (out / "notes.txt").read_text() == "kept"
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(limit=0), "--limit must be a positive number"), (dict(limit=-1), "--limit must be a positive number"),
+    (dict(residual=-5), "--residual must be >= 0"), (dict(value_bits=0), "--value-bits must be in 1..16"),
+    (dict(value_group=0), "--value-group must be >= 1"), (dict(bits=[9]), "does not support bits=9"),
+    (dict(device="gpu"), "is not a device"), (dict(dtype="float8"), "--dtype 'float8' is not a dtype"),
+    (dict(codec_options={TWO[0]: {"nope": "1"}}), "--codec-opt"),
+    (dict(prompts="/nonexistent/prompts.txt"), "nonexistent"),
+])
+def test_bad_arguments_fail_before_the_model_loads_and_leave_nothing(textfile, tmp_path, bad, message):
+    # no model given: loading model_path '(tiny)' would fail with another message, so a match
+    # shows the argument was refused before the load
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        run(_one(textfile, **bad), out=tmp_path / "run", progress=False, log=lambda *_: None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_cuda_without_cuda_is_an_error(textfile, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RunError, match="CUDA is not available on this machine; use --device cpu"):
+        run(_one(textfile, device="cuda"), out=tmp_path / "run", progress=False, log=lambda *_: None)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_failed_load_leaves_nothing_and_the_corrected_command_runs(lm, textfile, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(RunError, match="no requested codec/bit width"):
+        run(_one(textfile, bits=[1]) if 1 not in list_codecs()[TWO[0]] else _one(textfile, bits=[9]), out=out,
+            model=lm, progress=False, log=lambda *_: None)
+    assert not out.exists()
+    run(_one(textfile), out=out, model=lm, progress=False, log=lambda *_: None)
+    assert len(read_rows(out / "rows.jsonl")) == 2
+
+
+def test_repeats_run_once(lm, textfile, tmp_path):
+    notes = []
+    out = run(_config(textfile, tasks=["perplexity", "perplexity"], codecs=[TWO[0], TWO[0]], bits=[2, 2], limit=1),
+              out=tmp_path / "run", model=lm, progress=False, log=notes.append)
+    assert [r["label"] for r in read_rows(out / "rows.jsonl")] == ["none", f"{TWO[0]}@2"]
+    assert any(n.startswith("--codec") and "run once" in n for n in notes)
+    assert any(n.startswith("--bits 2 2") for n in notes) and any(n.startswith("--task") for n in notes)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["codecs"] == [TWO[0]] and cfg["bits"] == [2] and cfg["tasks"] == ["perplexity"]
+
+
+def test_repeated_prompts_run_once():
+    from harness.runner import unique_prompts
+    from harness.tasks.base import Prompt
+
+    notes = []
+    got = unique_prompts("t", [Prompt("a", "x"), Prompt("b", "y"), Prompt("a", "x")], notes.append)
+    assert [p.id for p in got] == ["a", "b"] and notes == ["t: prompt 'a' is repeated; it is run once"]
+    with pytest.raises(RunError, match="prompt id 'a' names two different prompts"):
+        unique_prompts("t", [Prompt("a", "x"), Prompt("a", "z")])
+
+
+def test_corrupt_rows_line_is_an_error_naming_file_and_line(lm, textfile, tmp_path):
+    out = run(_one(textfile), out=tmp_path / "run", model=lm, progress=False, log=lambda *_: None)
+    lines = (out / "rows.jsonl").read_text().splitlines(keepends=True)
+    (out / "rows.jsonl").write_text(lines[0][:20] + "\n" + lines[1])
+    with pytest.raises(ValueError, match=f"{out / 'rows.jsonl'}:1: not a JSON row"):
+        run(_one(textfile), out=out, model=lm, progress=False, log=lambda *_: None)

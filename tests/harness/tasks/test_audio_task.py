@@ -97,3 +97,20 @@ def test_evaluate_none_and_a_codec(model, task, tmp_path):
     assert curves["scales"] == list(SCALES) and len(curves["kl"]) == len(SCALES)
     assert curves["kl"][0] == 0.0  # scale 0 reads only its own (native) tokens
     assert "STAND-IN" in curves["conditioning"]
+
+
+@pytest.mark.parametrize("pid", ["ABSOLUTE", "../../x", "a\x00b/../../c", ".."])
+def test_hostile_prompt_ids_stay_inside_the_run_folder(model, task, tmp_path, pid):
+    """A manifest's ids go into artifact paths: nothing may be written outside the run folder."""
+    if pid == "ABSOLUTE":
+        pid = str(tmp_path / "outside" / "abs")
+    out = tmp_path / "a" / "run"
+    out.mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    p = Prompt(pid, synthetic_clips(1.0)["synth_tone"])
+    base = task.baseline(model, p, seed=0)
+    row = task.evaluate(model, p, CacheConfig("octopus", 2), 0, base, out)
+    assert [q for q in sorted(tmp_path.rglob("*")) if q not in before and not q.is_relative_to(out)] == []
+    assert not (tmp_path / "outside").exists()
+    for rel in row["artifacts"].values():
+        assert (out / rel).resolve().is_relative_to((out / "audio").resolve()) and (out / rel).is_file()

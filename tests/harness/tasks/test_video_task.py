@@ -79,3 +79,32 @@ def test_run_through_the_runner_and_resume(model, tmp_path):
 def test_rejects_a_text_model():
     with pytest.raises(TypeError, match="video model"):
         VideoTask().baseline(object(), Prompt("x", "y"), 0)
+
+
+def _listing(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_hostile_prompt_ids_stay_inside_the_run_folder(model, tmp_path):
+    """Prompt ids go into artifact paths: absolute ids, '../' and NUL/slashes must not leave --out."""
+    from harness.config import RunConfig
+    from harness.rows import read_rows
+    from harness.runner import run
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    ids = [str(outside / "abs"), "../../x", "a\x00b/../../c", ".."]
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([{"id": i, "prompt": f"a cat {n}"} for n, i in enumerate(ids)]))
+    before = _listing(tmp_path)
+    cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], prompts=str(prompts),
+                    baseline=False, task_options={"video": {"save_video": "false", "lpips": "false"}})
+    out = run(cfg, out=tmp_path / "a" / "run", model=model, progress=False, log=lambda *a: None)
+    after = _listing(tmp_path)
+    assert [p for p in after if p not in before and not p.startswith("a/run")] == ["a"]
+    assert _listing(outside) == []
+    rows = read_rows(out / "rows.jsonl")
+    assert [r["prompt"] for r in rows] == ids  # rows keep the ids as given; only paths are sanitised
+    for r in rows:
+        for rel in r["artifacts"].values():
+            assert (out / rel).resolve().is_relative_to((out / "video").resolve()) and (out / rel).is_file()
