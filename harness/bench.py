@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-splits", type=int, default=None)
     p.add_argument("--no-lut", action="store_true", help="skip the table-lookup CUDA kernel")
     p.add_argument("--lut-config", default=None, help="JSON launch config for the table-lookup kernel")
+    p.add_argument("--lut-compare", default=None,
+                   help="JSON launch config of a second table-lookup variant timed in the same row, e.g. "
+                        "'{\"merge\": \"launch\"}' (the separate combine launch)")
     p.add_argument("--no-triton", action="store_true",
                    help="skip timing the Triton kernel (rows then report the table-lookup kernel alone)")
     p.add_argument("--tune", action="store_true",
@@ -228,6 +231,7 @@ def run(args) -> dict:
         "rows": [], "encode": [], "correctness": {}, "lut_refused": {},
     }
     lut_cfg = json.loads(args.lut_config) if args.lut_config else None
+    lut_alt_cfg = json.loads(args.lut_compare) if args.lut_compare else None
     bw_copy = copy_bandwidth(dev)
     result["copy_bandwidth_Bps"] = bw_copy
     print(f"device {props.name}: copy bandwidth {bw_copy / 1e9:.0f} GB/s (read + write)", flush=True)
@@ -276,7 +280,7 @@ def run(args) -> dict:
                             return _time(fused_all, rep) / ncp
 
                         # the table-lookup CUDA kernel, where it covers the codec (its reason otherwise)
-                        t_lut, lut_info = None, {}
+                        t_lut, lut_info, t_lut_alt = None, {}, None
                         why_lut = "--no-lut" if args.no_lut else lut_supports(codec, q.dtype, Hq // Hkv, dev, Hkv)
                         if why_lut is None:
                             kl = f"{shape}/{name}@{bits} lut"
@@ -284,6 +288,8 @@ def run(args) -> dict:
                                 result["correctness"][kl] = check_correctness(codec, Hq, Hkv, d, dev,
                                                                               decode_attention_lut)
                             t_lut = timed({"config": lut_cfg} if lut_cfg else {}, fn=decode_attention_lut)
+                            if lut_alt_cfg is not None:
+                                t_lut_alt = timed({"config": (lut_cfg or {}) | lut_alt_cfg}, fn=decode_attention_lut)
                             sf = LAST_LAUNCH.get("split")
                             lut_info = {"regs": getattr(sf, "num_regs", None),
                                         "local_bytes": getattr(sf, "local_size_bytes", None),
@@ -349,6 +355,9 @@ def run(args) -> dict:
                             "extra_alloc_bytes": extra, "fp_key_tensor_bytes": key_fp,
                             "tune_us": {k: v * 1e6 for k, v in variants.items()}, "lut_kernel": lut_info,
                         }
+                        if t_lut_alt is not None:
+                            row["lut_compare_us"] = t_lut_alt * 1e6
+                            row["lut_compare_ratio_vs_sdpa"] = t_lut_alt / t_sdpa
                         if name in TARGETS and ctx >= 32 * 1024:
                             row["target_ratio"] = TARGETS[name].get(bits)
                             row["meets_ratio"] = row["best_ratio_vs_sdpa"] <= TARGETS[name].get(bits, 0)
@@ -356,6 +365,9 @@ def run(args) -> dict:
                                 row["meets_bw"] = row["frac_of_copy_bw"] >= TARGET_BW
                         result["rows"].append(row)
                         print(_row_line(row), flush=True)
+                        if t_lut_alt is not None:
+                            print(f"   lut variant {lut_alt_cfg}: {t_lut_alt * 1e6:.1f} us "
+                                  f"({t_lut_alt / t_sdpa:.3f} x sdpa; lut / variant {t_lut / t_lut_alt:.3f})", flush=True)
                         del ks, vs
                 torch.cuda.empty_cache()
     if not args.no_encode:
@@ -437,6 +449,16 @@ def to_markdown(res: dict) -> str:
             lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['bits']} | "
                          f"{r.get('auto_path', 'triton')} | {r.get('best_ratio_vs_sdpa', r['ratio_vs_sdpa']):.3f} | "
                          f"{'yes' if r['meets_ratio'] else 'no'} | {r['frac_of_copy_bw']:.2f} | {bw} |")
+    cmp_rows = [r for r in res["rows"] if r.get("lut_compare_us") is not None]
+    if cmp_rows:
+        lines += ["", f"## Table-lookup kernel against the variant {res['config'].get('lut_compare')} (same rows, "
+                  "same process)", "",
+                  "| shape | B | ctx | b | sdpa us | lut us | variant us | lut x sdpa | variant x sdpa | lut / variant |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in cmp_rows:
+            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['bits']} | {r['sdpa_us']:.1f} | "
+                         f"{r['lut_us']:.1f} | {r['lut_compare_us']:.1f} | {r['lut_ratio_vs_sdpa']:.3f} | "
+                         f"{r['lut_compare_ratio_vs_sdpa']:.3f} | {r['lut_us'] / r['lut_compare_us']:.3f} |")
     if res.get("lut_refused"):
         lines += ["", "## Table-lookup kernel not run", ""]
         lines += [f"- {k}: {v}" for k, v in res["lut_refused"].items()]

@@ -32,6 +32,12 @@ The CTA merges its warps and writes unnormalised partial outputs and (max, sum) 
 
 Kernel 2 lut_combine, grid (B * Hq), D threads: attends the native window and merges the
 splits in one softmax, writes the output (and the natural log-sum-exp).
+
+MERGE_IN (config merge 'kernel', opt-in): no second launch; each CTA of lut_split bumps an int32
+arrival counter per (batch, KV head) after writing its partials, and the last one (which resets
+the counter) runs merge_splits for all G heads. Slower than the combine launch in every row of the
+H100 benchmark (docs/decode_lut.md): the merge becomes one CTA's serial tail, and compiling it in
+costs the main loop registers (128 against 119).
 */
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -67,7 +73,18 @@ typedef unsigned long long u64;
 #define MB_OFF (((RHO_OFF + RHO_BYTES) + 15) / 16 * 16)
 #define QB_OFF (MB_OFF + ((NW * NSTAGE * 8 + 15) / 16 * 16))
 #define ST_OFF (QB_OFF + 8 * D * 4)
-#define MERGE_BYTES (NW * 8 * D * 4 + NW * 64)
+#define MCH 32   /* window tokens per pass of the in-kernel merge */
+#define SCH 128  /* splits per pass of the in-kernel merge */
+#ifndef MERGE_IN
+#define MERGE_IN 0
+#endif
+#if MERGE_IN
+#define MSCR_BYTES ((24 + NW * 8 + G * D + MCH * 8 + SCH * 8) * 4)
+#else
+#define MSCR_BYTES 0
+#endif
+#define MERGE_BYTES0 (NW * 8 * D * 4 + NW * 64)
+#define MERGE_BYTES (MERGE_BYTES0 > MSCR_BYTES ? MERGE_BYTES0 : MSCR_BYTES)
 #define STAGE_AREA (NW * NSTAGE * STAGE_BYTES)
 #define SMEM_BYTES (ST_OFF + (STAGE_AREA > MERGE_BYTES ? STAGE_AREA : MERGE_BYTES))
 #define NWO ((KS * 2 * BU + 31) / 32)
@@ -161,13 +178,179 @@ __device__ __forceinline__ void issue_stage(u32 sdst, u32 mbar, const Fields& f,
     if (n[k]) bulk_g2s(sdst + O[k], a[k], n[k], mbar);
 }
 
+// ------------------------------------------------------------------------------------------------
+// Merge of the splits and the native window for all G query heads of one (batch, KV head), by the
+// CTA that finished last (NW * 32 threads; scratch = the CTA's stage area). The maxima, window
+// scores and split weights are computed for all heads at once; each thread then owns NOUT output
+// coordinates (g, d) and sums the splits' partial outputs (coalesced over (g, d), SU splits of
+// loads in flight) and the window's values.
+#define NTH (NW * 32)
+#define NOUT ((G * D + NTH - 1) / NTH)
+#define SU (NOUT >= 4 ? 4 : 16 / NOUT)
+#define VU 8  /* window values in flight per output */
+__device__ __forceinline__ void merge_splits(
+    const void* __restrict__ q, const float* __restrict__ o_part, const float* __restrict__ ml_part,
+    const void* __restrict__ wk, const void* __restrict__ wv, const int* __restrict__ wlens, int has_wlens, int W,
+    long long skb, long long skh, long long skt, long long svb, long long svh, long long svt,
+    float sm_log2, void* __restrict__ out, float* __restrict__ lse, int write_lse, int S, int b, int h,
+    long long bh, float* scr) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float* Mg = scr;                 // [8] running max per head
+  float* Al = scr + 8;             // [8] rescale factor of the current window pass
+  float* Lw = scr + 16;            // [8] window sum per head
+  float* red = scr + 24;           // [NW][8]
+  float* qs = red + NW * 8;        // [G * D]
+  float* pw = qs + G * D;          // [MCH][8] window scores, then probabilities
+  float* wts = pw + MCH * 8;       // [SCH][8] split weights
+  const float* ml = ml_part + bh * S * 16;
+  const int gt = tid & 7;          // the head this thread's (split, head) pairs belong to
+  // ---- the largest split max per head -----------------------------------------------------------
+  float m = -1e30f;
+  if (gt < G)
+    for (int i = tid; i < S * 8; i += NTH) m = fmaxf(m, __ldcg(ml + 2 * i));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+  if (lane < 8) red[warp * 8 + lane] = m;
+  int wl = W;
+  if (has_wlens) { wl = wlens[b]; wl = wl < W ? wl : W; wl = wl > 0 ? wl : 0; }
+  if (wl > 0)
+    for (int i = tid; i < G * D; i += NTH) qs[i] = ldq(q, bh * G * D + i);
+  __syncthreads();
+  if (tid < 8) {
+    float M = -1e30f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, red[w * 8 + tid]);
+    Mg[tid] = M; Lw[tid] = 0.f;
+  }
+  float O[NOUT];
+#pragma unroll
+  for (int k = 0; k < NOUT; ++k) O[k] = 0.f;
+#define OI(k) ((tid + (k) * NTH) < G * D ? (tid + (k) * NTH) : G * D - 1)
+#define OG(k) (OI(k) / D)
+#define OD(k) (OI(k) % D)
+  __syncthreads();
+  // ---- native window, MCH tokens per pass (online rescaling) -------------------------------------
+  for (int c0 = 0; c0 < wl; c0 += MCH) {
+    const int n = wl - c0 < MCH ? wl - c0 : MCH;
+    for (int t = warp; t < MCH; t += NW) {
+      float kv[D / 32];
+      if (t < n) {
+        const long long base = b * skb + h * skh + (long long)(c0 + t) * skt;
+#pragma unroll
+        for (int e = 0; e < D / 32; ++e) kv[e] = ldq(wk, base + lane + 32 * e);
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float a = 0.f;
+        if (t < n) {
+#pragma unroll
+          for (int e = 0; e < D / 32; ++e) a += qs[g * D + lane + 32 * e] * kv[e];
+        }
+#pragma unroll
+        for (int k = 16; k > 0; k >>= 1) a += __shfl_xor_sync(0xffffffffu, a, k);
+        if (lane == 0) pw[t * 8 + g] = t < n ? a * sm_log2 : -1e30f;
+      }
+    }
+    __syncthreads();
+    if (tid < 8) {
+      float cm = -1e30f;
+      for (int t = 0; t < n; ++t) cm = fmaxf(cm, pw[t * 8 + tid]);
+      const float nm = fmaxf(Mg[tid], cm);
+      Al[tid] = ex2(Mg[tid] - nm); Mg[tid] = nm;
+    }
+    __syncthreads();
+    for (int i = tid; i < MCH * 8; i += NTH) pw[i] = (i >> 3) < n && (i & 7) < G ? ex2(pw[i] - Mg[i & 7]) : 0.f;
+    __syncthreads();
+    if (tid < 8) {
+      float l = Lw[tid] * Al[tid];
+      for (int t = 0; t < n; ++t) l += pw[t * 8 + tid];
+      Lw[tid] = l;
+    }
+#pragma unroll
+    for (int k = 0; k < NOUT; ++k) O[k] *= Al[OG(k)];
+    for (int t0 = 0; t0 < n; t0 += VU) {
+#pragma unroll
+      for (int k = 0; k < NOUT; ++k) {
+        float vv[VU];
+#pragma unroll
+        for (int t = 0; t < VU; ++t)
+          vv[t] = t0 + t < n ? ldq(wv, b * svb + h * svh + (long long)(c0 + t0 + t) * svt + OD(k)) : 0.f;
+#pragma unroll
+        for (int t = 0; t < VU; ++t) O[k] += pw[(t0 + t) * 8 + OG(k)] * vv[t];
+      }
+    }
+    __syncthreads();
+  }
+  // ---- splits: weights for SCH splits at a time, then every thread sums its coordinates ---------
+  const float Mt = Mg[gt];
+  float lsum = 0.f;
+  const float* op = o_part + bh * S * 8 * D;
+  for (int s0 = 0; s0 < S; s0 += SCH) {
+    const int n = S - s0 < SCH ? S - s0 : SCH;
+    for (int i = tid; i < SCH * 8; i += NTH) {
+      float w = 0.f;
+      if ((i >> 3) < n && gt < G) {
+        const float* e = ml + ((s0 + (i >> 3)) * 8 + gt) * 2;
+        w = ex2(__ldcg(e) - Mt);
+        lsum += w * __ldcg(e + 1);
+      }
+      wts[i] = w;
+    }
+    __syncthreads();
+    int s = 0;
+    for (; s + SU <= n; s += SU) {
+      float ov[SU][NOUT];
+#pragma unroll
+      for (int u = 0; u < SU; ++u)
+#pragma unroll
+        for (int k = 0; k < NOUT; ++k) ov[u][k] = __ldcg(op + ((long long)(s0 + s + u) * 8 + OG(k)) * D + OD(k));
+#pragma unroll
+      for (int u = 0; u < SU; ++u)
+#pragma unroll
+        for (int k = 0; k < NOUT; ++k) O[k] += wts[(s + u) * 8 + OG(k)] * ov[u][k];
+    }
+    for (; s < n; ++s)
+#pragma unroll
+      for (int k = 0; k < NOUT; ++k) O[k] += wts[s * 8 + OG(k)] * __ldcg(op + ((long long)(s0 + s) * 8 + OG(k)) * D + OD(k));
+    __syncthreads();
+  }
+  lsum += __shfl_xor_sync(0xffffffffu, lsum, 8);
+  lsum += __shfl_xor_sync(0xffffffffu, lsum, 16);
+  if (lane < 8) red[warp * 8 + lane] = lsum;
+  __syncthreads();
+  if (tid < 8) {
+    float l = Lw[tid];
+#pragma unroll
+    for (int w = 0; w < NW; ++w) l += red[w * 8 + tid];
+    Lw[tid] = l;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < NOUT; ++k) {
+    const int i = tid + k * NTH;
+    if (i < G * D) {
+      const float L = Lw[OG(k)];
+      stq(out, bh * G * D + i, L > 0.f ? O[k] / L : 0.f);
+      if (write_lse && OD(k) == 0)
+        lse[bh * G + OG(k)] = L > 0.f ? (Mg[OG(k)] + lg2(L)) * 0.6931471805599453f : __int_as_float(0xff800000);
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
     const void* __restrict__ q, const float* __restrict__ signs, int sign_stride,
     const unsigned char* __restrict__ tab, const u32* __restrict__ rhotab,
     u64 p0, u64 p1, u64 p2, u64 p3, u64 p4, u64 p5, u64 e0, u64 e1, u64 e2, u64 e3, u64 e4, u64 e5,
     const int* __restrict__ lens, int has_lens, int T, int Hkv, int tiles_per_cta, int S,
-    float qscale, float* __restrict__ o_part, float* __restrict__ ml_part) {
+    float qscale, float* __restrict__ o_part, float* __restrict__ ml_part,
+    int merge_in, int* __restrict__ counters, const void* __restrict__ wk, const void* __restrict__ wv,
+    const int* __restrict__ wlens, int has_wlens, int W,
+    long long skb, long long skh, long long skt, long long svb, long long svh, long long svt,
+    float sm_log2, void* __restrict__ out, float* __restrict__ lse, int write_lse) {
   extern __shared__ __align__(128) unsigned char smem[];
+#if MERGE_IN
+  __shared__ int is_last;
+#endif
   Fields f;
   f.p[0] = p0; f.p[1] = p1; f.p[2] = p2; f.p[3] = p3; f.p[4] = p4; f.p[5] = p5;
   f.end[0] = e0; f.end[1] = e1; f.end[2] = e2; f.end[3] = e3; f.end[4] = e4; f.end[5] = e5;
@@ -484,6 +667,22 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
       ml_part[(part * 8 + g) * 2 + 1] = l;
     }
   }
+#if MERGE_IN
+  if (!merge_in) return;
+  // ---- in-kernel merge: the last CTA of this (batch, KV head) to finish merges every split --------
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int prev = atomicAdd(counters + bh, 1);
+    is_last = prev == S - 1;
+    if (prev == S - 1) counters[bh] = 0;  // reset for the next launch (stream order)
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  merge_splits(q, o_part, ml_part, wk, wv, wlens, has_wlens, W, skb, skh, skt, svb, svh, svt, sm_log2, out, lse,
+               write_lse, S, b, h, bh, (float*)(smem + ST_OFF));
+#endif
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from .._lengths import as_lengths
 from ..fused_layout import FusedLayout, KeyCodes
 from ..octahedral import octa_decode
 
@@ -165,7 +166,10 @@ def default_config(codec) -> dict:
         fused = False
         copies = max(1, min(16, (32 * 1024) // ((1 << (2 * b_u)) * 8)))
     # 8 warps share one table copy per CTA, 2 CTAs per SM (H100 sweep, scripts/gpu_bench_lut.py sweep)
-    return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2}
+    # merge "launch": the separate lut_combine kernel merges the splits and the window; "kernel":
+    # the last CTA per (batch, KV head) does it inside lut_split (compiled in only then: MERGE_IN).
+    # "launch" is faster in every row of the H100 benchmark (docs/decode_lut.md), so it is the default.
+    return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch"}
 
 
 class _Plan:
@@ -190,6 +194,18 @@ class _Plan:
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MODULES: dict = {}
 _STREAMS: dict = {}
+_COUNTERS: dict = {}
+
+
+def _counters(device, n: int) -> torch.Tensor:
+    """int32 arrival counters, one per (batch, KV head), zero between launches (the last CTA of
+    each (batch, KV head) resets its own). One per device, grown (never shrunk) as needed; allocated
+    on the first launch of a size, so capture a CUDA graph after a warm-up call."""
+    key = str(torch.device(device))
+    t = _COUNTERS.get(key)
+    if t is None or t.numel() < n:
+        t = _COUNTERS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return t
 
 
 def _plan(codec, device, fused) -> _Plan:
@@ -231,14 +247,6 @@ def _stream():
             s = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr)
     return s
 
-
-def _as_lengths(lengths, B, device):
-    lens = torch.as_tensor(lengths, device=device)
-    if lens.dtype != torch.int32:
-        lens = lens.to(torch.int32)
-    if lens.shape != (B,):
-        raise ValueError(f"lengths must have shape [{B}], got {tuple(lens.shape)}")
-    return lens.contiguous()
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -283,6 +291,10 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     defs = {"D": D, "G": G, "BU": plan.b_u, "BR": plan.b_r, "VB": vq.bits, "UB": plan.u_bytes,
             "RB": plan.r_bytes, "FUSED": int(cfg["fused"]), "C": cfg["copies"], "NW": cfg["num_warps"],
             "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q.dtype], "MINB": cfg["minb"]}
+    if cfg["merge"] not in ("kernel", "launch"):
+        raise ValueError(f"config merge must be 'kernel' or 'launch', got {cfg['merge']!r}")
+    merge_in = cfg["merge"] == "kernel" and _parts == "both"
+    defs["MERGE_IN"] = int(merge_in)
     split_fn, comb_fn, lay = _module(defs)
     LAST_LAUNCH.update(split=split_fn, combine=comb_fn, layout=lay, defs=defs)
     nw = cfg["num_warps"]  # (the CTA's merge buffer reuses the stage area, grown to fit where needed)
@@ -293,7 +305,7 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     ptrs = [f.data_ptr() for f in fields]
     ends = [(f.data_ptr() + f.numel() * f.element_size() + 15) // 16 * 16 for f in fields]
     qc = q.reshape(B, Hq, D).contiguous()
-    lens = None if lengths is None else _as_lengths(lengths, B, dev)
+    lens = None if lengths is None else as_lengths(lengths, B, dev)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     tok = 16 * cfg["mt"]
     tiles = max(1, -(-T // tok))
@@ -321,7 +333,7 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
         if wv.stride(-1) != 1:
             wv = wv.contiguous()
         W = wk.shape[-2]
-        wl = None if window_lengths is None else _as_lengths(window_lengths, B, dev)
+        wl = None if window_lengths is None else as_lengths(window_lengths, B, dev)
         wstr = (wk.stride(0), wk.stride(1), wk.stride(2), wv.stride(0), wv.stride(1), wv.stride(2))
     else:
         wk = wv = qc
@@ -333,14 +345,18 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
 
     u64, i32, f32 = np.uint64, np.int32, np.float32
     qscale = scale * _LOG2E / (math.sqrt(plan.n) * TSCALE)
+    cnt = _counters(dev, B * Hkv) if merge_in else None
     with _stream():
         if _parts != "combine":  # profiling only: "split" / "combine" launch one kernel
             split_fn((S, B * Hkv), (32 * nw,), (
                 u64(qc.data_ptr()), u64(plan.signs.data_ptr()), i32(plan.sign_stride), u64(plan.tab.data_ptr()),
                 u64(plan.rho.data_ptr()), *[u64(p) for p in ptrs], *[u64(e) for e in ends],
                 u64(lens.data_ptr() if lens is not None else 0), i32(lens is not None), i32(T), i32(Hkv), i32(per),
-                i32(S), f32(qscale), u64(o_part.data_ptr()), u64(ml_part.data_ptr())), shared_mem=lay["smem"])
-        if _parts != "split":
+                i32(S), f32(qscale), u64(o_part.data_ptr()), u64(ml_part.data_ptr()),
+                i32(merge_in), u64(cnt.data_ptr() if merge_in else 0), u64(wk.data_ptr()), u64(wv.data_ptr()),
+                u64(wl.data_ptr() if wl is not None else 0), i32(wl is not None), i32(W), *[np.int64(x) for x in wstr],
+                f32(scale * _LOG2E), u64(out.data_ptr()), u64(lse.data_ptr()), i32(return_lse)), shared_mem=lay["smem"])
+        if _parts != "split" and not merge_in:
             comb_fn((B * Hq,), (D,), (
                 u64(qc.data_ptr()), u64(wk.data_ptr()), u64(wv.data_ptr()), u64(wl.data_ptr() if wl is not None else 0),
                 i32(wl is not None), i32(W), *[np.int64(x) for x in wstr], u64(o_part.data_ptr()),

@@ -47,6 +47,7 @@ import triton.language as tl
 from . import interpreting
 from ._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
 from .combine import _combine_kernel
+from .._lengths import as_lengths
 from ..fused_layout import KeyCodes
 from .decode_plan import plan_for
 
@@ -297,14 +298,6 @@ def _num_sms(device) -> int:
     return 4
 
 
-def _as_lengths(lengths, B: int, device) -> torch.Tensor:
-    lens = torch.as_tensor(lengths, device=device)
-    if lens.dtype != torch.int32:
-        lens = lens.to(torch.int32)
-    if lens.shape != (B,):
-        raise ValueError(f"lengths must have shape [{B}], got {tuple(lens.shape)}")
-    return lens.contiguous()
-
 
 def _field(state, name, T):
     t = state.tensors[name]
@@ -355,7 +348,7 @@ def _launch(q, key_state, value_state, codec, window_k=None, window_v=None, leng
     G = Hq // Hkv
     GP = max(16, triton.next_power_of_2(G))
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    lens = None if lengths is None else _as_lengths(lengths, B, dev)
+    lens = None if lengths is None else as_lengths(lengths, B, dev)
     qc = q.reshape(B, Hq, D).contiguous()
 
     tiles = max(1, triton.cdiv(T, block_n))
@@ -408,7 +401,7 @@ def _launch(q, key_state, value_state, codec, window_k=None, window_v=None, leng
             wk = wk.contiguous()
         if wv.stride(-1) != 1:
             wv = wv.contiguous()
-        wl = None if window_lengths is None else _as_lengths(window_lengths, B, dev)
+        wl = None if window_lengths is None else as_lengths(window_lengths, B, dev)
         wstr = (wk.stride(0), wk.stride(1), wk.stride(2), wv.stride(0), wv.stride(1), wv.stride(2))
         w_block = min(64, triton.next_power_of_2(W))
     else:

@@ -148,11 +148,13 @@ def _lut(*a, **kw):
 @gpu
 @pytest.mark.parametrize("bits", [2, 3, 4])
 @pytest.mark.parametrize("fused", [True, False])
-def test_bits_and_tables(bits, fused):
-    """Qwen-like group of 7, two sequences of different lengths, a window; output and lse."""
+@pytest.mark.parametrize("merge", ["kernel", "launch"])
+def test_bits_and_tables(bits, fused, merge):
+    """Qwen-like group of 7, two sequences of different lengths, a window; output and lse; the
+    splits merged in the kernel (last CTA) or by the separate combine launch."""
     codec, q, ks, vs, wk, wv = _case(bits, 128, B=2, Hkv=2, G=7, T=1000, W=24, seed=bits, dtype=torch.float32)
     lengths = torch.tensor([1000, 613], dtype=torch.int32, device="cuda")
-    cfg = {"fused": fused, "copies": 4 if fused and bits >= 3 else default_config(codec)["copies"]}
+    cfg = {"fused": fused, "copies": 4 if fused and bits >= 3 else default_config(codec)["copies"], "merge": merge}
     if fused and bits == 4:
         cfg["copies"] = 1  # 8192 entries: one copy (64 KB)
     out, lse = _lut(q, ks, vs, codec, wk, wv, lengths, return_lse=True, config=cfg)
@@ -235,3 +237,22 @@ def test_unaligned_field_views():
     out = _lut(q, ks2, vs2, codec)
     ref = decode_attention_torch(q, ks2, vs2, codec)
     assert _rel(out, ref) < OUT_TOL[torch.float32]
+
+
+@gpu
+@pytest.mark.parametrize("merge", ["kernel", "launch"])
+def test_merge_many_splits_long_window_repeated(merge):
+    """More splits than one merge pass (128) and a window longer than one pass (32 tokens): the
+    in-kernel merge's chunked loops; repeated calls give the same output (the arrival counters are
+    reset by the kernel)."""
+    codec, q, ks, vs, wk, wv = _case(3, 128, B=2, Hkv=2, G=7, T=16 * 300 - 3, W=70, seed=13)
+    lengths = [16 * 300 - 3, 2222]
+    wlen = torch.tensor([70, 33], dtype=torch.int32, device="cuda")
+    cfg = {"merge": merge}
+    out, lse = _lut(q, ks, vs, codec, wk, wv, lengths, wlen, num_splits=300, return_lse=True, config=cfg)
+    out2 = _lut(q, ks, vs, codec, wk, wv, lengths, wlen, num_splits=300, config=cfg)
+    out3 = _lut(q, ks, vs, codec, wk, wv, lengths, wlen, config=cfg)
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lengths, window_lengths=wlen)
+    assert torch.equal(out, out2)
+    assert _rel(out, ref) < OUT_TOL[torch.bfloat16], _rel(out, ref)
+    assert _rel(out3, ref) < OUT_TOL[torch.bfloat16], _rel(out3, ref)
