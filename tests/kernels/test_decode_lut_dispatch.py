@@ -15,6 +15,7 @@ import torch
 from kernels import make_codec
 from kernels.attention import decode_attention, decode_attention_torch, decide_attention
 from kernels.backend import ATTENTION_PATHS, Decision, decide, fused_wanted, use_fused
+from decode_checks import LUT_GPU_SKIP as GPU_SKIP, lut_gpu as gpu
 
 CUDA = torch.device("cuda")
 CPU = torch.device("cpu")
@@ -92,22 +93,6 @@ def test_named_lut_backend_on_the_cpu_raises_with_the_reason():
 # ---------------------------------------------------------------------------------------------
 # GPU: the dispatch runs the LUT kernel
 # ---------------------------------------------------------------------------------------------
-def _gpu_ready() -> str | None:
-    if not torch.cuda.is_available():
-        return "needs CUDA"
-    if torch.cuda.get_device_capability() < (9, 0):
-        return "needs sm_90"
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return "needs cupy"
-    return None
-
-
-GPU_SKIP = _gpu_ready()
-gpu = pytest.mark.skipif(GPU_SKIP is not None, reason=GPU_SKIP or "")
-
-
 def _state(name, bits, d, B, Hkv, G, T, W, seed=0, **kw):
     g = torch.Generator().manual_seed(seed)
     codec = make_codec(name, bits, d, seed=seed, layer=2, num_heads=Hkv, device="cuda", **kw)

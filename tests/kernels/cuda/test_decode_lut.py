@@ -20,24 +20,9 @@ import torch
 from kernels import make_codec
 from kernels.attention import decode_attention_torch
 from kernels.cuda.decode_lut import default_config, lut_tables, supports, table_keys
+from decode_checks import LUT_GPU_SKIP as GPU_SKIP, lut_gpu as gpu, ref_lse as _ref_lse, rel_err as _rel
 
 OUT_TOL = {torch.float32: 2e-3, torch.float16: 3e-3, torch.bfloat16: 8e-3}
-
-
-def _gpu_ready() -> str | None:
-    if not torch.cuda.is_available():
-        return "needs CUDA"
-    if torch.cuda.get_device_capability() < (9, 0):
-        return "needs sm_90"
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return "needs cupy"
-    return None
-
-
-GPU_SKIP = _gpu_ready()
-gpu = pytest.mark.skipif(GPU_SKIP is not None, reason=GPU_SKIP or "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,23 +105,6 @@ def _case(bits, d, B, Hkv, G, T, W, seed=0, dtype=torch.bfloat16, q_scale=2.0, n
     wk = torch.randn(B, Hkv, W, d, generator=g).to(dtype).cuda() if W else None
     wv = torch.randn(B, Hkv, W, d, generator=g).to(dtype).cuda() if W else None
     return codec, q.cuda(), ks, vs, wk, wv
-
-
-def _rel(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
-
-
-def _ref_lse(q, ks, codec, wk, lengths, scale):
-    B, Hq, _, d = q.shape
-    Hkv = ks.tensors["norm"].shape[-3]
-    qg = q.reshape(B, Hkv, Hq // Hkv, d)
-    s = codec.score(qg, ks).float()
-    if lengths is not None:
-        keep = torch.arange(s.shape[-1], device=s.device) < torch.as_tensor(lengths, device=s.device).reshape(B, 1, 1, 1)
-        s = s.masked_fill(~keep, float("-inf"))
-    if wk is not None:
-        s = torch.cat([s, qg.float() @ wk.float().transpose(-1, -2)], -1)
-    return torch.logsumexp(s * scale, -1).reshape(B, Hq)
 
 
 def _lut(*a, **kw):

@@ -30,6 +30,7 @@ for _m in ("kernels.triton._common", "kernels.triton._unpack", "kernels.triton.c
     if _m in sys.modules and not CUDA:
         importlib.reload(sys.modules[_m])
 from kernels.triton.decode_attention import decode_attention_fused  # noqa: E402
+from decode_checks import ref_lse as _ref_lse, rel_err as _rel  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 FUSED = ("octopus", "octopus-qjl", "turboquant-mse", "turboquant-prod")
@@ -53,24 +54,6 @@ def _case(name, bits, d, B, Hkv, G, T, W, seed=0, dtype=torch.bfloat16, q_scale=
     wk = torch.randn(B, Hkv, W, d, generator=g).to(dtype).to(DEV) if W else None
     wv = torch.randn(B, Hkv, W, d, generator=g).to(dtype).to(DEV) if W else None
     return codec, q.to(DEV), ks, vs, wk, wv
-
-
-def _rel(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
-
-
-def _ref_lse(q, ks, codec, wk, lengths, scale):
-    """natural log-sum-exp of the reference's scaled scores, [B, Hq]."""
-    B, Hq, _, d = q.shape
-    Hkv = ks.tensors["norm"].shape[-3]
-    qg = q.reshape(B, Hkv, Hq // Hkv, d)
-    s = codec.score(qg, ks).float()
-    if lengths is not None:
-        keep = torch.arange(s.shape[-1], device=s.device) < torch.as_tensor(lengths, device=s.device).reshape(B, 1, 1, 1)
-        s = s.masked_fill(~keep, float("-inf"))
-    if wk is not None:
-        s = torch.cat([s, qg.float() @ wk.float().transpose(-1, -2)], -1)
-    return torch.logsumexp(s * scale, -1).reshape(B, Hq)
 
 
 @pytest.mark.parametrize("name", FUSED)
