@@ -100,7 +100,7 @@ def test_release_training_args_and_converted_safetensors_load(tmp_path, pipe):
     import argparse
     from safetensors.torch import save_file
     _save_release(tmp_path, pipe)
-    ckpt = torch.load(tmp_path / "AAR_d2_test.pth")
+    ckpt = torch.load(tmp_path / "AAR_d2_test.pth", weights_only=True)
     torch.save({**ckpt, "args": argparse.Namespace(depth=2, lr=1e-4)}, tmp_path / "AAR_d2_test.pth")
     assert released_pipeline(tmp_path).aar.cfg == AAR_CFG  # the release's pickled Namespace is allowed
     (tmp_path / "AAR_d2_test.pth").unlink()
