@@ -57,7 +57,21 @@ CONVERT_HINT = ("convert it in an environment you trust: python -c \"import torc
                 "save_file({{k: v.contiguous() for k, v in sd.items()}}, '{stem}.safetensors')\"")
 
 
-def safe_torch_load(path: str | os.PathLike, what: str = "checkpoint", key: str | None = None) -> dict:
+def _entry_expr(key: str | tuple[str, ...] | None) -> str:
+    """The hint's code that picks the weights' entry: ``['a']``, or for candidates (a, b, ...) the
+    first present, as the loader reads it."""
+    if not key:
+        return ""
+    if isinstance(key, str):
+        return f"['{key}']"
+    *first, last = key
+    pick = f"sd['{last}']"
+    for k in reversed(first):
+        pick = f"sd['{k}'] if '{k}' in sd else {pick}"
+    return f"; sd = {pick}"
+
+
+def safe_torch_load(path: str | os.PathLike, what: str = "checkpoint", key: str | tuple[str, ...] | None = None) -> dict:
     """Read a checkpoint without running code from it: ``.safetensors`` with safetensors, anything
     else with ``torch.load(weights_only=True)`` (memory-mapped where the format allows), allowing
     only :data:`SAFE_PICKLE_GLOBALS` beyond plain containers and tensors.
@@ -79,7 +93,7 @@ def safe_torch_load(path: str | os.PathLike, what: str = "checkpoint", key: str 
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{what} {p} is not a readable safetensors file ({_first_line(e)}); "
                                   f"download it again") from None
-    hint = CONVERT_HINT.format(file=p, key=f"['{key}']" if key else "", stem=p.with_suffix(""))
+    hint = CONVERT_HINT.format(file=p, key=_entry_expr(key), stem=p.with_suffix(""))
     try:
         with torch.serialization.safe_globals(list(SAFE_PICKLE_GLOBALS)):
             try:

@@ -159,6 +159,10 @@ def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
         raise RunError(f"--out {out} holds files that are not a harness run ({shown}); pass a new or "
                        f"empty folder (--fresh only starts over a harness run folder)")
+    try:  # a folder written before a field was added: that field takes its default
+        old = json.loads(dumps(RunConfig.from_json(old).to_json()))
+    except (TypeError, ValueError):
+        pass  # an unreadable config is reported as differing below
     new = json.loads(dumps(config.to_json()))
     if old != new and not fresh:
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
@@ -281,8 +285,12 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
 def unique_prompts(task: str, prompts: list, log=print) -> list:
     """``prompts`` with repeats (same id, same data) dropped with a note; one id naming two
     different prompts is an error (rows are keyed by the id)."""
-    seen, out = {}, []
+    seen, files, out = {}, {}, []
     for p in prompts:
+        other = files.setdefault(safe_name(p.id), p.id)
+        if other != p.id:  # baselines and artifacts are named by safe_name(id)
+            raise RunError(f"task '{task}': prompt ids '{other}' and '{p.id}' map to one file name "
+                           f"'{safe_name(p.id)}'; give them ids that differ in letters, digits, '.', '_' or '-'")
         if p.id in seen:
             if dumps(seen[p.id].data) != dumps(p.data):
                 raise RunError(f"task '{task}': prompt id '{p.id}' names two different prompts; "

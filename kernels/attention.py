@@ -58,6 +58,8 @@ def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | Non
     if key_state is not None and key_state.num_tokens == 0:
         key_state = None
     ref = next((t for t in (decoded[0] if decoded else None, window_k, k_new) if t is not None), None)
+    if key_state is None and ref is None:  # nothing to attend
+        return torch.zeros_like(q)
     Hkv = key_state.shape[-3] if key_state is not None else ref.shape[-3]
     G = Hq // Hkv
     qg = q.reshape(B, Hkv, G * Tq, d)  # query heads grouped by the KV head they read

@@ -103,7 +103,7 @@ def use_fused(backend: str | None, device: torch.device, why_not: Callable[[], s
     """True: run the fused Triton kernel; False: the PyTorch reference (:func:`decide` over the one
     path 'triton'). With 'triton' a reason is an error:
     ``RuntimeError("backend='triton' cannot {what}: {reason}")``."""
-    return decide(backend, device, [("triton", why_not)], what).fused
+    return decide(backend, device, [(path, why_not) for path in ENCODE_PATHS], what).fused
 
 
 def triton_unavailable(device: torch.device) -> str | None:

@@ -42,7 +42,7 @@ VAE_ORIGINAL_FILE = "Wan2.1_VAE.pth"
 T5_TOKENIZER_ORIGINAL = "google/umt5-xxl"
 
 
-def _torch_load(path: Path, what: str, key: str | None = None) -> dict:
+def _torch_load(path: Path, what: str, key: str | tuple[str, ...] | None = None) -> dict:
     """Tensors only (never code): see :func:`adapters.loading.safe_torch_load`."""
     return safe_torch_load(path, what, key)
 
@@ -145,7 +145,8 @@ def load_transformer_weights(transformer, sd: dict[str, torch.Tensor], what: str
 def load_released_generator(transformer, path, fmt: str, key: str | None = None) -> Path:
     """Load a released CausVid / Causal Forcing checkpoint into a diffusers ``WanTransformer3DModel``."""
     file = find_generator_file(path, fmt)
-    checkpoint = _torch_load(file, f"{fmt} generator checkpoint", key or "generator")
+    # the hint converts the entry generator_state_dict reads: the EMA weights where present
+    checkpoint = _torch_load(file, f"{fmt} generator checkpoint", key or ("generator_ema", "generator"))
     if file.suffix == ".safetensors":  # a converted file holds the generator's state dict itself
         checkpoint = {key or "generator": checkpoint}
     sd = wan_to_diffusers(generator_state_dict(checkpoint, fmt, key))

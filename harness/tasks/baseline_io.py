@@ -91,7 +91,13 @@ def load_tree(path: str | Path, types: tuple[type, ...] = ()) -> Any:
         raise BaselineFormatError(f"baseline {path} is damaged (unknown entry {sorted(x)[:3]}); delete it and it "
                                   f"is computed again")
 
-    return dec(json.loads(meta["tree"]))
+    try:
+        return dec(json.loads(meta["tree"]))
+    except BaselineFormatError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:  # a damaged body, or a dataclass whose fields changed
+        raise BaselineFormatError(f"baseline {path} is damaged or from another version ({type(e).__name__}: {e}); "
+                                  f"delete it and it is computed again") from None
 
 
 def _available(dev: torch.device) -> bool:

@@ -46,3 +46,16 @@ def test_safetensors_and_missing_file(tmp_path):
         safe_torch_load(tmp_path / "bad.safetensors")
     with pytest.raises(CheckpointError, match="does not exist"):
         safe_torch_load(tmp_path / "absent.pt")
+
+
+def test_conversion_hint_picks_the_entry_the_loader_reads():
+    """The hint's snippet, run on a checkpoint dict, selects what the loader would: the EMA weights
+    where present, else the plain generator."""
+    from adapters.loading import _entry_expr
+
+    expr = _entry_expr(("generator_ema", "generator"))
+    for ckpt, want in (({"generator": 1, "generator_ema": 2}, 2), ({"generator": 1}, 1)):
+        scope = {"sd": ckpt}
+        exec(expr.lstrip("; "), scope)  # the hint's own code
+        assert scope["sd"] == want
+    assert _entry_expr("model") == "['model']" and _entry_expr(None) == ""

@@ -253,6 +253,20 @@ def test_repeated_prompts_run_once():
     assert [p.id for p in got] == ["a", "b"] and notes == ["t: prompt 'a' is repeated; it is run once"]
     with pytest.raises(RunError, match="prompt id 'a' names two different prompts"):
         unique_prompts("t", [Prompt("a", "x"), Prompt("a", "z")])
+    # two ids that would share a baseline / artifact file name
+    with pytest.raises(RunError, match="prompt ids 'a/b' and 'a b' map to one file name 'a_b'"):
+        unique_prompts("t", [Prompt("a/b", "x"), Prompt("a b", "y")])
+
+
+def test_a_folder_from_before_a_config_field_was_added_resumes(lm, textfile, tmp_path):
+    """config.json written without a field added since (here codec_options) still matches."""
+    out = run(_one(textfile), out=tmp_path / "run", model=lm, progress=False, log=lambda *_: None)
+    rows = (out / "rows.jsonl").read_bytes()
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["codec_options"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    run(_one(textfile), out=out, model=lm, progress=False, log=lambda *_: None)
+    assert (out / "rows.jsonl").read_bytes() == rows  # resumed: nothing recomputed, nothing refused
 
 
 def test_corrupt_rows_line_is_an_error_naming_file_and_line(lm, textfile, tmp_path):

@@ -95,6 +95,13 @@ def test_core_matches_naive(G, Tq, W, t_new, lengths, wlens, mask_kind, causal):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_nothing_to_attend_gives_zeros():
+    q = torch.randn(2, 4, 3, 16)
+    assert torch.equal(attend(q), torch.zeros_like(q))
+    empty = torch.zeros(2, 2, 0, 16)
+    assert torch.equal(attend(q, window_k=empty, window_v=empty), torch.zeros_like(q))
+
+
 def test_core_scores_through_the_codec():
     """The compressed part given as codec states is scored by codec.score: for a codec without an
     estimator that is <q, decode(k)>, so the naive computation runs on the decoded keys."""

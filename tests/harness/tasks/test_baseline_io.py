@@ -56,6 +56,28 @@ def test_round_trip_every_kind_of_baseline(tmp_path):
         save_tree({"s": {1}}, tmp_path / "x.pt")
 
 
+@pytest.mark.parametrize("damage", ["tree", "fields", "tensor"])
+def test_damaged_baseline_is_a_format_error(tmp_path, damage):
+    """A file with the harness format tag but a damaged body is one BaselineFormatError, not a traceback."""
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    f = tmp_path / "b.pt"
+    save_tree({"x": torch.ones(2), "inner": Inner([1, 2], 3.0)}, f)
+    with safe_open(str(f), framework="pt") as h:
+        meta = dict(h.metadata())
+    tensors = load_file(str(f))
+    if damage == "tree":
+        meta["tree"] = meta["tree"][:-3]
+    elif damage == "fields":
+        meta["tree"] = meta["tree"].replace('"fields"', '"fieldz"')
+    else:
+        tensors = {}
+    save_file(tensors, str(f), metadata=meta)
+    with pytest.raises(BaselineFormatError, match="is damaged"):
+        load_tree(f, (Inner,))
+
+
 def test_hostile_pickle_baseline_runs_no_code(tmp_path):
     marker = tmp_path / "pwned"
     f = save_hostile({"latents": torch.zeros(1)}, tmp_path / "000_prompt.pt", marker)
