@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from .bench_report import _row_line, to_markdown
+
 SHAPES = {  # name -> (query heads, KV heads, head dim)
     "qwen2.5-7b": (28, 4, 128),
     "wan-1.3b": (12, 12, 128),
@@ -382,100 +384,6 @@ def run(args) -> dict:
                       f"{r['torch_vec_per_s'] / 1e6:.2f} M vec/s ({r['speedup']:.0f}x), bytes equal {r['bytes_equal_frac']}",
                       flush=True)
     return result
-
-
-HEADER = ("shape", "B", "ctx", "codec", "b", "sdpa us", "triton us", "tri x sdpa", "lut us", "lut x sdpa",
-          "deq us", "x deq", "MB/step", "floor us", "GB/s", "of copy", "extra MB", "fp-key MB")
-
-
-def _f(x, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _cells(r: dict) -> list[str]:
-    """One row's cells in HEADER's order; GB/s and 'of copy' are the path 'auto' takes (LUT where it runs)."""
-    return [r["shape"], str(r["batch"]), f"{r['context'] // 1024}k", r["codec"], str(r["bits"]),
-            f"{r['sdpa_us']:.1f}", _f(r["fused_us"], ".1f"), _f(r["ratio_vs_sdpa"], ".3f"),
-            _f(r.get("lut_us"), ".1f"), _f(r.get("lut_ratio_vs_sdpa"), ".3f"),
-            _f(r["dequant_sdpa_us"], ".0f"), _f(r["ratio_vs_dequant"], ".3f"),
-            f"{r['bytes_per_step'] / 1e6:.2f}", _f(r.get("floor_us"), ".1f"), f"{r['achieved_Bps'] / 1e9:.0f}",
-            f"{r['frac_of_copy_bw']:.2f}", f"{r['extra_alloc_bytes'] / 1e6:.2f}", f"{r['fp_key_tensor_bytes'] / 1e6:.1f}"]
-
-
-def _row_line(r: dict) -> str:
-    c = _cells(r)
-    return f"{c[0]:<11} {c[1]:>2} {c[2]:>5} {c[3]:<15} {c[4]} " + " ".join(f"{x:>7}" for x in c[5:])
-
-
-def fixed_costs(rows: list[dict]) -> list[dict]:
-    """Per (shape, batch, codec, bits): the rows at the shortest context timed (the fixed cost of a step)."""
-    first: dict = {}
-    for r in rows:
-        k = (r["shape"], r["batch"], r["codec"], r["bits"])
-        if k not in first or r["context"] < first[k]["context"]:
-            first[k] = r
-    return list(first.values())
-
-
-def to_markdown(res: dict) -> str:
-    lines = [f"# harness bench — {res['device']}", "",
-             f"`{res['command']}`", "",
-             f"torch {res['torch']}, triton {res['triton']}; copy bandwidth {res['copy_bandwidth_Bps'] / 1e9:.0f} GB/s "
-             "(read + write). Latency per decode step (CUDA-graph replay, median); 'triton' = the fused Triton "
-             "kernel, 'lut' = the table-lookup CUDA kernel (OCTOPUS; what backend 'auto' runs where it applies); "
-             "'x sdpa' = that kernel / bf16 SDPA (flash) on the uncompressed cache; 'x deq' = the 'auto' path / "
-             "(PyTorch decode + SDPA); MB/step = compulsory bytes (compressed states + native window + query); "
-             "floor = MB/step / copy bandwidth; GB/s and 'of copy' = achieved bandwidth of the 'auto' path "
-             "(LUT where it runs) / copy bandwidth; 'extra MB' = device memory one Triton step allocates (split "
-             "workspace), next to the size a full-precision key tensor would take.", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    for r in res["rows"]:
-        lines.append("| " + " | ".join(_cells(r)) + " |")
-    fixed = fixed_costs(res["rows"])
-    if fixed:
-        lines += ["", "## Fixed cost (the time at the shortest context timed)", "",
-                  "| shape | B | ctx | codec | b | sdpa us | triton us | lut us | floor us |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in fixed:
-            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['codec']} | {r['bits']} | "
-                         f"{r['sdpa_us']:.1f} | {_f(r['fused_us'], '.1f')} | {_f(r.get('lut_us'), '.1f')} | "
-                         f"{_f(r.get('floor_us'), '.1f')} |")
-    tgt = [r for r in res["rows"] if "target_ratio" in r]
-    if tgt:
-        lines += ["", "## Targets (OCTOPUS, context >= 32k, the path 'auto' takes): latency <= 0.5x SDPA at 2-3 "
-                  "bits (0.7x at 4) and >= 60% of copy bandwidth at 2-3 bits", "",
-                  "| shape | B | ctx | bits | path | x sdpa | meets | of copy | meets |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in tgt:
-            bw = "-" if "meets_bw" not in r else ("yes" if r["meets_bw"] else "no")
-            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['bits']} | "
-                         f"{r.get('auto_path', 'triton')} | {r.get('best_ratio_vs_sdpa', r['ratio_vs_sdpa']):.3f} | "
-                         f"{'yes' if r['meets_ratio'] else 'no'} | {r['frac_of_copy_bw']:.2f} | {bw} |")
-    cmp_rows = [r for r in res["rows"] if r.get("lut_compare_us") is not None]
-    if cmp_rows:
-        lines += ["", f"## Table-lookup kernel against the variant {res['config'].get('lut_compare')} (same rows, "
-                  "same process)", "",
-                  "| shape | B | ctx | b | sdpa us | lut us | variant us | lut x sdpa | variant x sdpa | lut / variant |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in cmp_rows:
-            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['bits']} | {r['sdpa_us']:.1f} | "
-                         f"{r['lut_us']:.1f} | {r['lut_compare_us']:.1f} | {r['lut_ratio_vs_sdpa']:.3f} | "
-                         f"{r['lut_compare_ratio_vs_sdpa']:.3f} | {r['lut_us'] / r['lut_compare_us']:.3f} |")
-    if res.get("lut_refused"):
-        lines += ["", "## Table-lookup kernel not run", ""]
-        lines += [f"- {k}: {v}" for k, v in res["lut_refused"].items()]
-    lut = next((r["lut_kernel"] for r in reversed(res["rows"]) if r.get("lut_kernel")), None)
-    if lut:
-        lines += ["", f"lut_split (last row): {lut.get('regs')} registers, {lut.get('local_bytes')} B local, "
-                  f"{lut.get('smem')} B shared"]
-    if res["encode"]:
-        lines += ["", "## Encode throughput (4 KV heads, d=128, bf16 keys)", "",
-                  "| codec | bits | fused M vec/s | torch M vec/s | speedup | bytes equal |", "|---|---|---|---|---|---|"]
-        for e in res["encode"]:
-            lines.append(f"| {e['codec']} | {e['bits']} | {e['fused_vec_per_s'] / 1e6:.1f} | "
-                         f"{e['torch_vec_per_s'] / 1e6:.2f} | {e['speedup']:.0f}x | {e['bytes_equal_frac']} |")
-    if res["correctness"]:
-        lines += ["", "## Fused vs PyTorch reference (real encoded keys, relative error of the output)", ""]
-        lines += [f"- {k}: {v:.2e}" for k, v in res["correctness"].items()]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
