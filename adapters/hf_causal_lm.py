@@ -88,15 +88,15 @@ class CausalLM(ModelAdapter):
 
     # --- rollouts --------------------------------------------------------------------------
     def _prefill(self, x: torch.Tensor, cache) -> torch.Tensor:
-        """x [1, t] into an empty ``cache``; returns the logits [t, V] float32."""
+        """x [B, t] into an empty ``cache``; returns the logits [B, t, V] float32."""
         if not self.share_prefill:
-            return self.model(x, past_key_values=cache, use_cache=True).logits[0].float()
-        key = tuple(x[0].tolist())
+            return self.model(x, past_key_values=cache, use_cache=True).logits.float()
+        key = tuple(map(tuple, x.tolist()))
         if self._memo is None or self._memo[0] != key:
             from transformers import DynamicCache
 
             native = DynamicCache(config=self.model.config)
-            logits = self.model(x, past_key_values=native, use_cache=True).logits[0].float()
+            logits = self.model(x, past_key_values=native, use_cache=True).logits.float()
             self._memo = (key, [(layer.keys, layer.values) for layer in native.layers], logits)
         _, kv, logits = self._memo
         for i, (k, v) in enumerate(kv):
@@ -115,24 +115,32 @@ class CausalLM(ModelAdapter):
         return _Attached(self.model, self.cache_config(cache_config))
 
     @torch.no_grad()
-    def teacher_force(self, ids: list[int], chunks: list[int], cache_config: CacheConfig | None,
+    def teacher_force(self, ids: list[int] | list[list[int]], chunks: list[int], cache_config: CacheConfig | None,
                       on_chunk: Callable[[int, torch.Tensor], None]) -> object:
-        """Chunked teacher forcing: feed ``ids`` in pieces of the given sizes (summing to len(ids)).
+        """Chunked teacher forcing: feed ``ids`` in pieces of the given sizes (summing to its length).
 
+        ``ids``: one sequence, or a batch of B sequences of one length (they share the chunk plan,
+        so no padding is needed and every sequence's cache holds the same number of tokens).
         Each chunk attends to the cache (compressed past + native window) and to itself,
-        causally; then it is appended. ``on_chunk(start, logits [t, V] float32)`` is called per
-        chunk (so the logits of a long context never pile up). Returns the cache.
+        causally; then it is appended. ``on_chunk(start, logits)`` is called per chunk with the
+        logits [t, V] float32 of one sequence, or [B, t, V] of a batch (so the logits of a long
+        context never pile up). Returns the cache.
         """
-        if sum(chunks) != len(ids):
-            raise ValueError(f"chunk sizes sum to {sum(chunks)}, not to the {len(ids)} tokens")
-        x = torch.tensor([ids], device=self.device)
+        batched = bool(ids) and isinstance(ids[0], (list, tuple))
+        rows = [list(r) for r in ids] if batched else [list(ids)]
+        if len({len(r) for r in rows}) != 1:
+            raise ValueError(f"a batch of sequences must share one length, got {sorted({len(r) for r in rows})}")
+        if sum(chunks) != len(rows[0]):
+            raise ValueError(f"chunk sizes sum to {sum(chunks)}, not to the {len(rows[0])} tokens")
+        x = torch.tensor(rows, device=self.device)
+        emit = on_chunk if batched else (lambda start, logits: on_chunk(start, logits[0]))
         with self._session(cache_config) as new_cache:
             cache = new_cache()
-            on_chunk(0, self._prefill(x[:, : chunks[0]], cache))
+            emit(0, self._prefill(x[:, : chunks[0]], cache))
             start = chunks[0]
             for n in chunks[1:]:
                 out = self.model(x[:, start:start + n], past_key_values=cache, use_cache=True)
-                on_chunk(start, out.logits[0].float())
+                emit(start, out.logits.float())
                 start += n
         return cache
 
@@ -151,7 +159,7 @@ class CausalLM(ModelAdapter):
         eos = self.eos_ids()
         with self._session(cache_config) as new_cache:
             cache = new_cache()
-            logits = [self._prefill(torch.tensor([prompt], device=self.device), cache)[-1]]
+            logits = [self._prefill(torch.tensor([prompt], device=self.device), cache)[0, -1]]
             branch = None
             if force is not None:
                 branch = cache.fork() if isinstance(cache, CompressedCache) else copy.deepcopy(cache)

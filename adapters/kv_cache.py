@@ -356,8 +356,8 @@ class CompressedKVCache:
         b = self.nbytes()
         committed = sum(layer.committed for layer in self.layers if layer.codec is not None)
         tokens = sum(layer.length for layer in self.layers)
-        coords = committed * self.num_kv_heads * self.head_dim * self._batch()
-        all_coords = 2 * tokens * self.num_kv_heads * self.head_dim * self._batch()
+        coords = committed * self.num_kv_heads * self.head_dim * self.batch_size()
+        all_coords = 2 * tokens * self.num_kv_heads * self.head_dim * self.batch_size()
         native_bits = 8.0 * b["uncompressed"] / max(all_coords, 1)
         return {
             "cache_bytes": b["total"],
@@ -369,7 +369,8 @@ class CompressedKVCache:
             "cache_bits_per_coord": 8.0 * b["total"] / max(all_coords, 1),
         }
 
-    def _batch(self) -> int:
+    def batch_size(self) -> int:
+        """B of the cached [B, Hkv, T, d] (1 while empty)."""
         for layer in self.layers:
             if layer.window_k is not None:
                 return layer.window_k.shape[0]

@@ -113,6 +113,11 @@ def config_from_args(a: argparse.Namespace, cls=None):
     from harness.config import RunConfig
 
     cls = cls or RunConfig
+    return cls(**config_kwargs(a, cls))
+
+
+def config_kwargs(a: argparse.Namespace, cls) -> dict:
+    """The fields of ``cls`` given on the command line (the others are left out)."""
     hints = typing.get_type_hints(cls)
     given = vars(a)
     kw = {}
@@ -130,10 +135,16 @@ def config_from_args(a: argparse.Namespace, cls=None):
                 nested.setdefault(owner, {})[name] = v
             value = nested
         kw[f.name] = value
-    return cls(**kw)
+    return kw
 
 
 def run_parser(p: argparse.ArgumentParser) -> None:
+    from harness.config import PRESETS
+
+    p.add_argument("--preset", default="default", choices=tuple(PRESETS),
+                   help="'default': the quick sweep (every codec; minutes on a CPU); 'full': the paper-sized "
+                        "sweep (perplexity at 1,024 tokens and needles, 5 codec seeds; hours on a CPU). "
+                        "Flags given replace the preset's values")
     add_config_arguments(p)
     p.add_argument("--out", type=Path, help="run folder (default reports/<model>-<config hash>; reruns resume)")
     p.add_argument("--fresh", action="store_true", help="discard what --out holds and start over")
@@ -143,7 +154,9 @@ def run_parser(p: argparse.ArgumentParser) -> None:
 def cmd_run(a) -> int:
     from harness.runner import run
 
-    config = config_from_args(a)
+    from harness.config import RunConfig, with_preset
+
+    config = RunConfig(**with_preset(a.preset, config_kwargs(a, RunConfig)))
     out = run(config, out=a.out, fresh=a.fresh, progress=not a.quiet)
     print(f"report: {out / 'report.md'}")
     return 0

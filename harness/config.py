@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +17,9 @@ RUN_CONFIG_VERSION = 1
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_CODECS = ("octopus", "turboquant-mse", "turboquant-prod", "qjl", "polarquant", "polarquant-2d", "quarot", "kivi")
 DEFAULT_BITS = (2, 3, 4)
-DEFAULT_TASKS = {"text": ("perplexity", "needle")}
+DEFAULT_TASKS = {"text": ("perplexity",)}
+#: three draws of every randomized codec: enough for the interval to see seed-to-seed spread
+DEFAULT_CODEC_SEEDS = (0, 1, 2)
 REPORTS_DIR = Path("reports")
 
 
@@ -58,7 +60,11 @@ class RunConfig:
     prompts: str | None = field(default=None, metadata=cli(
         "prompt source: a path, or for text wikitext2 / c4", default_note="the task's default; text: offline corpus"))
     limit: int | None = field(default=None, metadata=cli("at most this many prompts per task"))
-    seed: int = field(default=0, metadata=cli("seed of every random draw"))
+    seed: int = field(default=0, metadata=cli(
+        "prompt seed: every draw of the prompts and rollouts (needles, noise, sampling)"))
+    codec_seeds: list[int] = field(default_factory=lambda: list(DEFAULT_CODEC_SEEDS), metadata=cli(
+        "codec seeds: a randomized codec (rotation signs, projections) runs once per seed; a deterministic "
+        "codec and the baseline run once"))
     residual: int = field(default=DEFAULT_RESIDUAL, metadata=cli("native window in tokens"))
     protect: str | list[int] = field(default="none", metadata=cli(
         "layers kept native: none, boundary-1, or 0,29", parse=parse_protect))
@@ -104,6 +110,9 @@ class RunConfig:
             raise RunError(f"--value-bits must be in 1..16, got {self.value_bits}; leave it out to use the key bits")
         if self.value_group < 1:
             raise RunError(f"--value-group must be >= 1, got {self.value_group}")
+        if not self.codec_seeds or any(isinstance(c, bool) or not isinstance(c, int) or c < 0
+                                       for c in self.codec_seeds):
+            raise RunError(f"--codec-seeds must be one or more integers >= 0, got {self.codec_seeds}")
         if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.bits):
             raise RunError(f"--bits must be positive integers, got {self.bits}")
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
@@ -123,7 +132,8 @@ class RunConfig:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise RunError(f"--dtype '{self.dtype}' is not a dtype; use auto, {', '.join(sorted(DTYPES))}")
         notes = []
-        for name, flag in (("codecs", "--codec"), ("bits", "--bits"), ("tasks", "--task")):
+        for name, flag in (("codecs", "--codec"), ("bits", "--bits"), ("tasks", "--task"),
+                           ("codec_seeds", "--codec-seeds")):
             values = getattr(self, name)
             unique = list(dict.fromkeys(values))
             if len(unique) != len(values):
@@ -149,12 +159,14 @@ class RunConfig:
             raise RunError(f"--codec-opt: {e}") from None
 
     def cache_configs(self) -> list[CacheConfig]:
-        """The baseline ('none') first, then every (codec, bits) in the order given."""
+        """The baseline ('none') first, then every (codec, bits) in the order given; each config's
+        ``seed`` is the first codec seed (:func:`seeded` makes the others)."""
         unknown = set(self.codec_options) - set(self.codecs)
         if unknown:
             raise RunError(f"options given for codec(s) {sorted(unknown)} that this run does not have ({self.codecs})")
         common = dict(residual=self.residual, protect=self.protect, value_bits=self.value_bits,
-                      value_group=self.value_group, seed=self.seed, attend=self.attend, backend=self.backend)
+                      value_group=self.value_group, seed=self.codec_seeds[0], attend=self.attend,
+                      backend=self.backend)
         out = [CacheConfig(codec="none", bits=16, **common)] if self.baseline else []
         for codec in self.codecs:
             if codec == "none":
@@ -162,3 +174,46 @@ class RunConfig:
             options = self.codec_options_for(codec)
             out += [CacheConfig(codec=codec, bits=b, options=dict(options), **common) for b in self.bits]
         return out
+
+
+def seeded(cache_config: CacheConfig, codec_seeds: list[int]) -> list[CacheConfig]:
+    """``cache_config`` once per codec seed where its codec draws at random, else once (first seed)."""
+    from kernels import codec_class
+
+    seeds = codec_seeds if codec_class(cache_config.codec).randomized else codec_seeds[:1]
+    return [replace(cache_config, seed=s) for s in seeds]
+
+
+#: ``harness run --preset NAME``: values that replace the defaults (flags given still win).
+#: 'default' is the quick sweep (every codec, minutes on a laptop CPU); 'full' the paper-sized one.
+PRESETS: dict[str, dict] = {
+    "default": {},
+    "full": {
+        "tasks": ["perplexity", "needle"],
+        "codec_seeds": [0, 1, 2, 3, 4],
+        "task_options": {
+            "perplexity": {"context": 1024, "prefix": 256, "chunk": 64, "count": 8},
+            "needle": {"contexts": [1024, 2048], "repeats": 2},
+        },
+    },
+}
+
+
+def with_preset(name: str, given: dict) -> dict:
+    """RunConfig keyword arguments: preset ``name``'s values under the ``given`` ones (task and
+    codec options merge per option)."""
+    if name not in PRESETS:
+        raise RunError(f"--preset '{name}' is not a preset; use one of {', '.join(PRESETS)}")
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS[name].items()}
+    for k, v in given.items():
+        if k in ("task_options", "codec_options") and k in out:
+            merged = {owner: dict(opts) for owner, opts in out[k].items()}
+            for owner, opts in v.items():
+                merged.setdefault(owner, {}).update(opts)
+            out[k] = merged
+        else:
+            out[k] = v
+    if "task_options" in out and "tasks" in given:  # options of a task the user left out of the run
+        out["task_options"] = {t: o for t, o in out["task_options"].items()
+                               if t in given["tasks"] or t in given.get("task_options", {})}
+    return out

@@ -1,8 +1,8 @@
 """Deterministic JSON and the row files of a run folder.
 
 Rows hold no timestamps and floats are written with 7 significant digits, so the same command
-gives byte-identical rows.jsonl and summary.json. A row is keyed by (task, prompt, label); the
-baseline's label is ``BASELINE_LABEL``.
+gives byte-identical rows.jsonl and summary.json. A row is keyed by (task, prompt, label, codec
+seed); the baseline's label is ``BASELINE_LABEL``.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 BASELINE_LABEL = "none"
-ID_FIELDS = ("task", "prompt", "codec", "bits", "label")
+ID_FIELDS = ("task", "prompt", "codec", "bits", "label", "codec_seed")
 
 
 # --- deterministic JSON ------------------------------------------------------------------------
@@ -52,8 +52,9 @@ def num(x) -> float | None:
 
 
 # --- rows -----------------------------------------------------------------------------------------
-def row_key(row: dict) -> tuple[str, str, str]:
-    return row["task"], row["prompt"], row["label"]
+def row_key(row: dict) -> tuple[str, str, str, int]:
+    """(task, prompt, label, codec seed); rows written before codec seeds existed ran seed 0."""
+    return row["task"], row["prompt"], row["label"], int(row.get("codec_seed", 0))
 
 
 class CorruptRows(ValueError):

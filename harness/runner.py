@@ -5,15 +5,16 @@ otherwise):
 
 - ``config.json``   the exact :class:`RunConfig` (JSON round trip; a resumed run must match it)
 - ``model.json``    what was loaded (architecture, dtype, device)
-- ``rows.jsonl``    one line per (task, prompt, cache configuration), appended and fsync'ed as
-                    each finishes; a rerun skips the keys already there, so an interrupted run
-                    resumes without losing or repeating a row
-- ``baselines/``    each prompt's uncompressed rollout, computed once and reused by every codec
-                    and by a resumed run
+- ``rows.jsonl``    one line per (task, prompt, cache configuration, codec seed), appended and
+                    fsync'ed as each finishes; a rerun skips the keys already there, so an
+                    interrupted run resumes without losing or repeating a row
+- ``baselines/``    each prompt's uncompressed rollout, computed once (with its batch) and reused
+                    by every codec and codec seed and by a resumed run
 - ``summary.json``  per task and cache configuration: mean / min / max of every metric and its
                     mean difference from the baseline on the same prompts
 - ``report.md``     tables and plots (see :mod:`harness.report`)
-- ``timings.jsonl`` wall seconds per row (the only file that differs between identical runs)
+- ``timings.jsonl`` wall seconds per batch and configuration (the only file that differs between
+                    identical runs)
 
 Rows and summary hold no timestamps, and floats are written with 7 significant digits, so the
 same command gives byte-identical rows.jsonl and summary.json. The configuration is in
@@ -31,10 +32,10 @@ from typing import Callable
 from adapters.kv_cache import CacheConfig
 from adapters.protocol import ModelAdapter
 
-from .config import DEFAULT_TASKS, RunConfig, RunError
+from .config import DEFAULT_TASKS, RunConfig, RunError, seeded
 from .report import write_report
 from .lock import LOCK_NAME, RunLock
-from .rows import ID_FIELDS, append_line, atomic_write, dumps, inside, read_rows, row_key, safe_name
+from .rows import append_line, atomic_write, dumps, inside, read_rows, row_key, safe_name
 from .summary import summarize
 
 
@@ -243,40 +244,49 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
 
     for s in skipped:
         log(f"skipping {s['label']}: {s['reason']}")
+    # every cache configuration once per codec seed where its codec draws at random
+    runs = [c for cc in cache_configs for c in seeded(cc, config.codec_seeds)]
+    geometry = model.geometry
     # the exact codec config each row ran (every layer's codec is this one with its own layer index)
-    codec_json = {cc.label: {k: v for k, v in cc.codec_config(model.geometry.head_dim, model.geometry.kv_heads)
-                             .to_json().items() if k != "layer"} for cc in cache_configs}
+    codec_json = {(c.label, c.seed): {k: v for k, v in c.codec_config(geometry.head_dim, geometry.kv_heads)
+                                      .to_json().items() if k != "layer"} for c in runs}
     atomic_write(out / "model.json", dumps({"model": model.describe(), "skipped": skipped}, indent=2) + "\n")
 
     rows_path = out / "rows.jsonl"
     done = {row_key(r) for r in read_rows(rows_path, repair=True)}
-    total = sum(len(p) for _, _, p in work) * len(cache_configs)
+    total = sum(len(p) for _, _, p in work) * len(runs)
     bar = tqdm(total=total, initial=len(done), desc="rows", disable=not progress, unit="row", dynamic_ncols=True)
     try:
         for name, task, prompts in work:
-            for prompt in prompts:
-                todo = [cc for cc in cache_configs if (name, prompt.id, cc.label) not in done]
+            for batch in task.batches(model, prompts):
+                keys = [[(name, p.id, c.label, c.seed) for p in batch] for c in runs]
+                todo = [(c, k) for c, k in zip(runs, keys) if any(key not in done for key in k)]
                 if not todo:
                     continue
-                bar.set_postfix_str(f"{name}/{prompt.id} baseline")
-                baseline = _baseline(task, name, model, prompt, config.seed, out)
-                for cc in todo:
-                    bar.set_postfix_str(f"{name}/{prompt.id} {cc.label}")
+                shown = batch[0].id + (f" +{len(batch) - 1}" if len(batch) > 1 else "")
+                bar.set_postfix_str(f"{name}/{shown} baseline")
+                baselines = _baselines(task, name, model, batch, config.seed, out)
+                for c, batch_keys in todo:
+                    bar.set_postfix_str(f"{name}/{shown} {c.label} seed {c.seed}")
                     t0 = time.perf_counter()
-                    result = task.evaluate(model, prompt, cc, config.seed, baseline, out)
-                    row = {"task": name, "prompt": prompt.id, "codec": cc.codec, "bits": cc.bits, "label": cc.label}
-                    row.update({k: result[k] for k in sorted(result) if k not in ID_FIELDS})
-                    if prompt.meta:
-                        row.setdefault("prompt_meta", prompt.meta)
-                    row["codec_config"] = codec_json[cc.label]
-                    append_line(rows_path, dumps(row))
+                    results = task.evaluate_batch(model, batch, c, config.seed, baselines, out)
                     append_line(out / "timings.jsonl", json.dumps(
-                        {"task": name, "prompt": prompt.id, "label": cc.label,
+                        {"task": name, "prompts": [p.id for p in batch], "label": c.label, "codec_seed": c.seed,
                          "seconds": round(time.perf_counter() - t0, 3)}))
-                    done.add(row_key(row))
-                    bar.update(1)
-                    if on_row is not None:
-                        on_row(row)
+                    for prompt, key, result in zip(batch, batch_keys, results):
+                        if key in done:  # a resumed batch: the rows already stored stay as they are
+                            continue
+                        row = {"task": name, "prompt": prompt.id, "codec": c.codec, "bits": c.bits,
+                               "label": c.label, "codec_seed": c.seed}
+                        row.update({k: result[k] for k in sorted(result) if k not in row})
+                        if prompt.meta:
+                            row.setdefault("prompt_meta", prompt.meta)
+                        row["codec_config"] = codec_json[(c.label, c.seed)]
+                        append_line(rows_path, dumps(row))
+                        done.add(key)
+                        bar.update(1)
+                        if on_row is not None:
+                            on_row(row)
     finally:
         bar.close()
     finish(out)
@@ -302,16 +312,19 @@ def unique_prompts(task: str, prompts: list, log=print) -> list:
     return out
 
 
-def _baseline(task, name: str, model, prompt, seed: int, out: Path):
-    path = inside(out, "baselines", safe_name(name), f"{safe_name(prompt.id)}.pt")
-    if path.exists():
-        return task.load_baseline(path)
-    baseline = task.baseline(model, prompt, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    task.save_baseline(baseline, tmp)
-    os.replace(tmp, path)
-    return baseline
+def _baselines(task, name: str, model, batch: list, seed: int, out: Path) -> list:
+    """The uncompressed rollouts of a batch of prompts: read back where a run stored them all, else
+    computed together (as the codecs' rollouts of this batch are) and stored, one file per prompt."""
+    paths = [inside(out, "baselines", safe_name(name), f"{safe_name(p.id)}.pt") for p in batch]
+    if all(p.exists() for p in paths):
+        return [task.load_baseline(p) for p in paths]
+    baselines = task.baseline_batch(model, batch, seed)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    for path, baseline in zip(paths, baselines):
+        tmp = path.with_name(path.name + ".tmp")
+        task.save_baseline(baseline, tmp)
+        os.replace(tmp, path)
+    return baselines
 
 
 def finish(out: Path) -> None:

@@ -84,6 +84,10 @@ class Codec:
     token_block: int = 1
     #: True where ``score`` uses an estimator that differs from <q, decode(k)> (QJL-corrected).
     has_score_estimator: ClassVar[bool] = False
+    #: True where the codec draws anything at random from its seed (rotation signs, projections):
+    #: a run then repeats it for every codec seed; a deterministic codec runs once (tests check
+    #: that this matches what the seed really changes)
+    randomized: ClassVar[bool] = False
     #: the codec's options: a frozen dataclass with typed fields and defaults (kernels.config checks them)
     Options: ClassVar[type] = NoOptions
 

@@ -115,6 +115,7 @@ def _resolve_split(bits: int, split) -> tuple[int, int]:
 class Octopus(Codec):
     """OCTOPUS, PyTorch reference. Options: ``split=(b_u, b_r)`` (default (b+1, b-1)),
     ``rounding='local'|'full'|'nearest'`` (default 'local', the paper's 3x3 joint search)."""
+    randomized = True
 
     bits_supported = (1, 2, 3, 4, 5, 6)
 

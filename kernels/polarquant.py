@@ -56,6 +56,7 @@ def polar_inverse(angles: list[torch.Tensor], r: torch.Tensor) -> torch.Tensor:
 
 @register_codec("polarquant")
 class PolarQuant(Codec):
+    randomized = True
     bits_supported = tuple(range(1, 9))
 
     @dataclass(frozen=True)

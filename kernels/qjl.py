@@ -80,6 +80,7 @@ class GaussianSketch:
 @register_codec("qjl")
 class QJL(Codec):
     """State: ``qjl`` uint8 BitField(m, 1) of sign(S k) (bit 1 = positive), ``norm`` fp16 [..., T, 1]."""
+    randomized = True
 
     bits_supported = tuple(range(1, 9))
     has_score_estimator = True

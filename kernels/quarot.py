@@ -19,6 +19,7 @@ from .values import group_dequantize, group_quantize
 
 @register_codec("quarot")
 class QuaRot(Codec):
+    randomized = True
     bits_supported = tuple(range(1, 9))
 
     @dataclass(frozen=True)

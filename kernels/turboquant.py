@@ -74,6 +74,7 @@ class _MSEStage:
 
 @register_codec("turboquant-mse")
 class TurboQuantMSE(Codec):
+    randomized = True
     bits_supported = tuple(range(1, 9))
 
     def __init__(self, config, device="cpu"):
@@ -95,6 +96,7 @@ class TurboQuantMSE(Codec):
 
 @register_codec("turboquant-prod")
 class TurboQuantProd(Codec):
+    randomized = True
     bits_supported = tuple(range(2, 9))
     has_score_estimator = True
 

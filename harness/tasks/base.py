@@ -2,14 +2,18 @@
 subclasses :class:`Task` and decorates it with ``@register_task(name)``; ``harness/tasks/__init__.py``
 imports every module of the package.
 
-The runner, per prompt: ``baseline = task.baseline(model, prompt, seed)`` once (uncompressed,
-reused for every codec), then for each cache configuration
-``row = task.evaluate(model, prompt, cache_config, seed, baseline, out_dir)`` which returns
-a flat dict of metric name -> float (plus optional 'artifacts': {label: relative path}) and
-the rate fields of the scored rollout's cache, from :func:`adapters.cache_stats.cache_row_stats`
-(called once per row: it also checks that a codec really compressed).
-Rollouts must be byte-identical for a (prompt, seed): every random draw comes from a
-private generator derived from (prompt id, seed).
+The runner, per batch of prompts (``task.batches(model, prompts)``; by default one prompt per
+batch): ``baselines = task.baseline_batch(model, prompts, seed)`` once (uncompressed, reused for
+every codec), then for each cache configuration (one per codec seed of a randomized codec)
+``rows = task.evaluate_batch(model, prompts, cache_config, seed, baselines, out_dir)``: per
+prompt a flat dict of metric name -> float (plus optional 'artifacts': {label: relative path})
+and the rate fields of the scored rollout's cache, from
+:func:`adapters.cache_stats.cache_row_stats` (called once per rollout: it also checks that a
+codec really compressed). A task implements ``baseline``/``evaluate`` for one prompt, or the
+batch methods where running prompts together is faster.
+Rollouts must be byte-identical for a (prompt, seed) and batch: every random draw comes from a
+private generator derived from (prompt id, seed); ``seed`` is the prompt seed, the codec's own
+draws come from ``cache_config.seed`` (the codec seed).
 """
 from __future__ import annotations
 
@@ -73,6 +77,18 @@ class Task:
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: Any, out_dir: Path) -> dict:
         raise NotImplementedError
+
+    # --- batches: a task that runs prompts together overrides these --------------------------
+    def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
+        """The prompts grouped as the runner should run them, in order (default: one by one)."""
+        return [[p] for p in prompts]
+
+    def baseline_batch(self, model, prompts: list[Prompt], seed: int) -> list[Any]:
+        return [self.baseline(model, p, seed) for p in prompts]
+
+    def evaluate_batch(self, model, prompts: list[Prompt], cache_config, seed: int, baselines: list[Any],
+                       out_dir: Path) -> list[dict]:
+        return [self.evaluate(model, p, cache_config, seed, b, out_dir) for p, b in zip(prompts, baselines)]
 
 
 def parse_option(value: Any, default: Any) -> Any:

@@ -57,6 +57,7 @@ def _sentences(text: str) -> list[str]:
 class NeedleTask(Task):
     modality = "text"
     metrics = ("exact_match", "output_match", "kl", "top1_agree")
+    headline = "kl"  # graded where exact match is all or nothing on a few prompts
     option_defaults = {
         "contexts": ((1024,), "prompt lengths in tokens (comma list)"),
         "depths": ((0.1, 0.3, 0.5, 0.7, 0.9), "depths of the queried needle, fractions of the haystack (comma list)"),

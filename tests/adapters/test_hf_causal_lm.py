@@ -230,3 +230,29 @@ def test_eager_model_none_reproduces_native(ids):
         out = _chunked(lm.model, ids, new_cache(CacheConfig(codec=codec, bits=_bits(codec), residual=8)))
     assert torch.equal(out[:, :50], native[:, :50])  # the prefill is plain attention
     assert lm.model.config._attn_implementation == "eager"
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("codec", ["none", "octopus", "kivi"])
+def test_a_batch_gives_each_sequence_what_it_gets_alone(lm, codec):
+    """Teacher forcing B sequences of one length in one batch: every sequence's logits are those
+    of its own run (to float rounding: the batched matmuls sum in another order), and with codec
+    'none' the batch equals the native model's batched forward exactly."""
+    seqs = torch.randint(0, 256, (3, 72), generator=torch.Generator().manual_seed(5))
+    sizes = [40, 16, 16]
+    cfg = None if codec == "none" else CacheConfig(codec=codec, bits=_bits(codec), residual=8)
+    batched = []
+    cache = lm.teacher_force(seqs.tolist(), sizes, cfg, lambda s, lg: batched.append(lg))
+    batched = torch.cat(batched, 1)
+    assert batched.shape == (3, 72, lm.model.config.vocab_size)
+    for b in range(3):
+        alone = []
+        lm.teacher_force(seqs[b].tolist(), sizes, cfg, lambda s, lg: alone.append(lg))
+        torch.testing.assert_close(batched[b], torch.cat(alone), rtol=0, atol=2e-5)
+    if cfg is None:
+        native = _chunked(lm.model, seqs, DynamicCache(config=lm.model.config), sizes)
+        assert torch.equal(batched, native.float())
+    else:
+        assert all(layer.committed == 72 - 8 - (72 - 8) % layer.codec.token_block for layer in cache.kv.layers)
+    with pytest.raises(ValueError, match="share one length"):
+        lm.teacher_force([[1, 2, 3], [1, 2]], [2, 1], cfg, lambda s, lg: None)

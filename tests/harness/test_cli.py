@@ -45,10 +45,10 @@ def test_run_compare_report(ckpt, tmp_path, capsys):
     args = ["run", "--model", "hf", "--model-path", str(ckpt), "--codec", CODEC, "--bits", "2,4", "--task",
             "perplexity", "--prompts", str(text), "--limit", "1", "--residual", "8", "--quiet",
             "--task-opt", "perplexity.context=120", "--task-opt", "perplexity.prefix=40", "--task-opt",
-            "perplexity.chunk=16", "--out", str(tmp_path / "run")]
+            "perplexity.chunk=16", "--codec-seeds", "3", "--out", str(tmp_path / "run")]
     assert main(args) == 0
     rows = [json.loads(l) for l in (tmp_path / "run" / "rows.jsonl").read_text().splitlines()]
-    assert [r["label"] for r in rows] == ["none", f"{CODEC}@2", f"{CODEC}@4"]
+    assert [(r["label"], r["codec_seed"]) for r in rows] == [("none", 3), (f"{CODEC}@2", 3), (f"{CODEC}@4", 3)]
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert {k: cfg["task_options"]["perplexity"][k] for k in ("context", "prefix", "chunk")} == \
         {"context": 120, "prefix": 40, "chunk": 16}

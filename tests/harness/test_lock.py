@@ -30,7 +30,7 @@ def _cli(*args) -> subprocess.CompletedProcess:
 def _run_args(ckpt, text, out):
     return ["run", "--model", "hf", "--model-path", str(ckpt), "--codec", "octopus", "--bits", "2", "--task",
             "perplexity", "--prompts", str(text), "--limit", "1", "--residual", "8", "--quiet", "--task-opt",
-            "perplexity.context=100", "--task-opt", "perplexity.prefix=40", "--task-opt", "perplexity.chunk=20",
+            "perplexity.context=100", "--task-opt", "perplexity.prefix=40", "--task-opt", "perplexity.chunk=20", "--codec-seeds", "0",
             "--out", str(out)]
 
 

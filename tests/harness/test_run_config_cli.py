@@ -33,6 +33,7 @@ ARGV = {
     "prompts": (["--prompts", "wikitext2"], "wikitext2"),
     "limit": (["--limit", "3"], 3),
     "seed": (["--seed", "7"], 7),
+    "codec_seeds": (["--codec-seeds", "3", "5,8"], [3, 5, 8]),
     "residual": (["--residual", "16"], 16),
     "protect": (["--protect", "0,29"], [0, 29]),
     "value_bits": (["--value-bits", "4"], 4),
@@ -68,6 +69,29 @@ def test_all_flags_together_round_trip():
     c = parse([a for argv, _ in ARGV.values() for a in argv])
     assert {n: getattr(c, n) for n in ARGV} == {n: want for n, (_, want) in ARGV.items()}
     assert roundtrip(c) == c
+
+
+def test_presets_fill_what_the_flags_leave():
+    from harness.cli import config_kwargs
+    from harness.config import PRESETS, with_preset
+
+    def preset(argv):
+        p = argparse.ArgumentParser()
+        run_parser(p)
+        a = p.parse_args(argv)
+        return RunConfig(**with_preset(a.preset, config_kwargs(a, RunConfig)))
+
+    assert preset([]) == RunConfig()  # 'default' is the dataclass defaults
+    full = preset(["--preset", "full"])
+    assert full.tasks == PRESETS["full"]["tasks"] and full.codec_seeds == PRESETS["full"]["codec_seeds"]
+    assert full.task_options == PRESETS["full"]["task_options"]
+    # a flag wins over the preset; task options merge per option; options of a task left out go
+    mixed = preset(["--preset", "full", "--codec-seeds", "4", "--task-opt", "perplexity.context=600",
+                    "--task", "perplexity"])
+    assert mixed.codec_seeds == [4] and mixed.tasks == ["perplexity"]
+    assert mixed.task_options == {"perplexity": {**PRESETS["full"]["task_options"]["perplexity"], "context": "600"}}
+    with pytest.raises(SystemExit):
+        preset(["--preset", "huge"])
 
 
 def test_protect_names():

@@ -51,17 +51,18 @@ def test_run_resume_and_determinism(lm, textfile, tmp_path):
     config = _config(textfile)
     clean = run(config, out=tmp_path / "clean", model=lm, progress=False, log=lambda *_: None)
     rows = read_rows(clean / "rows.jsonl")
-    n_cfg = 1 + 2 * len(TWO)
-    assert len(rows) == 4 * n_cfg  # (2 perplexity + 2 needle prompts) x (baseline + codecs x bits)
-    assert len({(r["task"], r["prompt"], r["label"]) for r in rows}) == len(rows)
+    from kernels import CodecConfig, codec_class
+    seeds = {c: config.codec_seeds if codec_class(c).randomized else config.codec_seeds[:1] for c in TWO}
+    n_cfg = 1 + sum(2 * len(s) for s in seeds.values())
+    assert len(rows) == 4 * n_cfg  # (2 perplexity + 2 needle prompts) x (baseline + codecs x bits x codec seeds)
+    assert len({(r["task"], r["prompt"], r["label"], r["codec_seed"]) for r in rows}) == len(rows)
     assert all(r["kl"] == 0 for r in rows if r["label"] == "none")
     assert {r["label"] for r in rows} == {"none", *(f"{c}@{b}" for c in TWO for b in (2, 4))}
     # every row embeds the exact codec config it ran: it rebuilds that codec, options resolved
-    from kernels import CodecConfig, codec_class
     for r in rows:
         cfg = CodecConfig.from_json(r["codec_config"])
-        assert (cfg.name, cfg.bits, cfg.head_dim, cfg.num_heads) == (r["codec"], r["bits"], lm.geometry.head_dim,
-                                                                     lm.geometry.kv_heads)
+        assert (cfg.name, cfg.bits, cfg.head_dim, cfg.num_heads, cfg.seed) == (
+            r["codec"], r["bits"], lm.geometry.head_dim, lm.geometry.kv_heads, r["codec_seed"])
         assert set(cfg.options) == {f for f in codec_class(cfg.name).Options.__dataclass_fields__}
 
     # the same command again, elsewhere: byte-identical rows, summary and report
@@ -69,7 +70,8 @@ def test_run_resume_and_determinism(lm, textfile, tmp_path):
     assert _files(again) == _files(clean)
     assert (clean / "perplexity_kl.png").exists()
 
-    # crash after 3 rows (mid-prompt), with a torn half line on disk; the rerun completes the same file
+    # crash after 3 rows (mid-batch: the 2 perplexity prompts run together), with a torn half line
+    # on disk; the rerun completes the same file
     seen = []
 
     def crash(row):
@@ -87,14 +89,14 @@ def test_run_resume_and_determinism(lm, textfile, tmp_path):
     calls = []
     from harness.tasks.perplexity import PerplexityTask
 
-    orig = PerplexityTask.baseline
-    PerplexityTask.baseline = lambda self, *a: calls.append(a) or orig(self, *a)
+    orig = PerplexityTask.baseline_batch
+    PerplexityTask.baseline_batch = lambda self, *a: calls.append(a) or orig(self, *a)
     try:
         run(_config(textfile), out=out, model=lm, progress=False, log=lambda *_: None)
     finally:
-        PerplexityTask.baseline = orig
+        PerplexityTask.baseline_batch = orig
     assert _files(out) == _files(clean)
-    assert n_baselines == 1 and len(calls) == 1  # prompt 1 reused its stored baseline; prompt 2 computed once
+    assert n_baselines == 2 and not calls  # the batch's two stored baselines were reused, none recomputed
 
 
 def test_config_round_trip_and_mismatch(textfile, tmp_path, lm):
@@ -167,7 +169,7 @@ def test_report_and_compare(lm, textfile, tmp_path):
 
 
 def _one(textfile, **kw) -> RunConfig:
-    return _config(textfile, **{"tasks": ["perplexity"], "codecs": TWO[:1], "bits": [2], "limit": 1, **kw})
+    return _config(textfile, **{"tasks": ["perplexity"], "codecs": TWO[:1], "bits": [2], "limit": 1, "codec_seeds": [0], **kw})
 
 
 def test_folder_with_foreign_files_is_refused_and_kept(lm, textfile, tmp_path):
@@ -235,10 +237,11 @@ def test_a_failed_load_leaves_nothing_and_the_corrected_command_runs(lm, textfil
 
 def test_repeats_run_once(lm, textfile, tmp_path):
     notes = []
-    out = run(_config(textfile, tasks=["perplexity", "perplexity"], codecs=[TWO[0], TWO[0]], bits=[2, 2], limit=1),
-              out=tmp_path / "run", model=lm, progress=False, log=notes.append)
-    assert [r["label"] for r in read_rows(out / "rows.jsonl")] == ["none", f"{TWO[0]}@2"]
-    assert any(n.startswith("--codec") and "run once" in n for n in notes)
+    out = run(_config(textfile, tasks=["perplexity", "perplexity"], codecs=[TWO[0], TWO[0]], bits=[2, 2], limit=1,
+                      codec_seeds=[1, 1]), out=tmp_path / "run", model=lm, progress=False, log=notes.append)
+    assert [(r["label"], r["codec_seed"]) for r in read_rows(out / "rows.jsonl")] == [("none", 1), (f"{TWO[0]}@2", 1)]
+    assert any(n.startswith("--codec ") and "run once" in n for n in notes)
+    assert any(n.startswith("--codec-seeds 1 1") for n in notes)
     assert any(n.startswith("--bits 2 2") for n in notes) and any(n.startswith("--task") for n in notes)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["codecs"] == [TWO[0]] and cfg["bits"] == [2] and cfg["tasks"] == ["perplexity"]

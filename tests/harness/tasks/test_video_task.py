@@ -38,7 +38,7 @@ def test_run_through_the_runner_and_resume(model, tmp_path):
     from harness.config import RunConfig
     from harness.runner import run
 
-    cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], limit=1,
+    cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], limit=1, codec_seeds=[0],
                     task_options={"video": {"stills": "4"}})
     out = run(cfg, out=tmp_path / "run", model=model, progress=False, log=lambda *a: None)
     rows = {r["label"]: r for r in read_rows(out / "rows.jsonl")}
@@ -97,7 +97,7 @@ def test_hostile_prompt_ids_stay_inside_the_run_folder(model, tmp_path):
     prompts = tmp_path / "p.json"
     prompts.write_text(json.dumps([{"id": i, "prompt": f"a cat {n}"} for n, i in enumerate(ids)]))
     before = _listing(tmp_path)
-    cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], prompts=str(prompts),
+    cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], prompts=str(prompts), codec_seeds=[0],
                     baseline=False, task_options={"video": {"save_video": "false", "lpips": "false"}})
     out = run(cfg, out=tmp_path / "a" / "run", model=model, progress=False, log=lambda *a: None)
     after = _listing(tmp_path)
