@@ -2,7 +2,8 @@
 
 Rows hold no timestamps and floats are written with 7 significant digits, so the same command
 gives byte-identical rows.jsonl and summary.json. A row is keyed by (task, prompt, label, codec
-seed); the baseline's label is ``BASELINE_LABEL``.
+seed); rows written before codec seeds have none and count as seed 0. The baseline's label is
+``BASELINE_LABEL``.
 """
 from __future__ import annotations
 
@@ -52,9 +53,14 @@ def num(x) -> float | None:
 
 
 # --- rows -----------------------------------------------------------------------------------------
+def codec_seed(row: dict) -> int:
+    """The row's codec seed; rows written before codec seeds existed ran seed 0."""
+    return int(row.get("codec_seed", 0))
+
+
 def row_key(row: dict) -> tuple[str, str, str, int]:
-    """(task, prompt, label, codec seed); rows written before codec seeds existed ran seed 0."""
-    return row["task"], row["prompt"], row["label"], int(row.get("codec_seed", 0))
+    """(task, prompt, label, codec seed)."""
+    return row["task"], row["prompt"], row["label"], codec_seed(row)
 
 
 class CorruptRows(ValueError):

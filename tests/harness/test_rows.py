@@ -1,10 +1,10 @@
 """harness/rows.py: safe names, paths kept inside the run folder, rows.jsonl read back (a torn last
-line repaired, a corrupt line inside named by file and line)."""
+line repaired, a corrupt line inside named by file and line), the row key with its codec seed."""
 from __future__ import annotations
 
 import pytest
 
-from harness.rows import CorruptRows, UnsafePath, inside, read_rows, safe_name
+from harness.rows import ID_FIELDS, CorruptRows, UnsafePath, inside, read_rows, row_key, safe_name
 
 
 @pytest.mark.parametrize("raw", ["/etc/passwd", "../../x", "..", ".", "", "a\x00b/c", "a/../../b", "\\..\\x"])
@@ -42,3 +42,10 @@ def test_corrupt_line_is_named_and_torn_last_line_repaired(tmp_path):
     path.write_bytes(b'{"a": 1}\n\xff\xfe\n')
     with pytest.raises(CorruptRows, match=rf"{path}:2"):
         read_rows(path)
+
+
+def test_row_key_has_the_codec_seed_and_old_rows_count_as_seed_0():
+    row = {"task": "perplexity", "prompt": "p0", "codec": "octopus", "bits": 2, "label": "octopus@2"}
+    assert row_key(row) == ("perplexity", "p0", "octopus@2", 0)  # written before codec seeds
+    assert row_key({**row, "codec_seed": 2}) == ("perplexity", "p0", "octopus@2", 2)
+    assert row_key({**row, "codec_seed": 2}) != row_key(row) and "codec_seed" in ID_FIELDS
