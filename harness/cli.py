@@ -4,7 +4,7 @@
                                                 8 codecs at 2, 3, 4 bits, plus the baseline
   harness run --model smollm2-135m --codec octopus --bits 2
   harness run --model hf --model-path DIR --codec octopus qjl --bits 3 4 --task perplexity --prompts wikitext2
-  harness compare reports/RUN [reports/RUN2 ...]
+  harness compare reports/RUN [reports/RUN2 ...]  each later run minus the first, paired, with 95% intervals
   harness report reports/RUN                     rebuild summary.json + report.md from rows.jsonl
   harness list                                  models, codecs (with bits), tasks (with options), metrics
   harness probe ... / harness bench ...         the synthetic probe / kernel benchmarks
@@ -163,7 +163,7 @@ def cmd_run(a) -> int:
 
 
 def cmd_compare(a) -> int:
-    from harness.report import compare
+    from harness.compare import compare
 
     text = compare(a.runs)
     if a.out:
@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd")
     run_parser(sub.add_parser("run", help="run codecs against the uncompressed baseline"))
-    pc = sub.add_parser("compare", help="per-prompt tables across runs")
+    pc = sub.add_parser("compare", help="later runs against the first, paired per configuration "
+                                        "(refused for other models or prompts), and per-prompt tables")
     pc.add_argument("runs", nargs="+", type=Path)
     pc.add_argument("--out", type=Path, help="write the markdown here instead of stdout")
     pr = sub.add_parser("report", help="rebuild summary.json and report.md of a run")

@@ -1,0 +1,143 @@
+"""Markdown cells and tables shared by report.md and ``harness compare``: numbers, a mean with
+its 95% interval, a paired difference with its word, the per-prompt table, and the ranking and
+pairwise tables of a summary task (:mod:`harness.summary`)."""
+from __future__ import annotations
+
+import math
+
+from .rows import num
+
+
+def fmt(x, digits: int = 4) -> str:
+    x = num(x) if not isinstance(x, float) else x
+    if x is None:
+        return "—"
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e5 or abs(x) < 1e-3:
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}g}"
+
+
+def fmt_delta(x) -> str:
+    x = num(x) if not isinstance(x, float) else x
+    if x is None or math.isnan(x) or math.isinf(x):  # e.g. SNR against itself is inf: no difference to show
+        return "—"
+    s = fmt(x, 3)
+    return s if s.startswith("-") or s in ("0", "nan") else "+" + s
+
+
+def fmt_ci(s: dict | None, with_n: bool = True) -> str:
+    """A summary metric entry (or comparison) as 'mean ± half-width' of its 95% interval, with n;
+    'mean (n = 1)' where there is no interval."""
+    if not s or num(s.get("mean")) is None:
+        return "—"
+    ci, n = s.get("ci95"), s.get("n")
+    text = fmt(s["mean"])
+    if ci is not None and num(ci[0]) is not None and num(ci[1]) is not None:
+        text += " ± " + fmt((num(ci[1]) - num(ci[0])) / 2, 2)
+    elif n == 1:
+        return text + " (n = 1)"
+    return text + (f" (n={n})" if with_n and n is not None else "")
+
+
+def fmt_diff(d: dict | None, with_word: bool = True) -> str:
+    """A paired difference {mean, ci95, word, n}: '+0.012 ± 0.004 better' ('—' without one)."""
+    if not d or num(d.get("mean")) is None or math.isnan(num(d["mean"])):
+        return "—"
+    ci = d.get("ci95")
+    text = fmt_delta(d["mean"])
+    if ci is not None:
+        text += " ± " + fmt((num(ci[1]) - num(ci[0])) / 2, 2)
+    if not with_word:
+        return text
+    return text + (f" {d['word']}" if d.get("word") else " (n = 1)" if d.get("n") == 1 else "")
+
+
+def arrow(higher_is_better) -> str:
+    return {True: " ↑", False: " ↓"}.get(higher_is_better, "")
+
+
+def display(m: dict) -> str:
+    """A summary metric entry's display name (summaries written before display names: the name)."""
+    return m.get("display", m["name"])
+
+
+# --- tables -------------------------------------------------------------------------------------
+def per_prompt_table(entries: list[tuple[str, dict, dict]], prompts: list[str], higher_is_better=None) -> str:
+    """entries: (row name, {prompt: value}, {prompt: baseline value}) -> a markdown table with one
+    column per prompt, then min / mean / max and the mean difference from the baseline."""
+    head = ["config", *prompts, "min", "mean", "max", "Δ mean vs baseline"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, vals, base in entries:
+        xs = [num(vals.get(p)) for p in prompts]
+        finite = [x for x in xs if x is not None and not math.isnan(x)]
+        deltas = [num(vals[p]) - num(base[p]) for p in prompts
+                  if num(vals.get(p)) is not None and num(base.get(p)) is not None]
+        deltas = [d for d in deltas if not math.isnan(d)]
+        stats = [min(finite), sum(finite) / len(finite), max(finite)] if finite else [None] * 3
+        delta = sum(deltas) / len(deltas) if deltas else None
+        lines.append("| " + " | ".join([name, *(fmt(x) for x in xs), *(fmt(s) for s in stats), fmt_delta(delta)]) + " |")
+    return "\n".join(lines)
+
+
+def values(rows: list[dict], task: str, label: str, metric: str) -> dict:
+    """{prompt: value}; a configuration with several codec seeds gets the mean over its seeds."""
+    by_prompt: dict[str, list[float]] = {}
+    for r in rows:
+        if r["task"] == task and r["label"] == label and num(r.get(metric)) is not None:
+            by_prompt.setdefault(r["prompt"], []).append(num(r[metric]))
+    return {p: sum(v) / len(v) for p, v in by_prompt.items()}
+
+
+# --- a summary task's ranking, front and pairwise comparisons --------------------------------------
+def _title(head: dict) -> str:
+    return f"{display(head)}{arrow(head['higher_is_better'])}"
+
+
+def ranking_tables(t: dict, head: dict) -> list[str]:
+    """The ranking per bit width on the headline metric ``head`` (ties share a rank), then the
+    rate-matched front (:mod:`harness.ranking`); [] where the task has no ranking."""
+    md = []
+    if t.get("ranking"):
+        md += [f"### Ranking on {_title(head)}", "",
+               "Per bit width, best mean first; rank = 1 + the configurations significantly better "
+               "(paired, 95%), so configurations no comparison tells apart share a rank.", "",
+               f"| bits | rank | config | {_title(head)}, mean ± 95% | n |", "|---|---|---|---|---|"]
+        for b in t["ranking"]:
+            md += [f"| {b['bits']} | {c['rank'] if c['rank'] is not None else '—'} | {c['label']} | "
+                   f"{fmt_ci(c, with_n=False)} | {c['n']} |" for c in b["configs"]]
+        md.append("")
+    if t.get("front"):
+        means = {c["label"]: c for b in t.get("ranking", []) for c in b["configs"]}
+        md += [f"### Rate-matched front on {_title(head)}", "",
+               "On the front unless a configuration storing no more cache bits per coordinate is "
+               "significantly better (paired, 95%).", "",
+               f"| config | bits | cache bits/coord | {_title(head)}, mean ± 95% | on the front | dominated by |",
+               "|---|---|---|---|---|---|"]
+        for f in t["front"]:
+            on = {True: "yes", False: "no", None: "—"}[f["front"]]
+            md.append(f"| {f['label']} | {f['bits']} | {fmt(f['cache_bits_per_coord'], 3)} | "
+                      f"{fmt_ci(means.get(f['label']), with_n=False)} | {on} | {', '.join(f['dominated_by']) or '—'} |")
+        md.append("")
+    return md
+
+
+def pair_tables(t: dict, head: dict) -> list[str]:
+    """Per bit width, every pair of configurations on the headline metric: A − B ± 95% and the word
+    for A ([] where no bit width has two configurations)."""
+    widths = [b for b in t.get("ranking", []) if b["pairs"]]
+    if not widths:
+        return []
+    md = [f"### Paired comparisons on {_title(head)}", "",
+          "A − B on the prompts and codec seeds both have, ± its 95% interval; the word says what A is.", ""]
+    for b in widths:
+        md += [f"**{b['bits']} bits**", "", "| A | B | A − B ± 95% | A is | n |", "|---|---|---|---|---|"]
+        md += [f"| {p['a']} | {p['b']} | {fmt_diff(p, with_word=False)} | {p['word'] or '—'} | {p['n']} |"
+               for p in b["pairs"]]
+        md.append("")
+    return md
