@@ -1,9 +1,11 @@
-"""report.md for a run folder, and ``harness compare`` across runs.
+"""report.md for a run folder.
 
 Everything is computed from config.json, model.json, summary.json and rows.jsonl, so a report
 can be rebuilt at any time (``harness report RUN``) and is byte-identical for identical rows.
 Plots (matplotlib, Agg): each metric against the TRUE bits per key coordinate (counted from
-the bytes each codec stored), one line per codec, the uncompressed baseline dashed.
+the bytes each codec stored), one line per codec with 95% intervals as error bars, the
+uncompressed baseline dashed. Each task's section opens with the ranking on its headline metric
+and the rate-matched front. ``harness compare`` is in :mod:`harness.compare`.
 """
 from __future__ import annotations
 
@@ -11,37 +13,25 @@ import json
 import math
 from pathlib import Path
 
+from .compare import compare  # noqa: F401  (harness compare; importable from here as before)
 from .rows import BASELINE_LABEL, num, read_rows
-from .summary import summarize
+from .summary import SUMMARY_VERSION, summarize
+from .tables import (arrow, display, fmt, fmt_ci, fmt_diff, pair_tables, per_prompt_table, ranking_tables,
+                     values)
 
+INTERVALS = (
+    "**Intervals.** Each value is measured per prompt and per codec seed (the codec's random draws). "
+    "*mean ± h* is the 95% interval of the mean over both: a t-interval whose variance comes from the "
+    "two-way (prompt × seed) analysis of variance, so that a seed shared by every prompt counts once "
+    "(Satterthwaite degrees of freedom; one seed: the t-interval over prompts; cells missing: over the "
+    "prompts' means); *n* counts the cells. "
+    "Comparisons are paired (the same prompts and seeds on both sides) and each word is one 95% interval "
+    "of the difference on its own: *better* / *worse* where it excludes 0, *indistinguishable* where it "
+    "holds 0. There is no correction for multiplicity: k configurations make k(k−1)/2 pairs, and about 1 "
+    "pair in 20 of truly equal configurations is called different by chance. A configuration's *rank* is "
+    "1 + the number of configurations at its bit width that are significantly better, so ties share a rank."
+)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg")
-
-
-def fmt(x, digits: int = 4) -> str:
-    x = num(x) if not isinstance(x, float) else x
-    if x is None:
-        return "—"
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return "0"
-    if abs(x) >= 1e5 or abs(x) < 1e-3:
-        return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}g}"
-
-
-def fmt_delta(x) -> str:
-    x = num(x) if not isinstance(x, float) else x
-    if x is None or math.isnan(x) or math.isinf(x):  # e.g. SNR against itself is inf: no difference to show
-        return "—"
-    s = fmt(x, 3)
-    return s if s.startswith("-") or s in ("0", "nan") else "+" + s
-
-
-def arrow(higher_is_better) -> str:
-    return {True: " ↑", False: " ↓"}.get(higher_is_better, "")
 
 
 def _bytes(x) -> str:
@@ -58,68 +48,54 @@ def _safe(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
 
 
-# --- tables -------------------------------------------------------------------------------------
-def per_prompt_table(entries: list[tuple[str, dict, dict]], prompts: list[str], higher_is_better=None) -> str:
-    """entries: (row name, {prompt: value}, {prompt: baseline value}) -> a markdown table with one
-    column per prompt, then min / mean / max and the mean difference from the baseline."""
-    head = ["config", *prompts, "min", "mean", "max", "Δ mean vs baseline"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, vals, base in entries:
-        xs = [num(vals.get(p)) for p in prompts]
-        finite = [x for x in xs if x is not None and not math.isnan(x)]
-        deltas = [num(vals[p]) - num(base[p]) for p in prompts
-                  if num(vals.get(p)) is not None and num(base.get(p)) is not None]
-        deltas = [d for d in deltas if not math.isnan(d)]
-        stats = [min(finite), sum(finite) / len(finite), max(finite)] if finite else [None] * 3
-        delta = sum(deltas) / len(deltas) if deltas else None
-        lines.append("| " + " | ".join([name, *(fmt(x) for x in xs), *(fmt(s) for s in stats), fmt_delta(delta)]) + " |")
-    return "\n".join(lines)
-
-
-def _values(rows: list[dict], task: str, label: str, metric: str) -> dict:
-    return {r["prompt"]: r.get(metric) for r in rows if r["task"] == task and r["label"] == label}
-
-
 # --- plots --------------------------------------------------------------------------------------
-def _display(m: dict) -> str:
-    """A summary metric entry's display name (summaries written before display names: the name)."""
-    return m.get("display", m["name"])
+def _point(s: dict) -> tuple[float, float, float] | None:
+    """(mean, error below, error above) of a summary metric entry: its 95% interval (0 without)."""
+    mean = num(s.get("mean"))
+    if mean is None or not math.isfinite(mean):
+        return None
+    ci = s.get("ci95")
+    lo, hi = (num(ci[0]), num(ci[1])) if ci else (mean, mean)
+    return mean, mean - lo, hi - mean
 
 
 def plot_metric(path: Path, task: str, m: dict, groups: list[dict]) -> bool:
     """Mean of metric ``m`` (a summary metric entry: name, display, higher_is_better, scale) against
-    true key bits per coordinate, one line per codec. False if nothing to draw."""
+    true key bits per coordinate with its 95% interval as error bars, one line per codec. False if
+    nothing to draw."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     metric, higher_is_better = m["name"], m["higher_is_better"]
-    by_codec: dict[str, list[tuple[float, float, int]]] = {}
+    by_codec: dict[str, list[tuple[float, float, float, float]]] = {}
     base = None
     for g in groups:
         s = g["metrics"].get(metric)
-        if s is None or num(s["mean"]) is None or math.isnan(num(s["mean"])):
+        pt = _point(s) if s is not None else None
+        if pt is None:
             continue
         if g["label"] == BASELINE_LABEL:
-            base = num(s["mean"])
+            base = pt[0]
             continue
         x = num(g.get("bits_per_coord"))
         if x is not None:
-            by_codec.setdefault(g["codec"], []).append((x, num(s["mean"]), g["bits"]))
+            by_codec.setdefault(g["codec"], []).append((x, *pt))
     if not by_codec:
         return False
+    # a log axis where the registry says so and every point, error bar included, can go on it
+    log = m.get("scale") == "log" and all(p[1] - p[2] > 0 for pts in by_codec.values() for p in pts)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.set_xlabel("true bits per key coordinate (from stored bytes)")
+    ax.set_ylabel(display(m) + {True: " (higher is better)", False: " (lower is better)"}.get(higher_is_better, ""))
+    ax.set_title(f"{task}: {display(m)}, 95% intervals" + (" (baseline 0)" if log and base is not None and base <= 0 else ""))
     for i, (codec, pts) in enumerate(by_codec.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^vD<>pXh*"[i % 11], label=codec)
-    # a log axis where the registry says so and every point can go on it
-    log = m.get("scale") == "log" and all(p[1] > 0 for pts in by_codec.values() for p in pts)
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[[p[2] for p in pts], [p[3] for p in pts]],
+                    marker="os^vD<>pXh*"[i % 11], capsize=3, label=codec)
     if base is not None and not (log and base <= 0):  # a KL baseline is 0: off a log axis
         ax.axhline(base, color="black", linestyle="--", linewidth=1, label="baseline (uncompressed)")
-    ax.set_xlabel("true bits per key coordinate (from stored bytes)")
-    ax.set_ylabel(_display(m) + {True: " (higher is better)", False: " (lower is better)"}.get(higher_is_better, ""))
-    ax.set_title(f"{task}: {_display(m)}" + (" (baseline 0)" if log and base is not None and base <= 0 else ""))
     if log:
         ax.set_yscale("log")
     ax.grid(True, alpha=0.3)
@@ -135,7 +111,9 @@ def write_report(out: Path) -> Path:
     out = Path(out)
     config = json.loads((out / "config.json").read_text())
     model = json.loads((out / "model.json").read_text()) if (out / "model.json").exists() else {}
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else summarize(out)
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
+    if not summary or summary.get("version") != SUMMARY_VERSION:  # none yet, or an older layout
+        summary = summarize(out)
     rows = read_rows(out / "rows.jsonl")
     md = [f"# KV-cache codec report: {config['model']}", ""]
     md += _header(config, model.get("model", {}), summary)
@@ -171,7 +149,9 @@ def _header(config: dict, m: dict, summary: dict) -> list[str]:
         "Rates are true: *key bits/coord* = 8 × bytes of the codec's key state / key coordinates committed; "
         "*cache bytes* = everything the cache held at the end (codec states, native window, native layers), "
         "*× native* = cache bytes / bytes of an uncompressed cache of the same tokens. "
-        "Δ = mean over prompts of (codec − baseline) on the same prompt (— where either is not finite).",
+        "Δ = mean of (codec − baseline) over the same prompts and codec seeds (— where either is not finite).",
+        "",
+        INTERVALS,
         "",
     ]
     if summary.get("skipped"):
@@ -195,19 +175,25 @@ def pivot(groups: list[dict], value, title: str) -> list[str]:
 
 def _task_section(out: Path, task: str, t: dict, rows: list[dict]) -> list[str]:
     metrics = t["metrics"]
-    md = [f"## {task}", "", f"{len(t['prompts'])} prompt(s): " + ", ".join(f"`{p}`" for p in t["prompts"]) + ".", ""]
+    seeds = t.get("codec_seeds") or [0]
+    md = [f"## {task}", "", f"{len(t['prompts'])} prompt(s): " + ", ".join(f"`{p}`" for p in t["prompts"])
+          + f"; codec seed(s) {', '.join(map(str, seeds))} (a codec without random draws runs once).", ""]
+    head = next((m for m in metrics if m["name"] == t.get("headline")), None)
+    if head is not None:
+        md += ranking_tables(t, head)
     base = next((g for g in t["groups"] if g["label"] == BASELINE_LABEL), None)
     md += pivot(t["groups"], lambda g: f"{fmt(g.get('bits_per_coord'), 3)} / {_bytes(g.get('cache_bytes'))}",
                 "true key bits/coord / cache bytes")
     for m in metrics:
         b = base["metrics"].get(m["name"]) if base else None
-        title = f"{_display(m)}{arrow(m['higher_is_better'])}" + (f" (baseline {fmt(b['mean'])})" if b else "")
-        md += pivot(t["groups"], lambda g, n=m["name"]: fmt(g["metrics"][n]["mean"]) if n in g["metrics"] else "—", title)
-    md += ["All configurations (mean over prompts [min, max]; Δ against the baseline):", ""]
-    head = ["config", "key bits/coord", "value bits/coord", "cache bytes", "× native"]
+        title = f"{display(m)}{arrow(m['higher_is_better'])}, mean ± 95%" + (f" (baseline {fmt(b['mean'])})" if b else "")
+        md += pivot(t["groups"], lambda g, n=m["name"]: fmt_ci(g["metrics"].get(n), with_n=False), title)
+    md += ["All configurations (mean ± 95% interval (n cells) [min, max]; Δ: paired difference from the "
+           "baseline ± 95% and its word):", ""]
+    head_row = ["config", "key bits/coord", "value bits/coord", "cache bytes", "× native"]
     for m in metrics:
-        head += [_display(m) + arrow(m["higher_is_better"]), "Δ"]
-    md += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        head_row += [display(m) + arrow(m["higher_is_better"]), "Δ"]
+    md += ["| " + " | ".join(head_row) + " |", "|" + "---|" * len(head_row)]
     for g in t["groups"]:
         ratio = (num(g.get("cache_bytes")) / num(g["uncompressed_bytes"])
                  if num(g.get("cache_bytes")) is not None and num(g.get("uncompressed_bytes")) else None)
@@ -218,19 +204,21 @@ def _task_section(out: Path, task: str, t: dict, rows: list[dict]) -> list[str]:
             if s is None:
                 cells += ["—", "—"]
                 continue
-            rng = f" [{fmt(s['min'])}, {fmt(s['max'])}]" if g["n"] > 1 else ""
-            cells += [fmt(s["mean"]) + rng, "" if g["label"] == BASELINE_LABEL else fmt_delta(s.get("delta"))]
+            rng = f" [{fmt(s['min'])}, {fmt(s['max'])}]" if s.get("n", 1) > 1 else ""
+            cells += [fmt_ci(s) + rng, "" if g["label"] == BASELINE_LABEL else fmt_diff(s.get("delta"))]
         md.append("| " + " | ".join(cells) + " |")
     md.append("")
     for m in metrics:
         png = f"{_safe(task)}_{_safe(m['name'])}.png"
         if plot_metric(out / png, task, m, t["groups"]):
-            md += [f"![{task} {_display(m)} against true bits per coordinate]({png})", ""]
-    md += ["<details><summary>Per-prompt values</summary>", ""]
+            md += [f"![{task} {display(m)} against true bits per coordinate]({png})", ""]
+    if head is not None:
+        md += pair_tables(t, head)
+    md += ["<details><summary>Per-prompt values (mean over codec seeds)</summary>", ""]
     for m in metrics:
-        base = _values(rows, task, BASELINE_LABEL, m["name"])
-        entries = [(g["label"], _values(rows, task, g["label"], m["name"]), base) for g in t["groups"]]
-        md += [f"**{_display(m)}**{arrow(m['higher_is_better'])}", "", per_prompt_table(entries, t["prompts"]), ""]
+        base = values(rows, task, BASELINE_LABEL, m["name"])
+        entries = [(g["label"], values(rows, task, g["label"], m["name"]), base) for g in t["groups"]]
+        md += [f"**{display(m)}**{arrow(m['higher_is_better'])}", "", per_prompt_table(entries, t["prompts"]), ""]
     md += ["</details>", ""]
     return md
 
@@ -267,32 +255,3 @@ def _artifacts(rows: list[dict]) -> list[str]:
                 md.append(f"- `{r['label']}`" + (": " + ", ".join(links) if links else ""))
             md += ["", "</details>", ""]
     return md
-
-
-# --- compare ------------------------------------------------------------------------------------
-def compare(run_dirs: list[Path]) -> str:
-    """Markdown: per task and metric, one per-prompt table over every (run, codec@bits)."""
-    runs = []
-    for d in run_dirs:
-        d = Path(d)
-        if not (d / "rows.jsonl").exists():
-            raise FileNotFoundError(f"{d} is not a run folder (no rows.jsonl); runs are under reports/")
-        runs.append((d.name, read_rows(d / "rows.jsonl"), summarize(d)))
-    md = [f"# Comparison of {len(runs)} run(s)", ""]
-    tasks = list(dict.fromkeys(task for _, _, s in runs for task in s["tasks"]))
-    for task in tasks:
-        md += [f"## {task}", ""]
-        metrics = list({m["name"]: m for _, _, s in runs if task in s["tasks"] for m in s["tasks"][task]["metrics"]}.values())
-        prompts = list(dict.fromkeys(p for _, _, s in runs if task in s["tasks"] for p in s["tasks"][task]["prompts"]))
-        for m in metrics:
-            entries = []
-            for name, rows, s in runs:
-                if task not in s["tasks"]:
-                    continue
-                base = _values(rows, task, BASELINE_LABEL, m["name"])
-                for g in s["tasks"][task]["groups"]:
-                    label = f"{name}: {g['label']} ({fmt(g.get('bits_per_coord'), 3)} b/coord)" if len(runs) > 1 \
-                        else f"{g['label']} ({fmt(g.get('bits_per_coord'), 3)} b/coord)"
-                    entries.append((label, _values(rows, task, g["label"], m["name"]), base))
-            md += [f"**{_display(m)}**{arrow(m['higher_is_better'])}", "", per_prompt_table(entries, prompts), ""]
-    return "\n".join(md).rstrip() + "\n"
