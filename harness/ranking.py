@@ -11,6 +11,7 @@ say "higher" / "lower".
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .stats import Cells, Comparison, interval, paired
@@ -46,10 +47,15 @@ class Comparisons:
 
 def _best_first(configs: list[Config], higher_is_better: bool | None) -> list[tuple[Config, object]]:
     """(config, its interval) ordered by mean, the better end first (higher first without a
-    direction); configs without values last; ties by label."""
+    direction); configs without a mean (none, or NaN) last; ties by label."""
     sign = -1 if higher_is_better is False else 1
-    out = [(c, interval(c.cells)) for c in configs]
-    return sorted(out, key=lambda ci: (ci[1].mean is None, -sign * (ci[1].mean or 0.0), ci[0].label))
+
+    def key(ci):
+        mean = ci[1].mean
+        missing = mean is None or math.isnan(mean)  # NaN would leave the order to chance
+        return missing, 0.0 if missing else -sign * mean, ci[0].label
+
+    return sorted(((c, interval(c.cells)) for c in configs), key=key)
 
 
 def rank(configs: list[Config], cmp: Comparisons) -> dict:
