@@ -142,7 +142,8 @@ def _header(config: dict, m: dict, summary: dict) -> list[str]:
         f"**Cache**: native window of {window}; protected layers: {config['protect']}; "
         f"values quantized per token in groups of {config['value_group']} at "
         f"{'the key bit width' if vb is None else f'{vb} bits'}; keys read through each codec's "
-        f"{'score estimator' if config['attend'] == 'score' else 'reconstruction'}; seed {config['seed']}.",
+        f"{'score estimator' if config['attend'] == 'score' else 'reconstruction'}; prompt seed {config['seed']}, "
+        f"codec seeds {', '.join(map(str, config.get('codec_seeds', [0])))}.",
         f"**Codecs**: {', '.join(config['codecs'])} at bits {', '.join(map(str, config['bits']))}; "
         f"baseline = the uncompressed cache (label `none`, run through the same cache path, so it must match the native model exactly).",
         "",

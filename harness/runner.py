@@ -34,6 +34,7 @@ from adapters.protocol import ModelAdapter
 
 from .config import DEFAULT_TASKS, RunConfig, RunError, seeded
 from .report import write_report
+from .environment import environment, environment_diff
 from .lock import LOCK_NAME, RunLock
 from .rows import append_line, atomic_write, dumps, inside, read_rows, row_key, safe_name
 from .summary import summarize
@@ -250,7 +251,10 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
     # the exact codec config each row ran (every layer's codec is this one with its own layer index)
     codec_json = {(c.label, c.seed): {k: v for k, v in c.codec_config(geometry.head_dim, geometry.kv_heads)
                                       .to_json().items() if k != "layer"} for c in runs}
-    atomic_write(out / "model.json", dumps({"model": model.describe(), "skipped": skipped}, indent=2) + "\n")
+    env = environment(model.describe().get("device"))
+    _note_other_environment(out / "model.json", env, log)
+    atomic_write(out / "model.json", dumps({"model": model.describe(), "skipped": skipped, "environment": env},
+                                           indent=2) + "\n")
 
     rows_path = out / "rows.jsonl"
     done = {row_key(r) for r in read_rows(rows_path, repair=True)}
@@ -290,6 +294,20 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
     finally:
         bar.close()
     finish(out)
+
+
+def _note_other_environment(path: Path, env: dict, log) -> None:
+    """A resumed run whose stored rows came from another environment says which fields differ
+    (model.json keeps the latest environment; the rows themselves are not recomputed)."""
+    try:
+        old = json.loads(path.read_text(encoding="utf-8")).get("environment")
+    except (OSError, ValueError, AttributeError):
+        return
+    if isinstance(old, dict):
+        diff = environment_diff(old, json.loads(dumps(env)))
+        if diff:
+            log(f"note: resuming rows made in another environment ({', '.join(diff)}); "
+                f"model.json now records this one")
 
 
 def unique_prompts(task: str, prompts: list, log=print) -> list:

@@ -278,3 +278,20 @@ def test_corrupt_rows_line_is_an_error_naming_file_and_line(lm, textfile, tmp_pa
     (out / "rows.jsonl").write_text(lines[0][:20] + "\n" + lines[1])
     with pytest.raises(ValueError, match=f"{out / 'rows.jsonl'}:1: not a JSON row"):
         run(_one(textfile), out=out, model=lm, progress=False, log=lambda *_: None)
+
+
+def test_model_json_records_the_environment_and_a_resume_elsewhere_says_so(lm, textfile, tmp_path):
+    import platform
+
+    import torch
+
+    out = run(_one(textfile), out=tmp_path / "run", model=lm, progress=False, log=lambda *_: None)
+    env = json.loads((out / "model.json").read_text())["environment"]
+    assert env["packages"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
+    assert env["python"] == platform.python_version()
+    model_json = json.loads((out / "model.json").read_text())
+    model_json["environment"]["packages"]["torch"] = "0.0.1"
+    (out / "model.json").write_text(json.dumps(model_json))
+    notes = []
+    run(_one(textfile), out=out, model=lm, progress=False, log=notes.append)
+    assert any("another environment (packages.torch)" in n for n in notes)
