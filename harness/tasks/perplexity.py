@@ -31,9 +31,9 @@ class PerplexityTask(Task):
         "context": (512, "tokens per prompt"),
         "prefix": (384, "first chunk: prefilled natively, not scored"),
         "chunk": (64, "tokens per later chunk; each attends to compressed past + window + itself"),
-        "count": (6, "prompts taken from the default corpus (--limit also cuts)"),
+        "count": (4, "prompts taken from the default corpus (--limit also cuts)"),
         "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)"),
-        "batch": (6, "prompts of one length run together through one cache (rows do not depend on it "
+        "batch": (8, "prompts of one length run together through one cache (rows do not depend on it "
                      "beyond float rounding)"),
     }
 
