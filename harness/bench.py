@@ -9,7 +9,10 @@ values, then SDPA). Reported: latency per step, ratios, compulsory bytes per ste
 states + native window + query), the bytes floor (those bytes / copy bandwidth), achieved
 bandwidth as a fraction of a device-to-device copy measured in the same run, the fixed cost (the
 time at the shortest context), the extra device memory one step allocates (vs the size of a
-full-precision key tensor), and encode throughput of the fused encoders vs the PyTorch reference. Writes bench.json and bench.md under --out
+full-precision key tensor), and encode throughput of the fused encoders vs the PyTorch reference.
+With ``--ncu``: warp instructions per token and KV head and the DRAM bytes of each decode path's
+kernels, read by Nsight Compute (:mod:`harness.bench_ncu`; "—" with a note where ncu cannot run).
+Writes bench.json and bench.md under --out
 (default reports/bench-<timestamp>/) and prints the table.
 
 Timing: CUDA-graph replays (triton.testing.do_bench_cudagraph, median); each timed call cycles
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from . import bench_ncu
 from .bench_report import _row_line, to_markdown
 
 SHAPES = {  # name -> (query heads, KV heads, head dim)
@@ -83,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip timing the Triton kernel (rows then report the table-lookup kernel alone)")
     p.add_argument("--tune", action="store_true",
                    help="time the launch variants in TUNE_VARIANTS per row and report the best (slower)")
+    p.add_argument("--ncu", action="store_true",
+                   help="per row, read the decode kernels' warp instructions and DRAM bytes with Nsight Compute "
+                        "(a child process under ncu; several seconds per row)")
     p.add_argument("--out", default=None, help="output folder (default reports/bench-<timestamp>)")
     return p
 
@@ -231,6 +238,7 @@ def run(args) -> dict:
         "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
         "triton": triton.__version__, "python": platform.python_version(), "config": vars(args) | {"argv": None},
         "rows": [], "encode": [], "correctness": {}, "lut_refused": {},
+        "ncu": None if not args.ncu else {"tool": bench_ncu.find_ncu(), "metrics": list(bench_ncu.METRICS)},
     }
     lut_cfg = json.loads(args.lut_config) if args.lut_config else None
     lut_alt_cfg = json.loads(args.lut_compare) if args.lut_compare else None
@@ -357,6 +365,14 @@ def run(args) -> dict:
                             "extra_alloc_bytes": extra, "fp_key_tensor_bytes": key_fp,
                             "tune_us": {k: v * 1e6 for k, v in variants.items()}, "lut_kernel": lut_info,
                         }
+                        if args.ncu:
+                            paths = (["lut"] if t_lut is not None else []) + (["triton"] if t_fused is not None else [])
+                            spec = {"shape": (Hq, Hkv, d), "batch": B, "context": ctx, "window": args.window,
+                                    "codec": name, "bits": bits, "paths": paths, "lut_config": lut_cfg,
+                                    "triton_kw": tune}
+                            del ks, vs
+                            torch.cuda.empty_cache()
+                            row["ncu"] = bench_ncu.measure(spec)
                         if t_lut_alt is not None:
                             row["lut_compare_us"] = t_lut_alt * 1e6
                             row["lut_compare_ratio_vs_sdpa"] = t_lut_alt / t_sdpa
@@ -370,7 +386,8 @@ def run(args) -> dict:
                         if t_lut_alt is not None:
                             print(f"   lut variant {lut_alt_cfg}: {t_lut_alt * 1e6:.1f} us "
                                   f"({t_lut_alt / t_sdpa:.3f} x sdpa; lut / variant {t_lut / t_lut_alt:.3f})", flush=True)
-                        del ks, vs
+                        if not args.ncu:
+                            del ks, vs
                 torch.cuda.empty_cache()
     if not args.no_encode:
         Hkv, d = 4, 128

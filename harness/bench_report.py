@@ -4,21 +4,45 @@ from __future__ import annotations
 
 
 HEADER = ("shape", "B", "ctx", "codec", "b", "sdpa us", "triton us", "tri x sdpa", "lut us", "lut x sdpa",
-          "deq us", "x deq", "MB/step", "floor us", "GB/s", "of copy", "extra MB", "fp-key MB")
+          "deq us", "x deq", "MB/step", "floor us", "GB/s", "of copy", "inst/tok", "tri inst/tok", "ncu MB",
+          "extra MB", "fp-key MB")
+NO_NCU = "—"  # an ncu figure not measured (no --ncu, or ncu could not run: the report says why)
 
 
 def _f(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _ncu(r: dict, path: str, key: str, fmt: str, scale: float = 1.0) -> str:
+    fig = (r.get("ncu") or {}).get(path)
+    return NO_NCU if not isinstance(fig, dict) or fig.get(key) is None else format(fig[key] * scale, fmt)
+
+
 def _cells(r: dict) -> list[str]:
-    """One row's cells in HEADER's order; GB/s and 'of copy' are the path 'auto' takes (LUT where it runs)."""
+    """One row's cells in HEADER's order; GB/s, 'of copy', 'inst/tok' and 'ncu MB' are the path 'auto'
+    takes (LUT where it runs); 'tri inst/tok' is the Triton kernel's."""
+    auto = r.get("auto_path", "triton")
     return [r["shape"], str(r["batch"]), f"{r['context'] // 1024}k", r["codec"], str(r["bits"]),
             f"{r['sdpa_us']:.1f}", _f(r["fused_us"], ".1f"), _f(r["ratio_vs_sdpa"], ".3f"),
             _f(r.get("lut_us"), ".1f"), _f(r.get("lut_ratio_vs_sdpa"), ".3f"),
             _f(r["dequant_sdpa_us"], ".0f"), _f(r["ratio_vs_dequant"], ".3f"),
             f"{r['bytes_per_step'] / 1e6:.2f}", _f(r.get("floor_us"), ".1f"), f"{r['achieved_Bps'] / 1e9:.0f}",
-            f"{r['frac_of_copy_bw']:.2f}", f"{r['extra_alloc_bytes'] / 1e6:.2f}", f"{r['fp_key_tensor_bytes'] / 1e6:.1f}"]
+            f"{r['frac_of_copy_bw']:.2f}", _ncu(r, auto, "inst_per_token_head", ".1f"),
+            _ncu(r, "triton", "inst_per_token_head", ".1f"), _ncu(r, auto, "dram_bytes", ".2f", 1e-6),
+            f"{r['extra_alloc_bytes'] / 1e6:.2f}", f"{r['fp_key_tensor_bytes'] / 1e6:.1f}"]
+
+
+def ncu_notes(res: dict) -> list[str]:
+    """Why the ncu columns say '—': not asked for, ncu missing, or its error per row."""
+    if not res.get("ncu"):
+        return [f"{NO_NCU} in the ncu columns: not measured (run with --ncu; needs Nsight Compute's ncu)."]
+    notes = {}
+    for r in res["rows"]:
+        err = (r.get("ncu") or {}).get("error")
+        if err:
+            notes.setdefault(err, []).append(f"{r['shape']} B={r['batch']} {r['context'] // 1024}k "
+                                             f"{r['codec']}@{r['bits']}")
+    return [f"{NO_NCU} in the ncu columns ({', '.join(rows)}): {err}" for err, rows in notes.items()]
 
 
 def _row_line(r: dict) -> str:
@@ -45,11 +69,15 @@ def to_markdown(res: dict) -> str:
              "'x sdpa' = that kernel / bf16 SDPA (flash) on the uncompressed cache; 'x deq' = the 'auto' path / "
              "(PyTorch decode + SDPA); MB/step = compulsory bytes (compressed states + native window + query); "
              "floor = MB/step / copy bandwidth; GB/s and 'of copy' = achieved bandwidth of the 'auto' path "
-             "(LUT where it runs) / copy bandwidth; 'extra MB' = device memory one Triton step allocates (split "
+             "(LUT where it runs) / copy bandwidth; 'inst/tok' = warp instructions (ncu smsp__inst_executed.sum) of "
+             "that path's kernels per token and KV head (/ batch x KV heads x context), 'tri inst/tok' the Triton "
+             "kernel's, 'ncu MB' = DRAM bytes read + written by that path's kernels (ncu, caches flushed), next to "
+             "MB/step; 'extra MB' = device memory one Triton step allocates (split "
              "workspace), next to the size a full-precision key tensor would take.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in res["rows"]:
         lines.append("| " + " | ".join(_cells(r)) + " |")
+    lines += [""] + ncu_notes(res)
     fixed = fixed_costs(res["rows"])
     if fixed:
         lines += ["", "## Fixed cost (the time at the shortest context timed)", "",
