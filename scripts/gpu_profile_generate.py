@@ -1,14 +1,20 @@
 """Where a decode step of ``model.generate`` through the compressed cache spends its time (GPU).
 
-    python scripts/gpu_profile_generate.py [--layers 4] [--context 8192] [--codec octopus@3]
+    python scripts/gpu_profile_generate.py [--layers 28] [--context 32768] [--codecs octopus@3,octopus@2]
 
-Random weights in Qwen2.5-7B's per-layer shape; torch.profiler over a few decode steps; prints
-the operators by host (self CPU) time and by device time, and the synchronising calls.
+Random weights in Qwen2.5-7B's shape (``--layers`` of them); per cache (native first, then each
+codec@bits): prefill at batch 1, repeat to ``--batch``, the first decode step after it under
+torch.profiler, then ``--steps`` decode steps timed without the profiler (wall ms per step) and
+again under torch.profiler. Prints, per cache: the
+attention path 'auto' takes (and why the others were passed over), ms per step (wall, host
+operators, device kernels), the synchronising calls per step, the operators by host time and the
+kernels by device time.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -16,54 +22,89 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.hf_cache import attach  # noqa: E402
-from adapters.kv_cache import CacheConfig  # noqa: E402
-from scripts.gpu_generate_throughput import QWEN25_7B  # noqa: E402
+from scripts.gpu_generate_throughput import (QWEN25_7B, cache_makers, generate, load_model,  # noqa: E402
+                                             prefilled, timed_generate)
+
+SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense",
+              "aten::item", "aten::is_nonzero", "aten::nonzero")
 
 
-def main() -> int:
+def attention_path(cache, q_heads: int, device) -> str:
+    """The decode-attention decision for the first codec layer (str of kernels.backend.Decision)."""
+    from kernels.attention import decide_attention
+
+    kv = getattr(cache, "kv", None)
+    layer = next((lay for lay in (kv.layers if kv is not None else []) if lay.codec is not None), None)
+    if layer is None:
+        return "native (the model's sdpa)"
+    q = torch.zeros(1, q_heads, 1, layer.codec.head_dim, dtype=torch.bfloat16, device=device)
+    return str(decide_attention(q, layer.codec, kv.num_kv_heads, layer.config.backend))
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--context", type=int, default=8192)
-    ap.add_argument("--codec", default="octopus@3")
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--rows", type=int, default=30)
-    a = ap.parse_args()
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--context", type=int, default=32768)
+    ap.add_argument("--codecs", default="octopus@3,octopus@2")
+    ap.add_argument("--backends", default="auto")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=20)
+    ap.add_argument("--trace", type=Path, default=None, help="write a Chrome trace per cache into this folder")
+    a = ap.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
     dev = torch.device("cuda")
-    cfg = Qwen2Config(**(QWEN25_7B | {"num_hidden_layers": a.layers}))
-    torch.manual_seed(0)
-    with dev:
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
-    ids = torch.randint(1, cfg.vocab_size, (1, a.context), device=dev)  # 0 is the pad id (see below)
-    name, bits = a.codec.split("@")
+    shape = QWEN25_7B | {"num_hidden_layers": a.layers}
+    model = load_model(shape, dev, torch.bfloat16)
+    ids = torch.randint(1, shape["vocab_size"], (1, a.context), device=dev)  # 0 is the pad id
+    print(f"device {torch.cuda.get_device_name(dev)}; {a.layers} layers, context {a.context}, batch {a.batch}, "
+          f"{a.steps} steps", flush=True)
+    summary = []
     with torch.no_grad(), attach(model) as new_cache:
-        for label, make in (("native", None), (a.codec, lambda: new_cache(CacheConfig(codec=name, bits=int(bits))))):
-            kw = {} if make is None else {"past_key_values": make()}
-            warm = ids[:, :512]
-            model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, min_new_tokens=4,
-                           do_sample=False, pad_token_id=0, **({} if make is None else {"past_key_values": make()}))
-            cache = kw.get("past_key_values")
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, min_new_tokens=1,
-                                 do_sample=False, pad_token_id=0, **kw)
+        runs = cache_makers(a.codecs, a.backends, new_cache)
+        for label, backend, make in runs:  # warm-up: kernels compiled
+            generate(model, ids[:, :256], make(), 4)
+        for label, backend, make in runs:
+            torch.cuda.empty_cache()
+            cache, cont, _ = prefilled(model, ids, make, a.batch, dev)
+            path = attention_path(cache, shape["num_attention_heads"], dev)
+            # the first decode step after the prefill, alone
             torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof1:
+                cont = generate(model, cont, cache, 1)
+                torch.cuda.synchronize()
+            first = (time.perf_counter() - t0) * 1e3
+            k1 = prof1.key_averages()
+            print(f"\n===== {label} ({backend}): the first decode step after the prefill, {first:.1f} ms (profiled)")
+            print(k1.table(sort_by="cpu_time_total", row_limit=a.rows))
+            # wall time per step, no profiler
+            steps = []
+            _, _, out = timed_generate(model, cont, cache, a.steps + 1, dev, steps)
+            wall = sum(steps[1:]) * 1e3 / a.steps
+            print(f"steps after it (ms): {[round(x * 1e3, 1) for x in steps]}")
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                model.generate(out, attention_mask=torch.ones_like(out), max_new_tokens=a.steps,
-                               min_new_tokens=a.steps, do_sample=False, pad_token_id=0,
-                               **({} if cache is None else {"past_key_values": cache}))
+                generate(model, out, cache, a.steps)
                 torch.cuda.synchronize()
             ka = prof.key_averages()
-            tot_cpu = sum(e.self_cpu_time_total for e in ka) / 1e3
-            tot_dev = sum(getattr(e, "self_device_time_total", 0) for e in ka) / 1e3
-            print(f"\n===== {label}: {a.steps} steps x {a.layers} layers; "
-                  f"host {tot_cpu:.1f} ms, device {tot_dev:.1f} ms")
+            host = sum(e.self_cpu_time_total for e in ka) / 1e3 / a.steps
+            devt = sum(getattr(e, "self_device_time_total", 0) for e in ka) / 1e3 / a.steps
+            syncs = {e.key: e.count / a.steps for e in ka if any(s == e.key for s in SYNC_NAMES)}
+            print(f"\n===== {label} ({backend}): attention path {path}")
+            print(f"wall {wall:.2f} ms/step (no profiler); profiled: host ops {host:.2f} ms/step, device kernels "
+                  f"{devt:.2f} ms/step; sync-ish calls per step: {syncs}", flush=True)
             print(ka.table(sort_by="self_cpu_time_total", row_limit=a.rows))
-            print(ka.table(sort_by="self_device_time_total", row_limit=12))
-            sync_names = ("Synchronize", "_local_scalar_dense", "item", "nonzero")
-            syncs = [e for e in ka if any(s in e.key for s in sync_names)]
-            for e in syncs:
-                print(f"sync-ish: {e.key} x{e.count}, {e.self_cpu_time_total / 1e3:.2f} ms self CPU")
+            print(ka.table(sort_by="self_device_time_total", row_limit=a.rows))
+            if a.trace:
+                a.trace.mkdir(parents=True, exist_ok=True)
+                prof.export_chrome_trace(str(a.trace / f"trace_{label.replace('@', '_')}.json"))
+            summary.append((label, backend, path, first, wall, host, devt, sum(syncs.values())))
+            del cache, cont, out
+    print("\n| cache | backend | attention path | first step ms | wall ms/step | host ms/step | device ms/step | syncs/step |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, backend, path, first, wall, host, devt, ns in summary:
+        print(f"| {label} | {backend} | {path} | {first:.1f} | {wall:.2f} | {host:.2f} | {devt:.2f} | {ns:.0f} |")
     return 0
 
 
