@@ -3,8 +3,11 @@
 Every user of the fused kernels asks here: :meth:`kernels.base.Codec.encode` (fused key encoders:
 one path, 'triton') and the attention dispatch (:func:`kernels.attention.decode_attention`, and
 through it :meth:`adapters.kv_cache.LayerKV.attend`: paths 'lut', the table-lookup CUDA kernel,
-then 'triton'). Each operation lists its fused paths in order of preference, each with a function
-that says why it cannot run the call (None: it can); :func:`decide` picks one. The backend is
+then 'triton'). :meth:`kernels.base.Codec.encode_values` asks :func:`fused_wanted` and runs the
+fused value encoder (:mod:`kernels.triton.value_encode`) where it covers the quantizer, else the
+reference (never an error: its bytes are the reference's). Each operation lists its fused paths
+in order of preference, each with a function that says why it cannot run the call (None: it
+can); :func:`decide` picks one. The backend is
 'auto' | 'lut' | 'triton' | 'torch':
 
 - 'torch': always the reference;

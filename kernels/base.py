@@ -8,12 +8,13 @@ formula alone, so a codec cannot under-report what it stores.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from .backend import resolve_backend, use_fused
+from .backend import fused_wanted, resolve_backend, triton_unavailable, use_fused
 from .encoded import Encoded
 from .packing import BitField
 from .values import ValueQuantizer
@@ -38,7 +39,13 @@ def private_generator(*parts, device="cpu") -> torch.Generator:
 
 
 def check_finite(x: torch.Tensor, what: str = "keys") -> None:
-    """Raise a ValueError that names the first non-finite entry of ``x``."""
+    """Raise a ValueError that names the first non-finite entry of ``x``.
+
+    The common case (all finite) costs two launches and one sync: the largest magnitude, which
+    is NaN or inf exactly when some entry is (max propagates NaN); a decode step calls this for
+    the keys and values of every layer."""
+    if x.numel() == 0 or math.isfinite(float(x.detach().abs().amax())):
+        return
     bad = ~torch.isfinite(x)
     if bool(bad.any()):
         idx = tuple(int(i) for i in bad.nonzero()[0].tolist())
@@ -147,7 +154,15 @@ class Codec:
 
     # --- values -------------------------------------------------------------------------
     def encode_values(self, values: torch.Tensor) -> Encoded:
+        """values: [..., T, d] float -> the value quantizer's state; on the fused path (backend
+        'auto' on CUDA, or 'triton') one Triton launch writes the same bytes
+        (:mod:`kernels.triton.value_encode`), else the PyTorch reference."""
         check_input(values, self.head_dim, "values")
+        if fused_wanted(self._backend_arg, values.device) and triton_unavailable(values.device) is None:
+            from .triton.value_encode import value_encode, value_encoder_unsupported
+
+            if value_encoder_unsupported(self.value_quantizer, values.device) is None:
+                return value_encode(self.value_quantizer, values)
         return self.value_quantizer.encode(values)
 
     def decode_values(self, state: Encoded) -> torch.Tensor:

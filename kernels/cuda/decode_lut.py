@@ -96,9 +96,34 @@ def table_keys(layout: FusedLayout, fields: dict, fused: bool = True) -> torch.T
 _QT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
+class _Facts:
+    """What :func:`supports` and :func:`default_config` read from a codec, derived once per codec
+    (its declared layout and value quantizer are fixed when it is built): a decode step asks for
+    every layer, and building the layout each time cost more host time than the launch."""
+
+    def __init__(self, codec):
+        self.why = _layout_unsupported(codec)
+        self.heads = None if self.why else codec.fused_layout().rotation.num_heads
+        self.config = None if self.why else _default_config(codec)
+
+
+_FACTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _facts(codec) -> _Facts:
+    f = _FACTS.get(codec)
+    if f is None:
+        f = _FACTS[codec] = _Facts(codec)
+    return f
+
+
 def layout_unsupported(codec) -> str | None:
     """None when the kernel covers ``codec``'s declared layout and value quantizer, else why not
     (no device needed: the part of :func:`supports` that depends on the codec alone)."""
+    return _facts(codec).why
+
+
+def _layout_unsupported(codec) -> str | None:
     layout = codec.fused_layout()
     if layout is None:
         return f"codec '{codec.name}' declares no fused layout"
@@ -122,14 +147,14 @@ def supports(codec, q_dtype=torch.bfloat16, G: int | None = None, device=None, H
     """None when :func:`decode_attention_lut` runs this call, else the reason it does not: the
     codec's layout (:func:`layout_unsupported`), the query dtype, G query heads per KV head, the
     rotation's heads against Hkv, then (with ``device``) a CUDA device, CuPy, sm_90."""
-    why = layout_unsupported(codec)
-    if why is not None:
-        return why
+    facts = _facts(codec)
+    if facts.why is not None:
+        return facts.why
     if q_dtype not in _QT:
         return f"query dtype {q_dtype} not supported"
     if G is not None and G > 8:
         return f"{G} query heads per KV head (at most 8)"
-    heads = codec.fused_layout().rotation.num_heads
+    heads = facts.heads
     if Hkv is not None and heads not in (1, Hkv):
         return f"the codec's rotation has {heads} heads, the cache {Hkv}"
     if device is not None:
@@ -158,6 +183,11 @@ def cupy_missing() -> str | None:
 def default_config(codec) -> dict:
     """Launch configuration per bit width: table fused with the norm code where 16 copies of it fit
     in 32 KB (16 copies at 2 bits, 4 at 3 bits), else the (u, v) table alone (4 copies at 4 bits)."""
+    facts = _facts(codec)
+    return dict(facts.config) if facts.config is not None else _default_config(codec)
+
+
+def _default_config(codec) -> dict:
     b_u, b_r = codec.fused_layout().bits
     fused_entries = 1 << (2 * b_u + b_r)
     if fused_entries * 8 * 4 <= 32 * 1024:
@@ -249,6 +279,16 @@ def _stream():
 
 
 
+@functools.lru_cache(maxsize=None)
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _num_sms(dev) -> int:
+    dev = torch.device(dev)
+    return _sms(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous():
         t = t.contiguous()
@@ -310,7 +350,7 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     tok = 16 * cfg["mt"]
     tiles = max(1, -(-T // tok))
     if num_splits is None:  # in units of NW stages (one per warp)
-        nsm = torch.cuda.get_device_properties(dev).multi_processor_count
+        nsm = _num_sms(dev)
         per_sm = max(1, min(cfg["minb"], (227 * 1024) // max(lay["smem"], 1)))
         nb = -(-tiles // nw)
         per = -(-nb // _choose_splits(nb, B * Hkv, per_sm * nsm)) * nw

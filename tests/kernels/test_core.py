@@ -1,6 +1,7 @@
 """Shared codec machinery: packing, rotation, Lloyd–Max, value quantization, registry, seeds."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -155,6 +156,20 @@ def test_non_finite_error_names_the_index():
     codec = make_codec("none", 16, 8)
     with pytest.raises(ValueError, match="non-finite"):
         codec.encode(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_check_finite_finds_every_kind_anywhere(dtype):
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for dev in devices:
+        x = torch.randn(3, 7, 40).to(dtype).to(dev)
+        check_finite(x)  # finite: nothing
+        check_finite(x[:, :, :0])  # empty: nothing
+        for bad, idx in ((float("nan"), (0, 0, 0)), (float("inf"), (2, 6, 39)), (-float("inf"), (1, 4, 17))):
+            y = x.clone()
+            y[idx] = bad
+            with pytest.raises(ValueError, match=re.escape(f"index {idx}")):
+                check_finite(y)
 
 
 def test_seeds_are_stable_and_private():

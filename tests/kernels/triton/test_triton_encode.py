@@ -1,5 +1,6 @@
 """Fused key encoders (kernels/triton/octopus_encode.py, turboquant_encode.py) against the reference
-codecs' ``encode``.
+codecs' ``encode``, and the fused value encoder (kernels/triton/value_encode.py) against
+``ValueQuantizer.encode`` (byte for byte: same operations, same order).
 
 Stated tolerance: packed codes byte-identical to the reference except where a value lies within
 float rounding of a decision boundary (the kernel sums the key norm and the 3-term dot products
@@ -23,11 +24,14 @@ triton = pytest.importorskip("triton")
 
 from kernels import make_codec  # noqa: E402
 
-for _m in ("kernels.triton._common", "kernels.triton.octopus_encode", "kernels.triton.turboquant_encode"):
+for _m in ("kernels.triton._common", "kernels.triton.octopus_encode", "kernels.triton.turboquant_encode",
+           "kernels.triton.value_encode"):
     if _m in sys.modules and not CUDA:
         importlib.reload(sys.modules[_m])
 from kernels.triton.octopus_encode import octopus_encode  # noqa: E402
 from kernels.triton.turboquant_encode import turboquant_mse_encode  # noqa: E402
+from kernels.triton.value_encode import value_encode, value_encoder_unsupported  # noqa: E402
+from kernels.values import ValueQuantizer  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 MAX_BYTE_MISMATCH = 1e-3
@@ -128,3 +132,73 @@ def test_triton_backend_fails_loudly_where_no_fused_encoder_exists():
         make_codec("octopus", 3, 64, backend="triton", rounding="full").encode(torch.randn(4, 64))
     with pytest.raises(ValueError, match="Unknown backend 'gpu'"):
         make_codec("octopus", 3, 64, backend="gpu")
+
+
+def _same_bytes(out, ref):
+    assert set(out.tensors) == set(ref.tensors) == {"codes", "scale", "zero"}
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    for f, a in out.tensors.items():
+        b = ref.tensors[f]
+        assert a.shape == b.shape and a.dtype == b.dtype, f
+        if a.dtype == torch.float16:  # compare the bits (fp16 side information)
+            a, b = a.view(torch.int16), b.view(torch.int16)
+        assert torch.equal(a, b), f"{f}: {int((a != b).sum())} of {a.numel()} differ"
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("d, group", [(128, 32), (64, 64), (128, 16), (100, 32)])
+def test_value_encode_matches_reference_byte_for_byte(bits, d, group):
+    vq = ValueQuantizer(bits, d, group_size=group)
+    assert value_encoder_unsupported(vq, torch.device(DEV)) is None
+    g = torch.Generator().manual_seed(bits * 1000 + d + group)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        v = torch.randn(2, 3, 21, d, generator=g) * (0.1 + torch.rand(2, 3, 21, 1, generator=g) * 8)
+        v[0, 0, 0] = 0.75  # one value per group: scale 0
+        v[0, 0, 1] = torch.round(v[0, 0, 1] * 8) / 8  # coarse values: ties and exact hits
+        v = v.to(dtype).to(DEV)
+        _same_bytes(value_encode(vq, v), vq.encode(v))
+
+
+def test_value_encode_rounds_ties_to_even():
+    """(v - zero) / scale exactly k + 0.5: torch.round sends it to the even neighbour."""
+    vq = ValueQuantizer(2, 32, group_size=32)  # qmax 3: lo 0, hi 3 -> scale 1
+    v = torch.tensor([0.0, 3.0, 0.5, 1.5, 2.5, 1.0, 2.0, 0.25] * 4).to(DEV)
+    out, ref = value_encode(vq, v[None]), vq.encode(v[None])
+    _same_bytes(out, ref)
+    assert vq.field.unpack(out.tensors["codes"])[0, :8].tolist() == [0, 3, 0, 2, 2, 1, 2, 0]
+
+
+def test_value_encode_empty_and_strided_input():
+    vq = ValueQuantizer(3, 64)
+    v = torch.randn(2, 4, 10, 64).to(DEV)
+    _same_bytes(value_encode(vq, v[:, :, 3:7]), vq.encode(v[:, :, 3:7]))  # not contiguous
+    empty = value_encode(vq, v[:, :, :0])
+    assert empty.tensors["codes"].shape == (2, 4, 0, vq.field.nbytes) and empty.num_tokens == 0
+
+
+def test_value_encoder_refuses_what_it_does_not_cover():
+    assert "outside 1..8" in value_encoder_unsupported(ValueQuantizer(12, 64), torch.device(DEV))
+    assert "powers of two" in value_encoder_unsupported(ValueQuantizer(4, 96, group_size=96), torch.device(DEV))
+    assert "powers of two" in value_encoder_unsupported(ValueQuantizer(4, 96, group_size=32), torch.device(DEV))
+
+
+def test_codec_encode_values_dispatches_to_the_fused_encoder(monkeypatch):
+    """Codec.encode_values takes the fused kernel where the backend asks for fused kernels (forced
+    here) and the reference under 'torch'; same bytes. What it does not cover (12-bit values) falls
+    back to the reference, also under 'triton'."""
+    import kernels.triton.value_encode as ve
+
+    calls = []
+    real = ve.value_encode
+    monkeypatch.setattr(ve, "value_encode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    v = torch.randn(2, 2, 24, 64, generator=torch.Generator().manual_seed(3)).to(DEV)
+    for name in ("octopus", "turboquant-mse", "kivi"):
+        fused = make_codec(name, 2, 64, seed=1, num_heads=2, backend="triton", device=DEV)
+        ref = make_codec(name, 2, 64, seed=1, num_heads=2, backend="torch", device=DEV)
+        n = len(calls)
+        _same_bytes(fused.encode_values(v), ref.encode_values(v))
+        assert len(calls) == n + 1, name
+    wide = make_codec("octopus", 3, 64, value_bits=12, backend="triton", device=DEV)
+    n = len(calls)
+    _same_bytes(wide.encode_values(v), wide.value_quantizer.encode(v))
+    assert len(calls) == n

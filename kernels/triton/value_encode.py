@@ -1,0 +1,103 @@
+"""Fused value encoder: per-token group-wise asymmetric quantization and bit packing in one kernel.
+
+Writes the state of :meth:`kernels.values.ValueQuantizer.encode` byte for byte ("codes" uint8
+[..., T, BitField(padded, bits).nbytes], "scale" and "zero" fp16 [..., T, padded / group]): the
+same operations in the same order (group minimum and maximum, the fp16 zero point, the scale
+(max - zero) / qmax rounded to fp16, IEEE division, round half to even, clamp), so nothing moves
+across a rounding boundary. One launch instead of the reference's ~30 small PyTorch operations
+and its two device syncs (the packer's range check): a decode step encodes one token per layer,
+so the reference's launches, not its arithmetic, were the cost (scripts/gpu_profile_generate.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..backend import triton_unavailable
+from ..encoded import Encoded
+from ._common import pack_bytes
+
+
+@triton.jit
+def _round_half_even(y):
+    """torch.round of fp32 y (ties to even), exactly: y - floor(y) is exact where it matters (the
+    result is clamped at 0, so y < 0 only has to stay <= 0)."""
+    f = tl.floor(y)
+    d = y - f
+    h = f * 0.5
+    odd = (h - tl.floor(h)) != 0.0
+    return f + tl.where((d > 0.5) | ((d == 0.5) & odd), 1.0, 0.0)
+
+
+# token counts change with every call: no specialisation on them (one compiled kernel for all)
+@triton.jit(do_not_specialize=["N"])
+def _value_encode_kernel(
+    X, CODES, SCALE, ZERO, N, QMAX,
+    D: tl.constexpr, NP: tl.constexpr, GROUP: tl.constexpr, NG: tl.constexpr, BITS: tl.constexpr,
+    CB: tl.constexpr, CBP: tl.constexpr, BT: tl.constexpr,
+):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    rm = rows < N
+    cols = tl.arange(0, NP)
+    # coordinates past the head dim are the reference's zero padding
+    x = tl.load(X + rows[:, None].to(tl.int64) * D + cols[None, :], mask=rm[:, None] & (cols < D)[None, :],
+                other=0.0).to(tl.float32)
+    g = tl.reshape(x, [BT, NG, GROUP])
+    lo = tl.min(g, 2)
+    hi = tl.max(g, 2)
+    zero = lo.to(tl.float16)
+    zf = zero.to(tl.float32)
+    scale = tl.div_rn(hi - zf, QMAX).to(tl.float16)
+    sf = scale.to(tl.float32)
+    safe = tl.where(sf > 0, sf, 1.0)
+    y = tl.div_rn(g - zf[:, :, None], safe[:, :, None])
+    r = tl.minimum(tl.maximum(_round_half_even(y), 0.0), QMAX)
+    codes = tl.reshape(r.to(tl.int32), [BT, NP])
+    packed = pack_bytes(codes, NP, NP, BITS, CBP)
+    j = tl.arange(0, CBP)
+    tl.store(CODES + rows[:, None].to(tl.int64) * CB + j[None, :], packed.to(tl.uint8),
+             mask=rm[:, None] & (j < CB)[None, :])
+    k = tl.arange(0, NG)
+    side = rows[:, None].to(tl.int64) * NG + k[None, :]
+    tl.store(SCALE + side, scale, mask=rm[:, None])
+    tl.store(ZERO + side, zero, mask=rm[:, None])
+
+
+def value_encoder_unsupported(vq, device) -> str | None:
+    """None when the fused encoder writes ``vq``'s (a :class:`kernels.values.ValueQuantizer`) state
+    on ``device``, else why not."""
+    why = triton_unavailable(device)
+    if why is not None:
+        return why
+    ng = vq.padded // vq.group
+    if not 1 <= vq.bits <= 8:
+        return f"value bits {vq.bits} outside 1..8"
+    if vq.group & (vq.group - 1) or ng & (ng - 1):
+        return f"value group {vq.group} x {ng} groups: the fused encoder needs powers of two"
+    return None
+
+
+def value_encode(vq, values: torch.Tensor, block_t: int = 16) -> Encoded:
+    """values [..., T, d] (fp32/fp16/bf16, checked by the caller) -> ``vq.encode(values)``'s state."""
+    why = value_encoder_unsupported(vq, values.device)
+    if why:
+        raise ValueError(why)
+    D, NP, G = vq.head_dim, vq.padded, vq.group
+    NG, CB = NP // G, vq.field.nbytes
+    x = values.reshape(-1, D)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    N = x.shape[0]
+    lead = tuple(values.shape[:-1])
+    dev = values.device
+    codes = torch.empty(lead + (CB,), dtype=torch.uint8, device=dev)
+    scale = torch.empty(lead + (NG,), dtype=torch.float16, device=dev)
+    zero = torch.empty(lead + (NG,), dtype=torch.float16, device=dev)
+    if N:
+        _value_encode_kernel[(triton.cdiv(N, block_t),)](
+            x, codes, scale, zero, N, float((1 << vq.bits) - 1),
+            D=D, NP=NP, GROUP=G, NG=NG, BITS=vq.bits, CB=CB, CBP=triton.next_power_of_2(CB), BT=block_t,
+            enable_fp_fusion=False, num_warps=4,
+        )
+    return Encoded({"codes": codes, "scale": scale, "zero": zero}, tuple(values.shape), values.dtype)
