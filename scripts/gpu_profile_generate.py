@@ -25,8 +25,10 @@ from adapters.hf_cache import attach  # noqa: E402
 from scripts.gpu_generate_throughput import (QWEN25_7B, cache_makers, generate, load_model,  # noqa: E402
                                              prefilled, timed_generate)
 
-SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense",
-              "aten::item", "aten::is_nonzero", "aten::nonzero")
+#: host-device synchronisations (CUDA runtime calls; aten::item etc. name the operators that cause them)
+SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+CAUSE_NAMES = ("aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero")
+LAUNCH_NAMES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
 
 def attention_path(cache, q_heads: int, device) -> str:
@@ -90,21 +92,25 @@ def main(argv=None) -> int:
             ka = prof.key_averages()
             host = sum(e.self_cpu_time_total for e in ka) / 1e3 / a.steps
             devt = sum(getattr(e, "self_device_time_total", 0) for e in ka) / 1e3 / a.steps
-            syncs = {e.key: e.count / a.steps for e in ka if any(s == e.key for s in SYNC_NAMES)}
+            per_step = {e.key: e.count / a.steps for e in ka if e.key in SYNC_NAMES + CAUSE_NAMES + LAUNCH_NAMES}
+            syncs = sum(per_step.get(k, 0) for k in SYNC_NAMES)
+            launches = sum(per_step.get(k, 0) for k in LAUNCH_NAMES)
             print(f"\n===== {label} ({backend}): attention path {path}")
             print(f"wall {wall:.2f} ms/step (no profiler); profiled: host ops {host:.2f} ms/step, device kernels "
-                  f"{devt:.2f} ms/step; sync-ish calls per step: {syncs}", flush=True)
+                  f"{devt:.2f} ms/step; {syncs:.0f} syncs and {launches:.0f} kernel launches per step; "
+                  f"per step: {per_step}", flush=True)
             print(ka.table(sort_by="self_cpu_time_total", row_limit=a.rows))
             print(ka.table(sort_by="self_device_time_total", row_limit=a.rows))
             if a.trace:
                 a.trace.mkdir(parents=True, exist_ok=True)
                 prof.export_chrome_trace(str(a.trace / f"trace_{label.replace('@', '_')}.json"))
-            summary.append((label, backend, path, first, wall, host, devt, sum(syncs.values())))
+            summary.append((label, backend, path, first, wall, host, devt, syncs, launches))
             del cache, cont, out
-    print("\n| cache | backend | attention path | first step ms | wall ms/step | host ms/step | device ms/step | syncs/step |")
-    print("|---|---|---|---|---|---|---|---|")
-    for label, backend, path, first, wall, host, devt, ns in summary:
-        print(f"| {label} | {backend} | {path} | {first:.1f} | {wall:.2f} | {host:.2f} | {devt:.2f} | {ns:.0f} |")
+    print("\n| cache | backend | attention path | first step ms | wall ms/step | host ms/step | device ms/step | "
+          "syncs/step | launches/step |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, backend, path, first, wall, host, devt, ns, nl in summary:
+        print(f"| {label} | {backend} | {path} | {first:.1f} | {wall:.2f} | {host:.2f} | {devt:.2f} | {ns:.0f} | {nl:.0f} |")
     return 0
 
 
