@@ -23,6 +23,18 @@ def fwht_rows(x, BT: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr):
 
 
 @triton.jit
+def load_rows(X, N, D: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr):
+    """This program's BT rows of X [N, D] as fp32 [BT, NP], columns past D zero (the references'
+    padding) -> (row indices, row mask, x)."""
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    rm = rows < N
+    cols = tl.arange(0, NP)
+    x = tl.load(X + rows[:, None].to(tl.int64) * D + cols[None, :], mask=rm[:, None] & (cols < D)[None, :],
+                other=0.0).to(tl.float32)
+    return rows, rm, x
+
+
+@triton.jit
 def count_below(x, THR, NTHR: tl.constexpr):
     """Nearest-centroid index as ``torch.searchsorted(thr, x)``: how many thresholds are < x."""
     idx = tl.zeros(x.shape, tl.int32)

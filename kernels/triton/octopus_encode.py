@@ -21,7 +21,7 @@ import triton.language as tl
 from ..base import Encoded, check_input
 from ..fused_layout import FusedLayout, KeyCodes
 from ..joint_rounding import direction_grid
-from ._common import count_below, fwht_rows, head_layout, pack_bytes, rotation_signs, thresholds
+from ._common import count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, thresholds
 
 # token counts change with every call: no specialisation on them (one compiled kernel for all)
 @triton.jit(do_not_specialize=["N", "T"])
@@ -31,11 +31,8 @@ def _octopus_encode_kernel(
     NTP: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr, UB: tl.constexpr, UBP: tl.constexpr,
     RB: tl.constexpr, RBP: tl.constexpr, LOCAL: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BT + tl.arange(0, BT)
-    rm = rows < N
+    rows, rm, x = load_rows(X, N, D, NP, BT)
     cols = tl.arange(0, NP)
-    x = tl.load(X + rows[:, None].to(tl.int64) * D + cols[None, :], mask=rm[:, None] & (cols < D)[None, :],
-                other=0.0).to(tl.float32)
     # norm and unit direction (zero keys stay zero)
     norm = tl.sqrt_rn(tl.sum(x * x, 1))
     unit = tl.div_rn(x, tl.where(norm > 0, norm, 1.0)[:, None])

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..base import Encoded, check_input
 from ..fused_layout import FusedLayout, KeyCodes
-from ._common import count_below, fwht_rows, head_layout, pack_bytes, rotation_signs, thresholds
+from ._common import count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, thresholds
 
 
 # token counts change with every call: no specialisation on them (one compiled kernel for all)
@@ -29,11 +29,8 @@ def _turboquant_encode_kernel(
     D: tl.constexpr, NP: tl.constexpr, LOG2N: tl.constexpr, BT: tl.constexpr, BITS: tl.constexpr,
     CB: tl.constexpr, CBP: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BT + tl.arange(0, BT)
-    rm = rows < N
+    rows, rm, x = load_rows(X, N, D, NP, BT)
     cols = tl.arange(0, NP)
-    x = tl.load(X + rows[:, None].to(tl.int64) * D + cols[None, :], mask=rm[:, None] & (cols < D)[None, :],
-                other=0.0).to(tl.float32)
     norm = tl.sqrt_rn(tl.sum(x * x, 1))
     unit = tl.div_rn(x, tl.where(norm > 0, norm, 1.0)[:, None])
     head = (rows // T) % H

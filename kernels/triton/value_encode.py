@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..backend import triton_unavailable
 from ..encoded import Encoded
-from ._common import pack_bytes
+from ._common import load_rows, pack_bytes
 
 
 @triton.jit
@@ -37,12 +37,7 @@ def _value_encode_kernel(
     D: tl.constexpr, NP: tl.constexpr, GROUP: tl.constexpr, NG: tl.constexpr, BITS: tl.constexpr,
     CB: tl.constexpr, CBP: tl.constexpr, BT: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BT + tl.arange(0, BT)
-    rm = rows < N
-    cols = tl.arange(0, NP)
-    # coordinates past the head dim are the reference's zero padding
-    x = tl.load(X + rows[:, None].to(tl.int64) * D + cols[None, :], mask=rm[:, None] & (cols < D)[None, :],
-                other=0.0).to(tl.float32)
+    rows, rm, x = load_rows(X, N, D, NP, BT)  # coordinates past the head dim: the reference's zero padding
     g = tl.reshape(x, [BT, NG, GROUP])
     lo = tl.min(g, 2)
     hi = tl.max(g, 2)
