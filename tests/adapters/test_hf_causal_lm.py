@@ -194,12 +194,19 @@ def test_shared_prefill_is_bit_identical(ids):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fused_decode_matches_torch(monkeypatch):
-    """On CUDA, single-token decode steps go through the fused Triton kernel (backend 'auto') and
-    agree with the torch path (backend 'torch')."""
+    """On CUDA, single-token decode steps go through a fused kernel (backend 'auto': the table-lookup
+    kernel where it covers the codec, else Triton) and agree with the torch path (backend 'torch')."""
     triton_da = pytest.importorskip("kernels.triton.decode_attention")
     calls = []
     fused = triton_da.decode_attention_fused
     monkeypatch.setattr(triton_da, "decode_attention_fused", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    try:
+        from kernels.cuda import decode_lut
+    except ImportError:  # no CuPy: Triton takes every call
+        decode_lut = None
+    if decode_lut is not None:
+        lut = decode_lut.decode_attention_lut
+        monkeypatch.setattr(decode_lut, "decode_attention_lut", lambda *a, **k: calls.append(1) or lut(*a, **k))
     lm = tiny_causal_lm("qwen2", layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64)
     lm.model.to("cuda", torch.bfloat16)
     prompt = torch.randint(0, 256, (300,), generator=torch.Generator().manual_seed(5)).tolist()
