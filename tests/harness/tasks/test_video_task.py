@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+from skimage.metrics import peak_signal_noise_ratio
 
 from adapters.wan import CAUSVID, build_random, tiny_spec
 from harness.tasks.base import Prompt
@@ -52,7 +54,17 @@ def test_run_through_the_runner_and_resume(model, tmp_path):
         assert "LPIPS unavailable" in none["unavailable"]["lpips"]
     assert none["cache_bytes"] == none["uncompressed_bytes"] and none["bits_per_coord"] == 32.0
     # the codec changed the video, from the second block on
-    assert 0 < row2["psnr"] < 200 and row2["psnr_min"] <= row2["psnr"] and row2["psnr_max"] == "inf"
+    # reference: both rollouts again (same prompt, seed and cache configs as the run) and scikit-image's PSNR
+    # (data range 2: frames in [-1, 1]) of the whole video and of each frame; rows keep 7 significant digits
+    task = VideoTask(stills="4")
+    prompt = task.prompts(limit=1)[0]
+    base_cc, codec_cc = cfg.cache_configs()
+    ref = task.generate(model, prompt, base_cc, cfg.seed).frames.double().numpy()
+    got = task.generate(model, prompt, codec_cc, cfg.seed).frames.double().numpy()
+    assert row2["psnr"] == pytest.approx(peak_signal_noise_ratio(ref, got, data_range=2.0), rel=1e-6)
+    changed = [peak_signal_noise_ratio(r, g, data_range=2.0) for r, g in zip(ref, got) if not np.array_equal(r, g)]
+    assert len(changed) == 21 - 9  # block 0 (pixel frames 0-8) reads an empty cache: identical
+    assert row2["psnr_min"] == pytest.approx(min(changed), rel=1e-6) and row2["psnr_max"] == "inf"
     assert row2["latent_cos_min"] < 1.0 and row2["ssim_min"] <= row2["ssim"] <= row2["ssim_max"] == 1.0
     assert row2["cache_bytes"] < row2["uncompressed_bytes"] and row2["bits_per_coord"] < 4.5
     arts = row2["artifacts"]
