@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from rate_refs import key_bytes
 from tiny_lm import tiny_causal_lm
 
 from adapters.kv_cache import CacheConfig
@@ -63,7 +64,8 @@ def test_perplexity_task(lm, textfile, tmp_path):
     assert none["scored_tokens"] == 95 and none["tokens"] == 160
     cfg = CacheConfig(codec=CODEC, bits=2, residual=8)
     row = task.evaluate(lm, prompts[0], cfg, 0, base, tmp_path)
-    assert row["bits_per_coord"] < 16 and row["cache_bytes"] < row["uncompressed_bytes"]
+    d = lm.geometry.head_dim  # the codec's documented bytes per key vector (tests/rate_refs.py)
+    assert row["bits_per_coord"] == 8 * key_bytes(CODEC, 2, d) / d and row["cache_bytes"] < row["uncompressed_bytes"]
     assert row["committed_tokens"] == 160 - 8
     # reference: the uncompressed logits from one plain forward of the whole context (no cache, no chunks), the
     # compressed ones from the same chunks (64, then 16s) through the codec; positions 64..158 predict tokens
