@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from distortion_refs import reference_distortion
+from distortion_refs import SMALL_SAMPLE_MARGIN, distortion_bound, reference_distortion
 
 from kernels import Encoded, make_codec
 from kernels.polarquant import polar_forward, polar_inverse
@@ -254,8 +254,8 @@ def test_multi_head(name):
     assert state.nbytes() == c.expected_nbytes(tuple(x.shape))
     out = c.decode(state)
     assert out.shape == x.shape
-    for h in range(H):
-        assert mse(x[:, h], out[:, h]) < 1.0
+    for h in range(H):  # every head reconstructs within the codec's distortion figure (tests/distortion_refs.py)
+        assert mse(x[:, h], out[:, h]) <= SMALL_SAMPLE_MARGIN * distortion_bound(name, 3)
     heads_differ = any(not torch.equal(t[:, 0], t[:, 1]) for t in state.tensors.values())
     assert heads_differ == (name in RANDOMIZED)  # per-head rotation / projection
     single = make_codec(name, 3, d, seed=4).encode(x[:, 0])

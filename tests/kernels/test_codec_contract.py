@@ -3,14 +3,12 @@ new codec gets these tests by registering): shapes and dtypes, bytes, seeds, con
 options. Codec-specific figures (distortion, estimators) live in test_baselines / test_octopus."""
 from __future__ import annotations
 
-import functools
 import json
-import math
 from dataclasses import fields
 
 import pytest
 import torch
-from distortion_refs import LLOYD_MAX_GAUSS, reference_distortion
+from distortion_refs import SMALL_SAMPLE_MARGIN, distortion_bound
 
 from kernels import CODECS, CodecConfig, make_codec, parse_codec_options
 from kernels.qjl import GaussianSketch
@@ -43,24 +41,6 @@ def _random_parts(codec) -> list:
     return found
 
 
-@functools.lru_cache(maxsize=None)
-def _distortion_bound(name: str, bits: int) -> float:
-    """E||u - u_hat||^2 / ||u||^2 a codec may reach at ``bits`` (unit vectors, d = 128; tests/distortion_refs.py).
-
-    The contract test allows 1.25 times it: at d = 80 the rotating codecs pad to 128 and part of their error
-    falls on the padding, which decode drops (their error is lower); kivi sees Gaussian rather than unit keys
-    and only 4 groups; the error is pooled over few vectors. Measured: at most 1.02 times the figure.
-    """
-    if name == "octopus":  # b + 1/3 bits per coordinate on the direction: beats TurboQuant-MSE (test_octopus)
-        return LLOYD_MAX_GAUSS[bits]
-    if name == "octopus-qjl":  # the (b-1)-bit OCTOPUS stage, its residual through QJL: (pi/2 - 1/m) of it
-        return LLOYD_MAX_GAUSS[bits - 1] * math.pi / 2
-    g = torch.Generator().manual_seed(0)
-    u = torch.randn(1024, 128, generator=g)
-    ref, rel = reference_distortion(name, bits, u / u.norm(dim=-1, keepdim=True))
-    return ref * (1 + rel)
-
-
 def _same_state(a, b) -> bool:
     return a.tensors.keys() == b.tensors.keys() and all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors)
 
@@ -88,7 +68,7 @@ def test_encode_decode_shapes_and_dtypes(name, dtype):
         if name == "none":
             assert err == 0.0
         else:
-            assert err <= 1.25 * _distortion_bound(name, bits), (err, _distortion_bound(name, bits))
+            assert err <= SMALL_SAMPLE_MARGIN * distortion_bound(name, bits), (err, distortion_bound(name, bits))
         q = torch.randn(2, H, 3, d, dtype=dtype)
         s = c.score(q, state)
         assert s.shape == (2, H, 3, T) and s.dtype == torch.float32
