@@ -199,7 +199,8 @@ def test_compressed_rollout_is_deterministic_and_holds_codec_bytes(pipe, emb, co
     assert st["value_bits_per_coord"] == 8 * value_bytes(bits, d) / d
     assert b["window"] == c.depth * 2 * rows * SCALES[-1] * per_token
     committed = c.depth * rows * c.num_heads * st["committed_tokens"]  # vectors of keys (and of values)
-    assert b["native_layers"] == 0 and b["compressed"] == committed * (key_bytes(codec, bits, d) + value_bytes(bits, d))
+    assert b["native_layers"] == 0
+    assert b["compressed"] == committed * (key_bytes(codec, bits, d) + value_bytes(bits, d))
     assert b["uncompressed"] == c.depth * 2 * rows * sum(SCALES) * per_token
     assert r1.cache.config.residual == 1 and r1.cache.config.residual_unit == "append"
     assert r1.cache.config.value_group == CacheConfig().value_group and r1.cache.config.protect == "none"
