@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from output_checks import assert_moved_less_than_lost, kl
 from tiny_lm import save_tiny_checkpoint, tiny_causal_lm
 from transformers import DynamicCache
 
@@ -39,6 +40,21 @@ def _chunked(model, ids, cache, sizes=(50, 16, 16, 8)):
     return torch.cat(out, 1)
 
 
+def _other_start(ids, n=8):
+    """``ids`` with its first ``n`` tokens (compressed from the prefill on) replaced by others: the
+    uncompressed run on it is the reference for losing that context (tests/output_checks.py)."""
+    other = ids.clone()
+    other[:, :n] = torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(1))
+    return other
+
+
+@pytest.fixture(scope="module")
+@torch.no_grad()
+def native_refs(lm, ids):
+    """Uncompressed chunked logits of ``ids`` and of ``_other_start(ids)``."""
+    return tuple(_chunked(lm.model, x, DynamicCache(config=lm.model.config)) for x in (ids, _other_start(ids)))
+
+
 @torch.no_grad()
 def test_none_reproduces_native_exactly(lm, ids):
     model = lm.model
@@ -56,7 +72,7 @@ def test_none_reproduces_native_exactly(lm, ids):
 
 @torch.no_grad()
 @pytest.mark.parametrize("codec", CODECS)
-def test_every_codec_generates_and_scores(lm, ids, codec):
+def test_every_codec_generates_and_scores(lm, ids, native_refs, codec):
     model = lm.model
     cfg = CacheConfig(codec=codec, bits=_bits(codec), residual=8)
     with attach(model) as new_cache:
@@ -66,9 +82,14 @@ def test_every_codec_generates_and_scores(lm, ids, codec):
         assert cache.get_seq_length() == 65  # the last generated token is never fed back
         cache2 = new_cache(cfg)
         logits = _chunked(model, ids, cache2)
-    assert torch.isfinite(logits).all()
-    if codec != "none":
-        assert all(layer.committed > 0 for layer in cache2.kv.layers)
+    native, other = native_refs
+    assert torch.equal(logits[:, :50], native[:, :50])  # the prefill is plain attention, whatever the codec
+    if codec == "none":
+        assert torch.equal(logits, native)
+    else:  # the later chunks read the compressed cache
+        assert_moved_less_than_lost(kl(native[0, 50:], logits[0, 50:]), kl(native[0, 50:], other[0, 50:]))
+        block = cache2.kv[0].codec.token_block  # all but the 8-token window, in whole token blocks
+        assert all(layer.committed == (90 - 8) // block * block for layer in cache2.kv.layers)
         cache2.kv.assert_compressed()
         assert cache2.stats()["cache_bytes"] < cache2.stats()["uncompressed_bytes"]
 
@@ -126,7 +147,9 @@ def test_llama_gqa_and_protect(ids):
     with attach(lm.model) as new_cache:
         cache = new_cache(CacheConfig(codec=codec, bits=_bits(codec), residual=8, protect="boundary-1"))
         out = _chunked(lm.model, ids, cache)
-    assert torch.isfinite(out).all()
+    native, other = (_chunked(lm.model, x, DynamicCache(config=lm.model.config)) for x in (ids, _other_start(ids)))
+    assert torch.equal(out[:, :50], native[:, :50])
+    assert_moved_less_than_lost(kl(native[0, 50:], out[0, 50:]), kl(native[0, 50:], other[0, 50:]))
     assert [layer.codec is None for layer in cache.kv.layers] == [True, False, True]
 
 
@@ -139,7 +162,11 @@ def test_greedy_and_fork(lm, ids):
     assert torch.equal(again["forced_logits"], base["forced_logits"])
     codec = next(c for c in CODECS if c != "none")
     r = lm.greedy(prompt, 5, CacheConfig(codec=codec, bits=_bits(codec), residual=8), force=base["tokens"])
-    assert r["forced_logits"].shape == base["forced_logits"].shape
+    forced, ref = r["forced_logits"], base["forced_logits"]
+    assert forced.shape == ref.shape
+    assert torch.equal(forced[0], ref[0])  # predicted by the prefill, before anything was compressed
+    other = lm.greedy(_other_start(ids)[0, :70].tolist(), 5, None, force=base["tokens"])["forced_logits"]
+    assert_moved_less_than_lost(kl(ref[1:], forced[1:]), kl(ref[1:], other[1:]))
     assert isinstance(r["cache"], CompressedCache) and r["cache"].get_seq_length() == 70 + len(r["tokens"]) - 1
 
 
@@ -170,7 +197,9 @@ def test_smollm2_real_checkpoint():
     assert none["tokens"] == base["tokens"] and torch.equal(none["forced_logits"], base["forced_logits"])
     codec = "octopus" if "octopus" in list_codecs() else next(c for c in CODECS if c != "none")
     r = lm.greedy(prompt, 4, CacheConfig(codec=codec, bits=_bits(codec), residual=8))
-    assert len(r["tokens"]) >= 1 and r["cache"].kv[0].committed > 0
+    block = r["cache"].kv[0].codec.token_block  # every token but the last generated one, less the 8-token window
+    assert len(r["tokens"]) >= 1
+    assert r["cache"].kv[0].committed == (len(prompt) + len(r["tokens"]) - 1 - 8) // block * block
 
 
 @torch.no_grad()

@@ -81,7 +81,13 @@ def test_cache_policy_applies_window_and_protection():
 def test_tiny_models_implement_the_protocol(name, modality):
     model = registry.get_model(name).load(None, "cpu", "float32")
     assert isinstance(model, ModelAdapter) and model.modality == modality and model.name == name
-    assert isinstance(model.geometry, Geometry) and all(n > 0 for n in model.geometry)
+    assert isinstance(model.geometry, Geometry)
+    # the network's own shape: one cached layer per transformer block, kv_heads * head_dim key features
+    blocks = model.transformer.blocks if modality == "video" else model.aar.blocks
+    key_features = (blocks[0].attn1.to_k.weight.shape[0] if modality == "video"
+                    else blocks[0].attn.mat_qkv.weight.shape[0] // 3)  # q, k and v stacked
+    layers, kv_heads, head_dim = model.geometry
+    assert layers == len(blocks) > 0 and kv_heads * head_dim == key_features
     d = model.describe()
     assert d["name"] == name and (d["layers"], d["kv_heads"], d["head_dim"]) == tuple(model.geometry)
     run = CacheConfig(codec="kivi", bits=2, residual=5)

@@ -3,8 +3,10 @@ import json
 import math
 
 import pytest
+import torch
 
-from harness.probe import main, matched_rate, run
+from harness.probe import NEEDLE_KEYS, NEEDLE_NOISE, NEEDLE_QUERIES, main, matched_rate, run
+from kernels import private_generator
 
 
 def test_matched_rate_interpolates_log_linearly():
@@ -22,11 +24,20 @@ def test_probe_end_to_end(tmp_path):
     for f in ("probe.json", "report.md", "rate_distortion.png"):
         assert (tmp_path / f).stat().st_size > 0
     table = res["table"]
+    # reference for the needle row: the probe's documented protocol (NEEDLE_KEYS Gaussian keys, one of them the
+    # needle, NEEDLE_QUERIES queries = needle + NEEDLE_NOISE * N(0, I), scores scaled by 1/sqrt(d)), redrawn from
+    # its generator and scored here in float64: the mean softmax mass on the needle
+    g = private_generator("probe-needle", 64, 0)
+    keys = torch.randn(NEEDLE_KEYS, 64, generator=g)
+    needle = int(torch.randint(0, NEEDLE_KEYS, (1,), generator=g))
+    q = keys[needle] + NEEDLE_NOISE * torch.randn(NEEDLE_QUERIES, 64, generator=g)
+    fp32_mass = float(torch.softmax(q.double() @ keys.double().T / 8.0, -1)[:, needle].mean())
+    assert 0.01 < fp32_mass < 0.99  # the needle neither drowns nor takes everything: the check below can tell
     assert {(r["codec"], r["bits"]) for r in table} == {(c, b) for c in codecs for b in (2, 3)}
     for r in table:
         assert r["unit_mse"] >= 4 ** -r["true_bits"]  # Shannon lower bound at the true rate
         assert r["true_bits"] >= r["bits"]  # side information is never free
-        assert 0 < r["needle_mass_fp32"] <= 1
+        assert r["needle_mass_fp32"] == pytest.approx(fp32_mass, rel=1e-5)
     # TurboQuant-MSE stores d_pad codes + a float32 norm: b + 32/64 bits per coordinate at d=64
     tq = {r["bits"]: r for r in table if r["codec"] == "turboquant-mse"}
     assert tq[2]["true_bits"] == pytest.approx(2 + 32 / 64)

@@ -109,7 +109,9 @@ def test_unshipped_codebook_is_trained_and_cached(tmp_path, monkeypatch):
 
     lloyd_max._codebook_cached.cache_clear()
     c = codebook("coord", 512, 2)
-    assert c.shape == (4,) and torch.all(c[1:] > c[:-1])
+    # sqrt(d) * a coordinate of a uniform unit vector is ~N(0, 1) at d = 512: Max's (1960) 2-bit centroids
+    assert c.shape == (4,)
+    assert torch.allclose(c * math.sqrt(512), torch.tensor([-1.510, -0.4528, 0.4528, 1.510]), rtol=0.01)
     assert list((tmp_path / "codebooks").glob("coord_d512_b2.json"))
     lloyd_max._codebook_cached.cache_clear()
 

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from scipy.special import softmax
+from scipy.stats import entropy
 
 from metrics import get_metric
 from metrics.text import (exact_match, first_number, kl_topk, normalize_answer, output_match, perplexity,
@@ -29,13 +32,23 @@ def test_kl_topk_is_exact_with_full_support_and_a_lower_bound_otherwise():
     full = (p.exp() * (p - q)).sum(-1)
     ids, lp = topk_logprobs(p_logits, 40)
     torch.testing.assert_close(kl_topk(ids, lp, q_logits), full, rtol=1e-5, atol=1e-6)
+    P, Q = softmax(p_logits.double().numpy(), -1), softmax(q_logits.double().numpy(), -1)
     for k in (1, 5, 20):
         ids, lp = topk_logprobs(p_logits, k)
         part = kl_topk(ids, lp, q_logits)
-        assert (part <= full + 1e-6).all() and (part >= 0).all()
+        assert (part <= full + 1e-6).all()  # coarsening never raises a KL (data processing inequality)
+        # reference: scipy's float64 KL between the two distributions coarsened onto
+        # {the k most likely tokens of p, one bucket for the rest}
+        want = []
+        for p, q in zip(P, Q):
+            top = np.argsort(-p)[:k]
+            want.append(entropy(np.append(p[top], 1 - p[top].sum()), np.append(q[top], 1 - q[top].sum())))
+        assert min(want) > 1e-3  # the two distributions differ, so a clamped 0 would fail below
+        np.testing.assert_allclose(part.double().numpy(), want, rtol=1e-4, atol=1e-7)
     ids, lp = topk_logprobs(p_logits, 8)
-    assert kl_topk(ids, lp, p_logits).abs().max() < 1e-6  # identical distributions
-    assert get_metric("kl").impl("text")(ids, lp, p_logits).abs().max() < 1e-6
+    # identical distributions: every term is p * (log p - log p) = 0, exactly
+    assert torch.equal(kl_topk(ids, lp, p_logits), torch.zeros(5))
+    assert torch.equal(get_metric("kl").impl("text")(ids, lp, p_logits), torch.zeros(5))
 
 
 def test_top1_and_matches():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from scipy.special import log_softmax
 
 from adapters import CacheConfig
 from adapters.aar import AARConfig, SATConfig, random_pipeline
@@ -85,7 +86,19 @@ def test_evaluate_none_and_a_codec(model, task, tmp_path):
     assert row["cache_bytes"] == row["uncompressed_bytes"] and row["bits_per_coord"] == 32.0
     row2 = task.evaluate(model, p, CacheConfig("octopus", 2), 0, base, tmp_path)
     assert row2["cache_bytes"] < row2["uncompressed_bytes"] and 2 < row2["bits_per_coord"] < 5
-    assert row2["kl"] > 0 and 0 <= row2["top1_agree"] <= 1
+    # reference: the baseline's tokens teacher-forced through the compressed cache, its guided logits against
+    # the baseline's, pooled over every position of the pyramid, in float64 numpy (scipy's log-softmax)
+    tf = model.rollout(base.emb, CacheConfig("octopus", 2), sampling=task.sampling, teacher=base.rollout.tokens)
+    lp, lq = (log_softmax(np.concatenate([t.reshape(-1, t.shape[-1]).double().numpy() for t in logits]), -1)
+              for logits in (base.rollout.logits, tf.logits))
+    kl = (np.exp(lp) * (lp - lq)).sum(-1)
+    assert len(kl) == sum(SCALES) and kl.mean() > 1e-4  # a KL clamped or summed over nothing would fail below
+    assert row2["kl"] == pytest.approx(kl.mean(), rel=1e-9)
+    assert row2["top1_agree"] == np.count_nonzero(lp.argmax(-1) == lq.argmax(-1)) / sum(SCALES)
+    # and the waveform SNR from the WAVs the task wrote (float32), by its definition
+    ref_wav, wav = (sf.read(tmp_path / row2["artifacts"][k])[0] for k in ("wav_baseline", "wav"))
+    snr = 10 * np.log10(np.sum(ref_wav ** 2) / np.sum((ref_wav - wav) ** 2))
+    assert row2["snr_db"] == pytest.approx(snr, rel=1e-5)
     assert set(AudioTask.metrics) <= set(row2)
     arts = row2["artifacts"]
     for key in ("wav", "wav_baseline", "spectrogram", "per_scale"):

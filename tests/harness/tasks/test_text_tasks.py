@@ -1,7 +1,11 @@
 """harness/tasks: perplexity (chunked teacher forcing) and needle (RULER-style multi-key) on a tiny model."""
 from __future__ import annotations
 
+import math
+
 import pytest
+import torch
+from rate_refs import key_bytes
 from tiny_lm import tiny_causal_lm
 
 from adapters.kv_cache import CacheConfig
@@ -11,6 +15,19 @@ from kernels import list_codecs
 
 CODEC = next(c for c in ("turboquant-mse", "octopus", "quarot") if c in list_codecs())
 TEXT = ("It was a bright cold day in April, and the clocks were striking thirteen. " * 40).strip()
+
+
+def _reference_scores(native: torch.Tensor, comp: torch.Tensor, targets: torch.Tensor, topk: int) -> dict:
+    """float64, straight from the definitions: mean KL(native || comp) over {native's top-k tokens, the rest},
+    the share of positions whose argmax agrees, and exp(mean NLL of the targets) under each."""
+    p, q = torch.softmax(native, -1), torch.softmax(comp, -1)
+    top = p.topk(topk, -1).indices
+    pk, qk = p.gather(-1, top), q.gather(-1, top)
+    pb, qb = torch.cat([pk, 1 - pk.sum(-1, keepdim=True)], -1), torch.cat([qk, 1 - qk.sum(-1, keepdim=True)], -1)
+    kl = torch.where(pb > 0, pb * (pb.log() - qb.log()), torch.zeros_like(pb)).sum(-1)
+    nll = lambda lg: -torch.log_softmax(lg, -1).gather(-1, targets[:, None]).mean()  # noqa: E731
+    return {"kl": float(kl.mean()), "top1_agree": float((native.argmax(-1) == comp.argmax(-1)).double().mean()),
+            "perplexity": math.exp(float(nll(comp))), "baseline_perplexity": math.exp(float(nll(native)))}
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +62,26 @@ def test_perplexity_task(lm, textfile, tmp_path):
     assert none["kl"] == 0.0 and none["top1_agree"] == 1.0
     assert none["perplexity"] == none["baseline_perplexity"]
     assert none["scored_tokens"] == 95 and none["tokens"] == 160
-    row = task.evaluate(lm, prompts[0], CacheConfig(codec=CODEC, bits=2, residual=8), 0, base, tmp_path)
-    assert row["kl"] > 0 and row["bits_per_coord"] < 16 and row["cache_bytes"] < row["uncompressed_bytes"]
+    cfg = CacheConfig(codec=CODEC, bits=2, residual=8)
+    row = task.evaluate(lm, prompts[0], cfg, 0, base, tmp_path)
+    d = lm.geometry.head_dim  # the codec's documented bytes per key vector (tests/rate_refs.py)
+    assert row["bits_per_coord"] == 8 * key_bytes(CODEC, 2, d) / d and row["cache_bytes"] < row["uncompressed_bytes"]
     assert row["committed_tokens"] == 160 - 8
+    # reference: the uncompressed logits from one plain forward of the whole context (no cache, no chunks), the
+    # compressed ones from the same chunks (64, then 16s) through the codec; positions 64..158 predict tokens
+    ids = lm.encode(TEXT)[:160]
+    with torch.no_grad():
+        native = lm.model(torch.tensor([ids])).logits[0].double()
+    chunks = []
+    lm.teacher_force(ids, [64] + [16] * 6, cfg, lambda start, lg: chunks.append(lg))
+    comp = torch.cat(chunks).double()
+    scored, targets = slice(64, 159), torch.tensor(ids[65:160])
+    want = _reference_scores(native[scored], comp[scored], targets, topk=task.opt("topk"))
+    assert want["kl"] > 1e-5  # the codec moved the distributions: a clamped or dropped KL would fail below
+    assert row["kl"] == pytest.approx(want["kl"], rel=1e-3)
+    assert row["top1_agree"] == want["top1_agree"]
+    assert row["perplexity"] == pytest.approx(want["perplexity"], rel=1e-6)
+    assert row["baseline_perplexity"] == pytest.approx(want["baseline_perplexity"], rel=1e-6)
 
 
 def test_needle_prompts_are_built_as_asked(lm):
@@ -72,9 +106,22 @@ def test_needle_task(lm, tmp_path):
     base = task.baseline(lm, p, seed=0)
     none = task.evaluate(lm, p, CacheConfig(residual=8), 0, base, tmp_path)
     assert none["output_match"] == 1.0 and none["kl"] == 0.0 and none["top1_agree"] == 1.0
-    row = task.evaluate(lm, p, CacheConfig(codec=CODEC, bits=2, residual=8), 0, base, tmp_path)
+    cfg = CacheConfig(codec=CODEC, bits=2, residual=8)
+    row = task.evaluate(lm, p, cfg, 0, base, tmp_path)
     assert set(row) >= {"exact_match", "output_match", "kl", "top1_agree", "bits_per_coord", "cache_bytes"}
-    assert row["kl"] >= 0 and row["committed_tokens"] > 0
+    # reference: the baseline's answer teacher-forced after the prompt, uncompressed as one plain forward of
+    # prompt + answer, compressed as the task documents it (prefill, then the answer on a fork of the cache)
+    ids, answer = task.build(lm, p, seed=0)["ids"], base["tokens"]
+    with torch.no_grad():
+        native = lm.model(torch.tensor([ids + answer[:-1]])).logits[0, len(ids) - 1:].double()
+    r = lm.greedy(ids, 5, cfg, force=answer)
+    want = _reference_scores(native, r["forced_logits"].double(), torch.tensor(answer), topk=task.opt("topk"))
+    assert want["kl"] > 1e-5
+    assert row["kl"] == pytest.approx(want["kl"], rel=1e-3)
+    assert row["top1_agree"] == want["top1_agree"]
+    assert row["output_match"] == float(r["tokens"] == answer)
+    # every token but the last generated one went through the cache; all but the 8-token window are committed
+    assert row["committed_tokens"] == len(ids) + len(r["tokens"]) - 1 - 8
 
 
 def test_unknown_task_lists_what_exists():

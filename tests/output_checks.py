@@ -1,0 +1,27 @@
+"""Shared by the adapter tests: a compressed run's outputs against the uncompressed run's.
+
+What reads compressed tokens must move, by more than float rounding and by much less than losing
+that context does. The reference for "losing the context" is the uncompressed run with other
+tokens (another prompt, other conditioning) in place of the context the codec compresses.
+"""
+from __future__ import annotations
+
+import torch
+
+# A codec's footprint as a share of the reference's, for a KL: above FLOOR (a codec bypassed, i.e. exact keys
+# and values read back, leaves float rounding: measured < 1e-12 of it) and below CEILING; for a norm, their
+# square roots (a KL is quadratic in a small perturbation). Measured at 2-3 bits (1 for the codecs that start
+# there): 1-5% of the KL (1e-4 with one layer of three compressed), 3-15% of the video latents' change.
+FLOOR, CEILING = 1e-6, 0.1
+
+
+def kl(ref: torch.Tensor, x: torch.Tensor) -> float:
+    """Mean KL(softmax(ref) || softmax(x)) over the rows of logits [..., V], float64."""
+    lp, lq = torch.log_softmax(ref.double(), -1), torch.log_softmax(x.double(), -1)
+    return float((lp.exp() * (lp - lq)).sum(-1).mean())
+
+
+def assert_moved_less_than_lost(moved: float, lost: float, quadratic: bool = True) -> None:
+    """``moved``: the codec's change (a KL if ``quadratic``, else a norm); ``lost``: the reference's."""
+    floor, ceiling = (FLOOR, CEILING) if quadratic else (FLOOR ** 0.5, CEILING ** 0.5)
+    assert floor * lost < moved < ceiling * lost, f"moved {moved:.3g}, losing the context {lost:.3g}"
