@@ -101,7 +101,8 @@ def rate_quality(m: dict, series: list[tuple[str, list[dict]]], div_id: str, tit
             name=f"{name}: baseline" if name else "baseline (uncompressed)", hovertemplate=HOVER,
             line={"color": "black", "dash": DASHES[(k + 2) % len(DASHES)], "width": 1}))
     direction = {True: " (higher is better)", False: " (lower is better)"}.get(m["higher_is_better"], "")
-    fig.update_layout(_layout(title={"text": title, "font": {"size": 14}}, hovermode="closest",
+    # the title on the left, clear of the mode bar on the right
+    fig.update_layout(_layout(title={"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}, hovermode="closest",
                               xaxis={**AXIS, "title": {"text": "true bits per key coordinate (from stored bytes)"}},
                               yaxis={**AXIS, "title": {"text": _title(m) + direction},
                                      "type": "log" if log else "linear"}))

@@ -16,8 +16,8 @@ from tiny_lm import tiny_causal_lm
 from harness.config import RunConfig
 from harness.runner import run
 
-pytestmark = pytest.mark.skipif(find_chromium() is None, reason="no chromium on PATH (scripts/setup installs "
-                                                                 "Debian's chromium where apt is available)")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    find_chromium() is None, reason="no chromium on PATH (scripts/setup installs Debian's chromium where apt is available)")]
 TEXT = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nine. " * 40).strip()
 
 
@@ -68,6 +68,7 @@ def _load(b: Browser, out, tmp_path) -> Page:
         assert page.local_file(src) is not None and page.local_file(src).is_file(), src
     b.open(out / "report.html")
     b.settle(1.0)
+    assert b.errors == []
     # every plot drawn: plotly gave each div its SVG
     drawn = b.eval("Array.from(document.querySelectorAll('.plotly-graph-div')).filter(d => d.querySelector('svg.main-svg')).length")
     assert drawn == len(page.plot_ids()) > 0
