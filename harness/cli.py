@@ -5,7 +5,8 @@
   harness run --model smollm2-135m --codec octopus --bits 2
   harness run --model hf --model-path DIR --codec octopus qjl --bits 3 4 --task perplexity --prompts wikitext2
   harness compare reports/RUN [reports/RUN2 ...]  each later run minus the first, paired, with 95% intervals
-  harness report reports/RUN                     rebuild summary.json + report.md from rows.jsonl
+  harness compare reports/A reports/B --html cmp.html   ... also as a page with plots and sortable tables
+  harness report reports/RUN                     rebuild summary.json, report.md + report.html from rows.jsonl
   harness list                                  models, codecs (with bits), tasks (with options), metrics
   harness probe ... / harness bench ...         the synthetic probe / kernel benchmarks
 """
@@ -158,7 +159,7 @@ def cmd_run(a) -> int:
 
     config = RunConfig(**with_preset(a.preset, config_kwargs(a, RunConfig)))
     out = run(config, out=a.out, fresh=a.fresh, progress=not a.quiet)
-    print(f"report: {out / 'report.md'}")
+    print(f"report: {out / 'report.md'} and {out / 'report.html'}")
     return 0
 
 
@@ -171,6 +172,10 @@ def cmd_compare(a) -> int:
         print(f"wrote {a.out}")
     else:
         print(text)
+    if a.html:
+        from harness.html_report import write_compare_page
+
+        print(f"wrote {write_compare_page(a.runs, a.html)}")
     return 0
 
 
@@ -178,7 +183,7 @@ def cmd_report(a) -> int:
     from harness.runner import finish
 
     finish(a.run)
-    print(f"report: {Path(a.run) / 'report.md'}")
+    print(f"report: {Path(a.run) / 'report.md'} and {Path(a.run) / 'report.html'}")
     return 0
 
 
@@ -254,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                                         "(refused for other models or prompts), and per-prompt tables")
     pc.add_argument("runs", nargs="+", type=Path)
     pc.add_argument("--out", type=Path, help="write the markdown here instead of stdout")
-    pr = sub.add_parser("report", help="rebuild summary.json and report.md of a run")
+    pc.add_argument("--html", type=Path, metavar="PAGE", help="also write the comparison as an HTML page "
+                    "(plotly.min.js beside it; links to each run's report.html)")
+    pr = sub.add_parser("report", help="rebuild summary.json, report.md and report.html of a run")
     pr.add_argument("run", type=Path)
     sub.add_parser("list", help="models, codecs, tasks, metrics")
     sub.add_parser("probe", help="the synthetic probe (harness probe --help)")

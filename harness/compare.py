@@ -175,29 +175,49 @@ def per_prompt_section(runs: list[Run]) -> list[str]:
     tasks = list(dict.fromkeys(task for r in runs for task in r.summary["tasks"]))
     for task in tasks:
         md += [f"## {task}: per-prompt values" if len(runs) > 1 else f"## {task}", ""]
-        ts = [(r, r.summary["tasks"][task]) for r in runs if task in r.summary["tasks"]]
-        metrics = list({m["name"]: m for _, t in ts for m in t["metrics"]}.values())
-        prompts = list(dict.fromkeys(p for _, t in ts for p in t["prompts"]))
-        for m in metrics:
-            entries = []
-            for r, t in ts:
-                base = values(r.rows, task, BASELINE_LABEL, m["name"])
-                for g in t["groups"]:
-                    label = f"{g['label']} ({fmt(g.get('bits_per_coord'), 3)} b/coord)"
-                    entries.append((f"{r.name}: {label}" if len(runs) > 1 else label,
-                                    values(r.rows, task, g["label"], m["name"]), base))
-            md += [f"**{display(m)}**{arrow(m['higher_is_better'])}", "", per_prompt_table(entries, prompts), ""]
+        prompts = task_prompts(runs, task)
+        for m in task_metrics(runs, task):
+            md += [f"**{display(m)}**{arrow(m['higher_is_better'])}", "",
+                   per_prompt_table(per_prompt_entries(runs, task, m["name"]), prompts), ""]
     return md
+
+
+def task_metrics(runs: list[Run], task: str) -> list[dict]:
+    """The summary metric entries of ``task`` over ``runs``, each name once, in first-seen order."""
+    return list({m["name"]: m for r in runs for m in r.summary["tasks"].get(task, {}).get("metrics", [])}.values())
+
+
+def task_prompts(runs: list[Run], task: str) -> list[str]:
+    """The prompts of ``task`` over ``runs``, in first-seen order."""
+    return list(dict.fromkeys(p for r in runs if task in r.summary["tasks"] for p in r.summary["tasks"][task]["prompts"]))
+
+
+def per_prompt_entries(runs: list[Run], task: str, metric: str) -> list[tuple[str, dict, dict]]:
+    """(row name, {prompt: value}, {prompt: baseline value}) per (run, configuration) of ``task``:
+    the rows of a per-prompt table (:func:`harness.tables.per_prompt_table`)."""
+    entries = []
+    for r in (r for r in runs if task in r.summary["tasks"]):
+        base = values(r.rows, task, BASELINE_LABEL, metric)
+        for g in r.summary["tasks"][task]["groups"]:
+            label = f"{g['label']} ({fmt(g.get('bits_per_coord'), 3)} b/coord)"
+            entries.append((f"{r.name}: {label}" if len(runs) > 1 else label, values(r.rows, task, g["label"], metric), base))
+    return entries
+
+
+def load_checked(run_dirs: list[Path]) -> list[Run]:
+    """The runs, each later one checked against the first (:func:`check_models`, :func:`check_prompts`)."""
+    runs = [load_run(d) for d in run_dirs]
+    for other in runs[1:]:
+        check_models(runs[0], other)
+        check_prompts(runs[0], other)
+    return runs
 
 
 def compare(run_dirs: list[Path]) -> str:
     """Markdown: each later run paired against the first (after the checks above), then the
     per-prompt tables of all. Raises CompareError / FileNotFoundError."""
-    runs = [load_run(d) for d in run_dirs]
+    runs = load_checked(run_dirs)
     first = runs[0]
-    for other in runs[1:]:
-        check_models(first, other)
-        check_prompts(first, other)
     md = [f"# Comparison of {len(runs)} run(s)", ""]
     for other in runs[1:]:
         md += paired_section(first, other)

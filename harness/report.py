@@ -123,6 +123,9 @@ def write_report(out: Path) -> Path:
     md += _unavailable(rows)
     md += _artifacts(rows)
     (out / "report.md").write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
+    from .html_report import write_run_page  # report.html beside it, from the same summary and rows
+
+    write_run_page(out, config, model, summary, rows)
     return out / "report.md"
 
 

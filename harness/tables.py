@@ -74,15 +74,21 @@ def per_prompt_table(entries: list[tuple[str, dict, dict]], prompts: list[str], 
     head = ["config", *prompts, "min", "mean", "max", "Δ mean vs baseline"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, vals, base in entries:
-        xs = [num(vals.get(p)) for p in prompts]
-        finite = [x for x in xs if x is not None and not math.isnan(x)]
-        deltas = [num(vals[p]) - num(base[p]) for p in prompts
-                  if num(vals.get(p)) is not None and num(base.get(p)) is not None]
-        deltas = [d for d in deltas if not math.isnan(d)]
-        stats = [min(finite), sum(finite) / len(finite), max(finite)] if finite else [None] * 3
-        delta = sum(deltas) / len(deltas) if deltas else None
+        xs, stats, delta = per_prompt_row(vals, base, prompts)
         lines.append("| " + " | ".join([name, *(fmt(x) for x in xs), *(fmt(s) for s in stats), fmt_delta(delta)]) + " |")
     return "\n".join(lines)
+
+
+def per_prompt_row(vals: dict, base: dict, prompts: list[str]) -> tuple[list, list, float | None]:
+    """(value per prompt, [min, mean, max] of the finite ones, mean difference from ``base`` over
+    the prompts both have) of one per-prompt table row; None where there is nothing."""
+    xs = [num(vals.get(p)) for p in prompts]
+    finite = [x for x in xs if x is not None and not math.isnan(x)]
+    deltas = [num(vals[p]) - num(base[p]) for p in prompts
+              if num(vals.get(p)) is not None and num(base.get(p)) is not None]
+    deltas = [d for d in deltas if not math.isnan(d)]
+    stats = [min(finite), sum(finite) / len(finite), max(finite)] if finite else [None] * 3
+    return xs, stats, sum(deltas) / len(deltas) if deltas else None
 
 
 def values(rows: list[dict], task: str, label: str, metric: str) -> dict:

@@ -57,10 +57,13 @@ def test_run_compare_report(ckpt, tmp_path, capsys):
     assert main(args) == 0  # a rerun resumes: nothing to do, same rows
     assert len((tmp_path / "run" / "rows.jsonl").read_text().splitlines()) == 3
     capsys.readouterr()
-    assert main(["compare", str(tmp_path / "run")]) == 0
-    assert "## perplexity" in capsys.readouterr().out
-    (tmp_path / "run" / "report.md").unlink()
-    assert main(["report", str(tmp_path / "run")]) == 0 and (tmp_path / "run" / "report.md").exists()
+    assert main(["compare", str(tmp_path / "run"), "--html", str(tmp_path / "cmp.html")]) == 0
+    assert "## perplexity" in capsys.readouterr().out and (tmp_path / "plotly.min.js").exists()
+    assert 'href="run/report.html"' in (tmp_path / "cmp.html").read_text()
+    for name in ("report.md", "report.html"):
+        (tmp_path / "run" / name).unlink()
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "report.html").exists()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,0 +1,139 @@
+"""The media of report.html, per task and prompt, from the artifacts the rows reference (paths
+relative to the run folder, never inlined):
+
+- video (:mod:`harness.tasks.video`): the baseline's and each codec's MP4 as players that play,
+  pause, step and seek together, the per-frame drift curves under them (from the ``*.drift.json``
+  files; clicking a frame seeks the players), then the contact sheets;
+- audio (:mod:`harness.tasks.audio`): a player for the baseline and each codec (playing one pauses
+  the others at the same moment: A/B listening), each codec's spectrogram (baseline beside codec),
+  the per-scale teacher-forced curves;
+- any other artifact: a link.
+
+An artifact whose file is missing is named, not linked: a page never points at nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+from ..rows import BASELINE_LABEL, codec_seed, num
+from ..tables import display, fmt
+from . import plots
+
+VIDEO_KEYS = ("mp4", "mp4_baseline", "drift", "contact_sheet")
+AUDIO_KEYS = ("wav", "wav_baseline", "spectrogram", "per_scale")
+DRIFT_PANELS = [("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("lpips", "LPIPS"), ("latent_cos", "latent cosine (latent frames)")]
+SCALE_PANELS = [("top1_agree", "top-1 agreement (teacher-forced)"), ("kl", "KL (teacher-forced)"),
+                ("free_token_match", "token match (free-running)")]
+
+
+class Media:
+    """Resolves artifact paths of the run folder ``run`` for a page written in folder ``page_dir``."""
+
+    def __init__(self, run: Path, page_dir: Path):
+        self.run, self.page_dir = Path(run), Path(page_dir)
+        self.missing: list[str] = []
+
+    def src(self, rel: str | None) -> str | None:
+        """The URL of artifact ``rel`` relative to the page (None, and noted, where the file is missing)."""
+        if not rel:
+            return None
+        path = self.run / rel
+        if not path.is_file():
+            self.missing.append(str(rel))
+            return None
+        return quote(Path(os.path.relpath(path, self.page_dir)).as_posix())
+
+    def json(self, rel: str | None) -> dict | None:
+        path = self.run / rel if rel else None
+        return json.loads(path.read_text()) if path is not None and path.is_file() else None
+
+
+def _latest(rows: list[dict]) -> dict[str, dict]:
+    """{label: its last row}: the artifacts of a label are rewritten by each of its codec seeds, so
+    the files on disk are the last row's."""
+    return {r["label"]: r for r in rows}
+
+
+def _caption(r: dict, metrics: list[dict]) -> str:
+    parts = [f"{display(m)} {fmt(r.get(m['name']))}" for m in metrics if num(r.get(m["name"])) is not None]
+    return " · ".join(parts)
+
+
+def _seed_note(rows: list[dict]) -> str:
+    seeds = sorted({codec_seed(r) for r in rows})
+    return f"Codec seeds {', '.join(map(str, seeds))} write the same files: shown are the last seed's." if len(seeds) > 1 else ""
+
+
+def video_section(media: Media, prompt: str, rows: list[dict], metrics: list[dict], div_id: str) -> dict:
+    latest = _latest(rows)
+    base_row = next((r for r in rows if r.get("artifacts", {}).get("mp4_baseline")), None)
+    players = []
+    if base_row is not None and (src := media.src(base_row["artifacts"]["mp4_baseline"])):
+        players.append({"label": "baseline (uncompressed)", "src": src, "caption": ""})
+    drift, sheets, text, frames = {}, [], None, None
+    for label, r in latest.items():
+        arts = r.get("artifacts") or {}
+        d = media.json(arts.get("drift"))
+        if d is not None:
+            text, frames = d.get("prompt", text), d.get("pixel_frames", frames)
+            if label != BASELINE_LABEL:  # 'none' is the baseline: its curves are flat
+                drift[label] = d
+        if label == BASELINE_LABEL:
+            continue
+        if src := media.src(arts.get("mp4")):
+            players.append({"label": label, "src": src, "caption": _caption(r, metrics)})
+        if src := media.src(arts.get("contact_sheet")):
+            sheets.append({"label": label, "src": src})
+    frame_counts = [len(next((c[k] for c in drift.values() if c.get(k)), [])) for k, _ in DRIFT_PANELS
+                    if any(c.get(k) for c in drift.values())]
+    return {"kind": "video", "prompt": prompt, "text": text, "players": players, "frames": frames,
+            "plot": plots.curves(DRIFT_PANELS, drift, div_id, "frame"), "plot_id": div_id,
+            "plot_frames": frame_counts, "sheets": sheets, "note": _seed_note(rows)}
+
+
+def audio_section(media: Media, prompt: str, rows: list[dict], metrics: list[dict], div_id: str) -> dict:
+    latest = _latest(rows)
+    base_row = next((r for r in rows if r.get("artifacts", {}).get("wav_baseline")), None)
+    players = []
+    if base_row is not None and (src := media.src(base_row["artifacts"]["wav_baseline"])):
+        players.append({"label": "baseline (uncompressed)", "src": src, "caption": "", "image": None})
+    scales = {}
+    for label, r in latest.items():
+        arts = r.get("artifacts") or {}
+        c = media.json(arts.get("per_scale"))
+        if c is not None and label != BASELINE_LABEL:
+            scales[label] = c
+        if label != BASELINE_LABEL and (src := media.src(arts.get("wav"))):
+            players.append({"label": label, "src": src, "caption": _caption(r, metrics),
+                            "image": media.src(arts.get("spectrogram"))})
+    return {"kind": "audio", "prompt": prompt, "text": None, "players": players,
+            "plot": plots.curves(SCALE_PANELS, scales, div_id, "scale"), "plot_id": div_id,
+            "note": _seed_note(rows)}
+
+
+def links_section(media: Media, prompt: str, rows: list[dict]) -> dict:
+    items = []
+    for label, r in _latest(rows).items():
+        links = [(name, media.src(rel)) for name, rel in (r.get("artifacts") or {}).items()]
+        items.append({"label": label, "links": [(n, s) for n, s in links if s]})
+    return {"kind": "links", "prompt": prompt, "items": items}
+
+
+def sections(media: Media, task: str, rows: list[dict], metrics: list[dict], id_prefix: str) -> list[dict]:
+    """One media section per prompt of ``task`` that has artifacts, in row order."""
+    with_art = [r for r in rows if r["task"] == task and isinstance(r.get("artifacts"), dict) and r["artifacts"]]
+    out = []
+    for i, prompt in enumerate(dict.fromkeys(r["prompt"] for r in with_art)):
+        prows = [r for r in with_art if r["prompt"] == prompt]
+        keys = {k for r in prows for k in r["artifacts"]}
+        div_id = f"{id_prefix}-media-{i}"
+        if keys & set(VIDEO_KEYS):
+            out.append(video_section(media, prompt, prows, metrics, div_id))
+        elif keys & set(AUDIO_KEYS):
+            out.append(audio_section(media, prompt, prows, metrics, div_id))
+        else:
+            out.append(links_section(media, prompt, prows))
+    return out

@@ -1,0 +1,104 @@
+"""report.html of one run folder, from the same config.json, model.json, summary.json and rows as
+report.md (:mod:`harness.report`): per task the ranking on the headline metric with its 95%
+intervals, the rate-matched front, an interactive rate–quality plot per metric, every
+configuration, the paired comparisons, sortable per-prompt tables, and the media per prompt
+(:mod:`harness.html_report.media`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..report import INTERVALS, _bytes, _header, _unavailable
+from ..rows import BASELINE_LABEL, num
+from ..tables import _title, display, fmt, fmt_ci, values
+from . import media as media_mod
+from . import plots
+from .page import cell, diff_cell, interval_cell, mean_cell, number, per_prompt, prose, render, slug, table, word_cell
+
+HTML_NAME = "report.html"
+
+
+def ranking(t: dict, head: dict) -> dict | None:
+    """Per bit width, best mean first: rank (ties share one), mean ± 95%, the interval, n."""
+    if not t.get("ranking"):
+        return None
+    rate = {g["label"]: g.get("bits_per_coord") for g in t["groups"]}
+    rows = [[number(b["bits"]), cell("—" if c["rank"] is None else c["rank"], c["rank"], "best" if c["rank"] == 1 else None),
+             cell(c["label"]), mean_cell(c), interval_cell(c), number(c["n"]), number(rate.get(c["label"]), 3)]
+            for b in t["ranking"] for c in b["configs"]]
+    return table(["bits", "rank", "config", f"{_title(head)}, mean ± 95%", "95% interval", "n", "key bits/coord"],
+                 rows, cls="ranking")
+
+
+def rate_front(t: dict, head: dict) -> dict | None:
+    if not t.get("front"):
+        return None
+    means = {c["label"]: c for b in t.get("ranking", []) for c in b["configs"]}
+    on = {True: "yes", False: "no", None: "—"}
+    rows = [[cell(f["label"]), number(f["bits"]), number(f["cache_bits_per_coord"], 3), mean_cell(means.get(f["label"])),
+             cell(on[f["front"]], None, "better" if f["front"] else None), cell(", ".join(f["dominated_by"]) or "—")]
+            for f in t["front"]]
+    return table(["config", "bits", "cache bits/coord", f"{_title(head)}, mean ± 95%", "on the front", "dominated by"],
+                 rows, cls="front")
+
+
+def configurations(t: dict) -> dict:
+    """Every configuration: rates, then per metric mean ± 95% (n) [min, max] and the paired Δ."""
+    head = ["config", "key bits/coord", "value bits/coord", "cache bytes", "× native"]
+    for m in t["metrics"]:
+        head += [_title(m), "Δ vs baseline"]
+    rows = []
+    for g in t["groups"]:
+        cb, ub = num(g.get("cache_bytes")), num(g.get("uncompressed_bytes"))
+        ratio = cb / ub if cb is not None and ub else None
+        r = [cell(g["label"]), number(g.get("bits_per_coord"), 3), number(g.get("value_bits_per_coord"), 3),
+             cell(_bytes(cb), cb), number(ratio, 3)]
+        for m in t["metrics"]:
+            s = g["metrics"].get(m["name"])
+            if s is None:
+                r += [cell("—"), cell("—")]
+                continue
+            rng = f" [{fmt(s['min'])}, {fmt(s['max'])}]" if s.get("n", 1) > 1 else ""
+            r += [cell(fmt_ci(s) + rng, s.get("mean")),
+                  cell("") if g["label"] == BASELINE_LABEL else diff_cell(s.get("delta"))]
+        rows.append(r)
+    return table(head, rows, cls="configs")
+
+
+def pairs(t: dict) -> list[tuple[str, dict]]:
+    """Per bit width with two or more configurations: A − B ± 95% and what A is."""
+    return [(f"{b['bits']} bits", table(["A", "B", "A − B ± 95%", "A is", "n"], [
+        [cell(p["a"]), cell(p["b"]), diff_cell(p, with_word=False), word_cell(p["word"]),
+         number(p["n"])] for p in b["pairs"]])) for b in t.get("ranking", []) if b["pairs"]]
+
+
+def task_section(out: Path, task: str, t: dict, rows: list[dict]) -> dict:
+    metrics = t["metrics"]
+    head = next((m for m in metrics if m["name"] == t.get("headline")), None)
+    seeds = t.get("codec_seeds") or [0]
+    plot_list = [plots.rate_quality(m, [("", t["groups"])], slug("plot", task, m["name"]),
+                                    f"{task}: {display(m)}, mean and 95% interval") for m in metrics]
+    base = {m["name"]: values(rows, task, BASELINE_LABEL, m["name"]) for m in metrics}
+    media = media_mod.Media(out, out)
+    tables = [(_title(m), per_prompt([(g["label"], values(rows, task, g["label"], m["name"]), base[m["name"]])
+                                      for g in t["groups"]], t["prompts"])) for m in metrics]
+    return {
+        "name": task, "id": slug("task", task), "prompts": t["prompts"], "seeds": seeds,
+        "headline": _title(head) if head else None,
+        "ranking": ranking(t, head) if head else None, "front": rate_front(t, head) if head else None,
+        "plots": [p for p in plot_list if p], "configs": configurations(t), "pairs": pairs(t), "per_prompt": tables,
+        "media": media_mod.sections(media, task, rows, metrics, slug(task)), "missing": media.missing,
+    }
+
+
+def write_run_page(out: Path, config: dict, model: dict, summary: dict, rows: list[dict]) -> Path:
+    """report.html (and plotly.min.js) in run folder ``out``."""
+    out = Path(out)
+    order = [t for t in config.get("tasks", []) if t in summary["tasks"]]
+    tasks = [task_section(out, task, summary["tasks"][task], rows)
+             for task in order + [t for t in summary["tasks"] if t not in order]]
+    header = [line for line in _header(config, model.get("model", {}), summary) if line != INTERVALS]
+    files = [name for name in ("report.md", "config.json", "model.json", "summary.json", "rows.jsonl")
+             if (out / name).is_file()]
+    return render("report.html.j2", out / HTML_NAME, title=f"KV-cache codec report: {config['model']}",
+                  files=files, header=prose(header), intervals=prose([INTERVALS]), tasks=tasks,
+                  unavailable=prose(_unavailable(rows)))
