@@ -123,7 +123,8 @@ def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int]
     return ok, skipped
 
 
-RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "timings.jsonl", "model.json", "config.json")
+RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "report.html", "plotly.min.js", "timings.jsonl", "model.json",
+             "config.json")
 RUN_DIRS = ("baselines", "video", "audio")
 
 

@@ -26,7 +26,7 @@ from kernels import private_generator
 from metrics import audio as am
 
 from ..rows import inside, safe_name
-from .base import Prompt, Task, register_task
+from .base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "audio"
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
@@ -180,7 +180,7 @@ class AudioTask(Task):
             "free_token_match": m("free_token_match")(base.tokens, free.tokens),
         }
         row.update(cache_row_stats(free.cache))  # the teacher-forced pass holds the same tokens
-        label = cache_config.label if hasattr(cache_config, "label") else str(cache_config)
+        label = artifact_label(cache_config)
         row["artifacts"] = self._write_artifacts(model, prompt, label, base, free, tf, row, Path(out_dir))
         return row
 

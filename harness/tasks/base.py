@@ -110,6 +110,15 @@ def parse_option(value: Any, default: Any) -> Any:
     return value
 
 
+def artifact_label(cache_config) -> str:
+    """The name a rollout's artifacts (videos, sheets, WAVs) are filed under: the config's label,
+    plus its codec seed where the codec draws at random (each seed's rollout is another file)."""
+    from kernels import codec_class
+
+    label = cache_config.label
+    return f"{label}.seed{cache_config.seed}" if codec_class(cache_config.codec).randomized else label
+
+
 TASKS: dict[str, type[Task]] = {}
 
 

@@ -30,7 +30,7 @@ from kernels import private_generator
 from metrics import video as vm
 
 from ..rows import inside, safe_name
-from .base import Prompt, Task, register_task
+from .base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "video"
 METRICS = ("lpips", "psnr", "ssim", "latent_cos")
@@ -227,7 +227,7 @@ class VideoTask(Task):
         row.update(cache_row_stats(r.cache))
         if self.unavailable:
             row["unavailable"] = dict(self.unavailable)
-        label = cache_config.label if hasattr(cache_config, "label") else str(cache_config)
+        label = artifact_label(cache_config)
         row["artifacts"] = self._write_artifacts(model, prompt, label, baseline, r, row, curves, Path(out_dir))
         return row
 

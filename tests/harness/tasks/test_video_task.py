@@ -132,3 +132,25 @@ def test_hostile_prompt_ids_stay_inside_the_run_folder(model, tmp_path):
     for r in rows:
         for rel in r["artifacts"].values():
             assert (out / rel).resolve().is_relative_to((out / "video").resolve()) and (out / rel).is_file()
+
+
+def test_each_codec_seed_files_its_own_artifacts(model, tmp_path):
+    """Two codec seeds of one codec are two rollouts: their drift curves and contact sheets are two
+    files, each row naming its own (a label-only name would let the second overwrite the first)."""
+    from harness.config import RunConfig
+    from harness.rows import read_rows
+    from harness.runner import run
+
+    cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], limit=1, codec_seeds=[0, 1],
+                    baseline=False, task_options={"video": {"save_video": "false", "lpips": "false"}})
+    out = run(cfg, out=tmp_path / "run", model=model, progress=False, log=lambda *a: None)
+    rows = {r["codec_seed"]: r for r in read_rows(out / "rows.jsonl")}
+    assert set(rows) == {0, 1}
+    arts = [rows[s]["artifacts"] for s in (0, 1)]
+    assert set(arts[0]) == set(arts[1]) and arts[0]
+    for key in arts[0]:
+        if arts[0][key] == arts[1][key]:  # shared files: the baseline's, and the plot of every config's drift
+            assert "baseline" in arts[0][key] or key == "drift_plot", key
+            continue
+        a, b = (out / arts[0][key]).read_bytes(), (out / arts[1][key]).read_bytes()
+        assert a != b, key  # each seed's rollout, not one file twice
