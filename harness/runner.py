@@ -4,15 +4,18 @@ A run lives in one folder (``reports/<model>-<hash of the configuration>`` unles
 otherwise):
 
 - ``config.json``   the exact :class:`RunConfig` (JSON round trip; a resumed run must match it)
-- ``model.json``    what was loaded (architecture, dtype, device)
+- ``model.json``    what was loaded (architecture, dtype, device) and the environment (packages,
+                    device name, CUDA, git commit: :mod:`harness.environment`)
 - ``rows.jsonl``    one line per (task, prompt, cache configuration, codec seed), appended and
                     fsync'ed as each finishes; a rerun skips the keys already there, so an
                     interrupted run resumes without losing or repeating a row
 - ``baselines/``    each prompt's uncompressed rollout, computed once (with its batch) and reused
                     by every codec and codec seed and by a resumed run
-- ``summary.json``  per task and cache configuration: mean / min / max of every metric and its
-                    mean difference from the baseline on the same prompts
-- ``report.md``     tables and plots (see :mod:`harness.report`)
+- ``summary.json``  per task and cache configuration: n, mean, min, max and 95% interval of every
+                    metric, its paired difference from the baseline, the ranking per bit width
+                    and the rate-matched front (see :mod:`harness.summary`, :mod:`harness.stats`)
+- ``report.md``     tables and plots (see :mod:`harness.report`); ``report.html`` the same as
+                    one page with interactive plots and the rollouts' media side by side
 - ``timings.jsonl`` wall seconds per batch and configuration (the only file that differs between
                     identical runs)
 
