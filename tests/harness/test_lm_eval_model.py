@@ -17,6 +17,7 @@ TEXT = ("The quick brown fox jumps over the lazy dog while the cat sleeps by the
 
 TASK_YAML = {
     "kv_mc": """output_type: multiple_choice
+target_delimiter: ""
 doc_to_text: "{{question}}"
 doc_to_choice: "{{choices}}"
 doc_to_target: "{{answer}}"
@@ -46,9 +47,10 @@ metric_list:
 def _docs() -> dict[str, list[dict]]:
     words = TEXT.split()
     return {
+        # the random model repeats the last character: "??" is its greedy answer (is_greedy True)
         "kv_mc": [{"question": f"{TEXT[:40 + 9 * i]} Question {i}: which word comes next?",
-                   "choices": [" " + w for w in words[i:i + 3]], "answer": i % 3} for i in range(3)],
-        "kv_gen": [{"prompt": f"{TEXT[10 * i:70 + 10 * i]} Answer:", "target": " fox"} for i in range(3)],
+                   "choices": [" " + w for w in words[i:i + 2]] + ["??"], "answer": i % 3} for i in range(3)],
+        "kv_gen": [{"prompt": TEXT[10 * i:70 + 13 * i], "target": " fox"} for i in range(3)],
         "kv_roll": [{"text": TEXT[20 * i:]} for i in range(2)],
     }
 
@@ -126,15 +128,16 @@ def test_codec_none_equals_lm_eval_hf(hf_results, none_results):
         for g_doc, r_doc in zip(got[task], ref[task]):
             for g, r in zip(g_doc, r_doc, strict=True):
                 g_ll, r_ll = (g[0], r[0]) if task == "kv_mc" else (g, r)
-                assert g_ll == pytest.approx(r_ll, rel=1e-5, abs=1e-4), task
+                assert g_ll == pytest.approx(r_ll, rel=1e-6, abs=1e-5), task
                 if task == "kv_mc":
                     assert g[1] == r[1]
+    assert any(g[1] for doc in got["kv_mc"] for g in doc) and not all(g[1] for doc in got["kv_mc"] for g in doc)
     assert got["kv_gen"] == ref["kv_gen"]
-    assert any(g[0] for g in got["kv_gen"])  # something was generated
+    assert len({g[0] for g in got["kv_gen"]}) == 3  # three different generations
     for task in ("kv_mc", "kv_roll"):
         for metric, value in hf_results["results"][task].items():
             if isinstance(value, float):
-                assert none_results["results"][task][metric] == pytest.approx(value, rel=1e-5, abs=1e-4), metric
+                assert none_results["results"][task][metric] == pytest.approx(value, rel=1e-6, abs=1e-5), metric
 
 
 def test_compressing_codec_changes_loglikelihoods_a_little(none_results, octopus_results):
@@ -142,8 +145,8 @@ def test_compressing_codec_changes_loglikelihoods_a_little(none_results, octopus
     pairs = [(c[0], b[0]) for cd, bd in zip(comp["kv_mc"], base["kv_mc"]) for c, b in zip(cd, bd)]
     pairs += [(c, b) for cd, bd in zip(comp["kv_roll"], base["kv_roll"]) for c, b in zip(cd, bd)]
     diffs = [abs(c - b) for c, b in pairs]
-    assert max(diffs) > 1e-4  # the continuations really read compressed keys
-    assert all(d < 0.05 * abs(b) for d, (_, b) in zip(diffs, pairs))  # and are close to the native scores
+    assert max(diffs) > 1e-2  # the continuations really read compressed keys (codec none: < 1e-4)
+    assert all(d < 0.01 * abs(b) for d, (_, b) in zip(diffs, pairs))  # and are close to the native scores
 
 
 def test_cache_statistics_in_results(none_results, octopus_results):
