@@ -95,6 +95,8 @@ class KVCodecLM(HFLM):
             if codec != "none":
                 raise ValueError(f"model '{MODEL_NAME}': codec={codec} needs bits=")
             bits = 16
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            device = "auto"  # lm-eval's CLI default is cuda:0; --model hf falls back to the CPU too
         self.lm = load_checkpoint(pretrained, MODEL_NAME, device or "auto", dtype)
         super().__init__(pretrained=self.lm.model, tokenizer=self.lm.tokenizer, batch_size=1, **kwargs)
         self.pretrained_path = str(pretrained)
