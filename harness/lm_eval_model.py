@@ -105,7 +105,7 @@ class KVCodecLM(HFLM):
         self.cache_cfg = self.lm.cache_config(CacheConfig(codec=codec, bits=int(bits), residual=int(residual),
                                                           protect=parse_protect(protect), seed=int(codec_seed),
                                                           value_bits=None if value_bits is None else int(value_bits)))
-        n_layers, n_kv, head_dim = self.lm.geometry
+        _, n_kv, head_dim = self.lm.geometry
         self.codec_json = {k: v for k, v in self.cache_cfg.codec_config(head_dim, n_kv).to_json().items() if k != "layer"}
         if codec != "none":
             from kernels import make_codec
