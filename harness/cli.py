@@ -9,6 +9,8 @@
   harness report reports/RUN                     rebuild summary.json, report.md + report.html from rows.jsonl
   harness list                                  models, codecs (with bits), tasks (with options), metrics
   harness probe ... / harness bench ...         the synthetic probe / kernel benchmarks
+  harness lm-eval --model kvcodec --model_args pretrained=DIR,codec=octopus,bits=3 --tasks T
+                                                lm-evaluation-harness tasks through the compressed cache
 """
 from __future__ import annotations
 
@@ -230,10 +232,18 @@ def cmd_list(a) -> int:
     return 0
 
 
+#: subcommands that need an optional extra: the package they import, the extra that installs it
+EXTRAS = {"lm-eval": ("lm_eval", "lm-eval")}
+
+
 def _delegate(module: str, what: str, argv: list[str]) -> int:
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:
+        package, extra = EXTRAS.get(what, (None, None))
+        if package and (e.name or "").partition(".")[0] == package:
+            print(f"harness {what}: error: {package} is not installed: pip install '.[{extra}]'", file=sys.stderr)
+            return 2
         if e.name != module:
             raise
         print(f"harness {what}: {module} is not available in this checkout", file=sys.stderr)
@@ -251,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("probe", "bench"):  # their own argument parsers
         return _delegate(f"harness.{argv[0]}", argv[0], argv[1:])
+    if argv and argv[0] == "lm-eval":  # lm-eval's own command line, with the kvcodec model registered
+        return _delegate("harness.lm_eval_model", "lm-eval", argv[1:])
     parser = argparse.ArgumentParser(prog="harness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd")
@@ -266,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="models, codecs, tasks, metrics")
     sub.add_parser("probe", help="the synthetic probe (harness probe --help)")
     sub.add_parser("bench", help="kernel benchmarks (harness bench --help)")
+    sub.add_parser("lm-eval", help="lm-evaluation-harness with the 'kvcodec' model: harness lm-eval --model kvcodec "
+                                   "--model_args pretrained=DIR,codec=octopus,bits=3 --tasks T (needs '.[lm-eval]')")
     a = parser.parse_args(argv)
     if a.cmd is None:
         parser.print_help()

@@ -1,0 +1,223 @@
+"""lm-eval model ``kvcodec``: lm-evaluation-harness tasks through the compressed KV cache.
+
+``harness lm-eval --model kvcodec --model_args pretrained=DIR,codec=octopus,bits=3 --tasks T`` (or
+``lm_eval --model kvcodec`` after ``import harness.lm_eval_model``). ``model_args``:
+
+  pretrained   a local checkpoint folder or a ``.gguf`` file (loaded as ``harness run --model hf``
+               loads it: :func:`adapters.hf_causal_lm.load_checkpoint`)
+  codec, bits  the key codec and its bit width (``codec=none``: the native cache; bits not needed)
+  value_bits   value bit width (default: bits)     residual  native window in tokens (default 32)
+  protect      none | boundary-1 | layer indices joined by ':' (e.g. 0:23)
+  codec_seed   the codec's own seed (rotations, projections)
+  chunk        tokens per teacher-forced chunk after the prefill (default 64)
+  device, dtype  as ``harness run`` takes them (auto: cuda + bfloat16 where available, else cpu + float32)
+
+How each request type meets the cache (one request at a time: batch_size 1 only, for now):
+
+- ``generate_until``: the context is prefilled (plain attention: nothing is cached yet), then
+  ``model.generate`` decodes through the :class:`~adapters.hf_cache.CompressedCache`; tokens are
+  encoded as they leave the native window, so every decode step reads the compressed context.
+- ``loglikelihood``: the context is prefilled into the cache, then the continuation is
+  teacher-forced in chunks of ``chunk`` tokens, each attending to the compressed past + the
+  native window + itself (:meth:`~adapters.hf_causal_lm.CausalLM.teacher_force`). The first
+  continuation token is scored from the prefill's last logit. The prefill of a context shared
+  by several requests (multiple choice) is computed once and replayed into each cache.
+- ``loglikelihood_rolling``: lm-eval's rolling windows, each scored as above: its one-token
+  context (the prefix token, or the previous window's last token) is the native first chunk,
+  then the window is teacher-forced in chunks through the cache.
+
+With ``codec=none`` every answer is what ``--model hf`` gives on the same checkpoint (the same
+log-likelihoods to float rounding, the same is_greedy, the same generations): the tests check.
+Log-probabilities are computed in float32.
+
+Cache statistics (true key and value bits per coordinate, cache bytes, committed tokens, from
+:func:`adapters.cache_stats.cache_row_stats` of each rollout's cache, averaged over the rollouts
+that committed tokens to the codec) and the exact cache and codec configuration go into
+``results["config"]["kvcodec"]`` (lm-eval's ``get_model_info``); ``harness lm-eval`` moves them
+to the top-level ``kvcodec`` key of the results JSON that lm-eval writes.
+
+lm-eval is an optional extra (``pip install '.[lm-eval]'``): only this module imports it.
+"""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from tqdm import tqdm
+
+from adapters.cache_stats import cache_row_stats
+from adapters.hf_cache import attach
+from adapters.hf_causal_lm import load_checkpoint
+from adapters.kv_cache import DEFAULT_RESIDUAL, CacheConfig
+
+MODEL_NAME = "kvcodec"
+STAT_FIELDS = ("bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord", "cache_bytes",
+               "uncompressed_bytes", "compressed_bytes", "committed_tokens")
+
+
+def parse_protect(protect) -> str | list[int]:
+    """``none`` | ``boundary-1`` | a layer index | indices joined by ':' ("0:23")."""
+    if protect is None:  # lm-eval's argument parser reads "none" as None
+        return "none"
+    if isinstance(protect, int):
+        return [protect]
+    if isinstance(protect, str) and protect not in ("none", "boundary-1"):
+        try:
+            return [int(i) for i in protect.split(":")]
+        except ValueError:
+            raise ValueError(f"protect= takes none, boundary-1 or layer indices joined by ':', got '{protect}'") from None
+    return protect
+
+
+def chunk_plan(n_context: int, n_scored: int, chunk: int) -> list[int]:
+    """Chunk sizes for an input of ``n_context`` prefilled tokens then ``n_scored`` teacher-forced ones."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    return [n_context] + [min(chunk, n_scored - i) for i in range(0, n_scored, chunk)]
+
+
+@register_model(MODEL_NAME)
+class KVCodecLM(HFLM):
+    """lm-eval's HF model with every request run through a compressed KV cache (module docstring)."""
+
+    def __init__(self, pretrained: str, codec: str = "none", bits: int | None = None, value_bits: int | None = None,
+                 residual: int = DEFAULT_RESIDUAL, protect="none", codec_seed: int = 0, chunk: int = 64,
+                 device: str | None = "auto", dtype="auto", batch_size=1, **kwargs):
+        codec = codec or "none"  # lm-eval's argument parser reads "none" as None
+        if str(batch_size) != "1":
+            raise ValueError(f"model '{MODEL_NAME}' runs one request at a time: batch_size must be 1, got {batch_size}")
+        if bits is None:
+            if codec != "none":
+                raise ValueError(f"model '{MODEL_NAME}': codec={codec} needs bits=")
+            bits = 16
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            device = "auto"  # lm-eval's CLI default is cuda:0; --model hf falls back to the CPU too
+        self.lm = load_checkpoint(pretrained, MODEL_NAME, device or "auto", dtype)
+        super().__init__(pretrained=self.lm.model, tokenizer=self.lm.tokenizer, batch_size=1, **kwargs)
+        self.pretrained_path = str(pretrained)
+        self.chunk = int(chunk)
+        chunk_plan(1, 1, self.chunk)  # checks chunk
+        self.cache_cfg = self.lm.cache_config(CacheConfig(codec=codec, bits=int(bits), residual=int(residual),
+                                                          protect=parse_protect(protect), seed=int(codec_seed),
+                                                          value_bits=None if value_bits is None else int(value_bits)))
+        _, n_kv, head_dim = self.lm.geometry
+        self.codec_json = {k: v for k, v in self.cache_cfg.codec_config(head_dim, n_kv).to_json().items() if k != "layer"}
+        if codec != "none":
+            from kernels import make_codec
+
+            make_codec(self.cache_cfg.codec_config(head_dim, n_kv))  # bits and geometry checked before any request
+        self.rollout_stats: list[dict] = []
+        self.rollouts = Counter()  # per request type
+        self.uncommitted = 0  # rollouts whose tokens all stayed in the native window
+
+    # --- the cache's statistics ---------------------------------------------------------------------
+    def _record(self, kind: str, cache) -> None:
+        self.rollouts[kind] += 1
+        kv = cache.kv
+        if self.cache_cfg.codec != "none" and not any(layer.committed for layer in kv.layers if layer.codec is not None):
+            self.uncommitted += 1
+            return
+        self.rollout_stats.append(cache_row_stats(kv))
+
+    def kvcodec_summary(self) -> dict:
+        """The cache configuration and the mean cache statistics over the rollouts that committed tokens."""
+        n = len(self.rollout_stats)
+        means = {f: sum(s[f] for s in self.rollout_stats) / n for f in STAT_FIELDS} if n else {}
+        return {"cache_config": self.cache_cfg.to_json(), "codec_config": self.codec_json,
+                "pretrained": self.pretrained_path, "chunk": self.chunk,
+                "rollouts": dict(self.rollouts), "rollouts_with_committed_tokens": n,
+                "rollouts_without_committed_tokens": self.uncommitted, "mean": means}
+
+    def get_model_info(self) -> dict:
+        return {**super().get_model_info(), MODEL_NAME: self.kvcodec_summary()}
+
+    # --- loglikelihood and loglikelihood_rolling ------------------------------------------------------
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None) -> list[tuple[float, bool]]:
+        """requests: (cache key or None, context ids, continuation ids) -> (sum of log p, is_greedy)."""
+        res = []
+        for request_str, context, continuation in tqdm(requests, disable=disable_tqdm or self.rank != 0,
+                                                       desc="Running loglikelihood requests (kvcodec)"):
+            answer = self._score(context, continuation)
+            res.append(answer)
+            if request_str is not None:  # rolling windows are cached per document by loglikelihood_rolling
+                self.cache_hook.add_partial("loglikelihood", request_str, answer)
+        return res
+
+    def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+        """Prefill the context, teacher-force continuation[:-1] in chunks; the logits from the
+        context's last token on predict the continuation (truncated from the left as HFLM does)."""
+        if not context or not continuation or len(continuation) > self.max_length:
+            raise ValueError(f"loglikelihood needs a context and a continuation of 1..{self.max_length} tokens")
+        ids = (context + continuation)[-(self.max_length + 1):][:-1]
+        n_ctx = len(ids) - (len(continuation) - 1)
+        target = torch.tensor(continuation, device=self.device)
+        logp, greedy = [], []
+
+        def on_chunk(start: int, logits: torch.Tensor) -> None:  # logits [t, V] of ids[start:start + t]
+            if start == 0:
+                logits = logits[-1:]  # the context's last token predicts continuation[0]
+            lp = F.log_softmax(logits.float(), dim=-1)
+            tgt = target[len(logp):len(logp) + lp.shape[0]]
+            logp.extend(lp.gather(-1, tgt[:, None])[:, 0].tolist())
+            greedy.extend((lp.argmax(-1) == tgt).tolist())
+
+        cache = self.lm.teacher_force(ids, chunk_plan(n_ctx, len(continuation) - 1, self.chunk), self.cache_cfg,
+                                      on_chunk)
+        self._record("loglikelihood", cache)
+        return float(sum(logp)), all(greedy)
+
+    # --- generate_until -------------------------------------------------------------------------------
+    def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs):
+        """context [1, T]: prefilled, then decoded by ``model.generate`` through a compressed cache."""
+        if context.shape[0] != 1:
+            raise NotImplementedError(f"model '{MODEL_NAME}' generates one request at a time (batch_size=1)")
+        with attach(self.model) as new_cache:
+            cache = new_cache(self.cache_cfg)
+            out = super()._model_generate(context, max_length, stop, past_key_values=cache, **generation_kwargs)
+        self._record("generate_until", cache)
+        return out
+
+
+# --- harness lm-eval --------------------------------------------------------------------------------
+@contextmanager
+def _kvcodec_key_on_top():
+    """While lm-eval's CLI runs: its ``simple_evaluate`` results get the ``kvcodec`` statistics as a
+    top-level key (moved from ``config``) before the CLI saves them."""
+    import lm_eval
+    from lm_eval import evaluator
+
+    original, shadowed = evaluator.simple_evaluate, lm_eval.__dict__.get("simple_evaluate")
+
+    def simple_evaluate(*args, **kwargs):
+        results = original(*args, **kwargs)
+        if results is not None and MODEL_NAME in results.get("config", {}):
+            results[MODEL_NAME] = results["config"].pop(MODEL_NAME)
+        return results
+
+    lm_eval.simple_evaluate = simple_evaluate  # the CLI does `from lm_eval import simple_evaluate` when it runs
+    try:
+        yield
+    finally:
+        if shadowed is None:
+            del lm_eval.simple_evaluate  # back to the package's lazy attribute
+        else:
+            lm_eval.simple_evaluate = shadowed
+
+
+def main(argv: list[str]) -> int:
+    """``harness lm-eval ARGS...``: lm-eval's command line with the ``kvcodec`` model registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *argv]
+    try:
+        with _kvcodec_key_on_top():
+            cli_evaluate()
+    finally:
+        sys.argv = saved
+    return 0

@@ -1,0 +1,210 @@
+"""lm-eval model ``kvcodec`` and ``harness lm-eval``: offline (local JSON tasks, a tiny checkpoint)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from tests.tiny_lm import save_tiny_checkpoint  # noqa: E402
+
+TASKS = ("kv_mc", "kv_gen", "kv_roll")  # loglikelihood (multiple choice), generate_until, loglikelihood_rolling
+TEXT = ("The quick brown fox jumps over the lazy dog while the cat sleeps by the warm stove. "
+        "Tomorrow the weather will be cold and windy along the northern coast.")
+
+TASK_YAML = {
+    "kv_mc": """output_type: multiple_choice
+target_delimiter: ""
+doc_to_text: "{{question}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: "{{answer}}"
+metric_list:
+  - metric: acc
+""",
+    "kv_gen": """output_type: generate_until
+doc_to_text: "{{prompt}}"
+doc_to_target: "{{target}}"
+generation_kwargs:
+  until: ["\\n\\n"]
+  max_gen_toks: 8
+  do_sample: false
+metric_list:
+  - metric: exact_match
+""",
+    "kv_roll": """output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: bits_per_byte
+""",
+}
+
+
+def _docs() -> dict[str, list[dict]]:
+    words = TEXT.split()
+    return {
+        # the random model repeats the last character: "??" is its greedy answer (is_greedy True)
+        "kv_mc": [{"question": f"{TEXT[:40 + 9 * i]} Question {i}: which word comes next?",
+                   "choices": [" " + w for w in words[i:i + 2]] + ["??"], "answer": i % 3} for i in range(3)],
+        "kv_gen": [{"prompt": TEXT[10 * i:70 + 13 * i], "target": " fox"} for i in range(3)],
+        "kv_roll": [{"text": TEXT[20 * i:]} for i in range(2)],
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def offline():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("HF_DATASETS_OFFLINE", "1")
+    mp.setenv("TOKENIZERS_PARALLELISM", "false")
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory) -> Path:
+    """One lm-eval task per request type over a local JSON Lines file (dataset_path: json)."""
+    d = tmp_path_factory.mktemp("lm_eval_tasks")
+    for name, docs in _docs().items():
+        (d / f"{name}.jsonl").write_text("".join(json.dumps(doc) + "\n" for doc in docs), encoding="utf-8")
+        (d / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {d / name}.jsonl\n"
+            f"test_split: test\n{TASK_YAML[name]}", encoding="utf-8")
+    return d
+
+
+def evaluate(model: str, model_args: str, tasks_dir: Path) -> dict:
+    """lm-eval's simple_evaluate on the three local tasks; returns the results with samples."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import harness.lm_eval_model  # noqa: F401  (registers 'kvcodec')
+
+    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(TASKS), batch_size=1,
+                                   device="cpu", log_samples=True,
+                                   task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False))
+
+
+def responses(results: dict) -> dict[str, list]:
+    """Per task, each sample's raw responses in document order: [(loglikelihood, is_greedy), ...] per
+    choice (multiple choice), [generation] (generate_until), [loglikelihood] (rolling)."""
+    out = {}
+    for task in TASKS:
+        samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
+        out[task] = [[r[0] for r in s["resps"]] for s in samples]
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_results(ckpt, tasks_dir) -> dict:
+    return evaluate("hf", f"pretrained={ckpt}", tasks_dir)
+
+
+@pytest.fixture(scope="module")
+def none_results(ckpt, tasks_dir) -> dict:
+    return evaluate("kvcodec", f"pretrained={ckpt},codec=none,chunk=32", tasks_dir)
+
+
+@pytest.fixture(scope="module")
+def octopus_results(ckpt, tasks_dir) -> dict:
+    return evaluate("kvcodec", f"pretrained={ckpt},codec=octopus,bits=2,residual=4,chunk=32", tasks_dir)
+
+
+def test_codec_none_equals_lm_eval_hf(hf_results, none_results):
+    """codec=none through the cache gives what `--model hf` gives: log-likelihoods to float32
+    rounding (chunked forwards vs one forward), the same is_greedy, the same generations."""
+    ref, got = responses(hf_results), responses(none_results)
+    for task in ("kv_mc", "kv_roll"):
+        assert len(got[task]) == len(ref[task])
+        for g_doc, r_doc in zip(got[task], ref[task]):
+            for g, r in zip(g_doc, r_doc, strict=True):
+                g_ll, r_ll = (g[0], r[0]) if task == "kv_mc" else (g, r)
+                assert g_ll == pytest.approx(r_ll, rel=1e-6, abs=1e-5), task
+                if task == "kv_mc":
+                    assert g[1] == r[1]
+    assert any(g[1] for doc in got["kv_mc"] for g in doc) and not all(g[1] for doc in got["kv_mc"] for g in doc)
+    assert got["kv_gen"] == ref["kv_gen"]
+    assert len({g[0] for g in got["kv_gen"]}) == 3  # three different generations
+    for task in ("kv_mc", "kv_roll"):
+        for metric, value in hf_results["results"][task].items():
+            if isinstance(value, float):
+                assert none_results["results"][task][metric] == pytest.approx(value, rel=1e-6, abs=1e-5), metric
+
+
+def test_compressing_codec_changes_loglikelihoods_a_little(none_results, octopus_results):
+    base, comp = responses(none_results), responses(octopus_results)
+    pairs = [(c[0], b[0]) for cd, bd in zip(comp["kv_mc"], base["kv_mc"]) for c, b in zip(cd, bd)]
+    pairs += [(c, b) for cd, bd in zip(comp["kv_roll"], base["kv_roll"]) for c, b in zip(cd, bd)]
+    diffs = [abs(c - b) for c, b in pairs]
+    assert max(diffs) > 1e-2  # the continuations really read compressed keys (codec none: < 1e-4)
+    assert all(d < 0.01 * abs(b) for d, (_, b) in zip(diffs, pairs))  # and are close to the native scores
+
+
+def test_cache_statistics_in_results(none_results, octopus_results):
+    info = octopus_results["config"]["kvcodec"]
+    assert info["cache_config"]["codec"] == "octopus" and info["cache_config"]["bits"] == 2
+    assert info["cache_config"]["residual"] == 4 and info["codec_config"]["bits"] == 2
+    assert info["rollouts"] == {"loglikelihood": 9 + 2, "generate_until": 3}  # 3 docs x 3 choices, 2 windows
+    assert info["rollouts_with_committed_tokens"] == 14
+    mean = info["mean"]
+    assert 2 <= mean["bits_per_coord"] < 4 and 2 <= mean["value_bits_per_coord"] < 4
+    assert mean["cache_bytes"] < 0.5 * mean["uncompressed_bytes"]
+    native = none_results["config"]["kvcodec"]["mean"]
+    assert native["bits_per_coord"] == 32 and native["cache_bytes"] == native["uncompressed_bytes"]  # float32
+
+
+def test_bad_model_args_fail_before_any_request(ckpt):
+    from harness.lm_eval_model import KVCodecLM
+
+    with pytest.raises(ValueError, match="needs bits="):
+        KVCodecLM(pretrained=str(ckpt), codec="octopus", device="cpu")
+    with pytest.raises(ValueError, match="batch_size must be 1"):
+        KVCodecLM(pretrained=str(ckpt), device="cpu", batch_size=4)
+    with pytest.raises(ValueError, match="bits"):
+        KVCodecLM(pretrained=str(ckpt), codec="octopus", bits=9, device="cpu")
+
+
+def test_harness_lm_eval_cli_writes_results_with_kvcodec_key(ckpt, tasks_dir, tmp_path, capsys, monkeypatch):
+    import functools
+
+    import lm_eval.tasks
+
+    from harness.cli import main
+
+    # only the test's tasks are indexed (lm-eval's thousands of built-in tasks take ~10 s to index)
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(lm_eval.tasks.TaskManager,
+                                                                        include_defaults=False))
+    out = tmp_path / "out"
+    rc = main(["lm-eval", "--model", "kvcodec", "--model_args",
+               f"pretrained={ckpt},codec=octopus,bits=3,residual=4", "--device", "cpu", "--tasks", "kv_mc",
+               "--include_path", str(tasks_dir), "--output_path", str(out)])
+    assert rc == 0
+    files = list(out.rglob("results_*.json"))
+    assert len(files) == 1
+    results = json.loads(files[0].read_text())
+    assert "kv_mc" in results["results"]
+    assert "kvcodec" not in results["config"]
+    kv = results["kvcodec"]
+    assert kv["cache_config"]["codec"] == "octopus" and kv["rollouts"] == {"loglikelihood": 9}
+    assert 3 <= kv["mean"]["bits_per_coord"] < 5
+    assert "kvcodec" in capsys.readouterr().out  # lm-eval's table names the model
+
+
+def test_harness_lm_eval_without_lm_eval_says_how_to_install(monkeypatch, capsys):
+    from harness.cli import main
+
+    monkeypatch.delitem(sys.modules, "harness.lm_eval_model", raising=False)
+    for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["lm-eval", "--tasks", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["harness lm-eval: error: lm_eval is not installed: pip install '.[lm-eval]'"]
