@@ -98,8 +98,8 @@ def test_text_page_in_a_browser(text_run, b, tmp_path):
 
 def test_video_page_in_a_browser(video_run, b, tmp_path):
     page = _load(b, video_run, tmp_path)
-    assert [a["src"].rsplit("/", 1)[1] for a in page.find("video")] == ["baseline.mp4", "octopus-2.mp4",
-                                                                        "turboquant-mse-2.mp4"]
+    assert [a["src"].rsplit("/", 1)[1] for a in page.find("video")] == ["baseline.mp4", "octopus-2.seed0.mp4",
+                                                                        "turboquant-mse-2.seed0.mp4"]
     group = "document.querySelector('.sync-group')"
     videos = f"Array.from({group}.querySelectorAll('video'))"
     # play: every player plays; pause: every player stops, at one time
