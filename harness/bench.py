@@ -95,30 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------------------------
-def _time(fn, rep_ms: int) -> float:
-    """Median seconds per call of fn, from CUDA-graph replays (events)."""
-    import triton.testing as tt
-
-    fn()
-    torch.cuda.synchronize()
-    return tt.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e-3
-
-
-def _time_eager(fn, rep_ms: int) -> float:
-    import triton.testing as tt
-
-    return tt.do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="median") * 1e-3
-
-
-def copy_bandwidth(dev, nbytes: int = 1 << 30, rep_ms: int = 200) -> float:
-    """Device-to-device copy, bytes read + written per second."""
-    x = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).uniform_()
-    y = torch.empty_like(x)
-    t = _time(lambda: y.copy_(x), rep_ms)
-    del x, y
-    return 2 * nbytes / t
-
-
 def random_state(codec, B: int, H: int, T: int, dev, g: torch.Generator):
     """Key and value states of codec's exact layout [B, H, T, ...], random contents."""
     from kernels import Encoded
@@ -142,32 +118,6 @@ def random_state(codec, B: int, H: int, T: int, dev, g: torch.Generator):
         return Encoded(out, (B, H, T, d), torch.bfloat16)
 
     return fill(probe), fill(vprobe)
-
-
-def _sdpa(q, k, v, gqa: bool):
-    import torch.nn.functional as F
-
-    return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
-
-
-def sdpa_backend_fn(q, k, v, gqa):
-    """SDPA restricted to the flash backend when it runs these inputs, else efficient; -> (fn, name)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    for backend, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient")):
-        try:
-            with sdpa_kernel(backend):
-                _sdpa(q, k, v, gqa)
-            torch.cuda.synchronize()
-        except RuntimeError:
-            continue
-
-        def fn(backend=backend):
-            with sdpa_kernel(backend):
-                return _sdpa(q, k, v, gqa)
-
-        return fn, name
-    return (lambda: _sdpa(q, k, v, gqa)), "default"
 
 
 def check_correctness(codec, Hq, Hkv, d, dev, kernel=None) -> float:
@@ -211,8 +161,8 @@ def bench_encode(codec_name, bits, Hkv, d, tokens, dev, rep_ms) -> dict | None:
     k = torch.randn(1, Hkv, tokens, d, device=dev).to(torch.bfloat16)
     a, b = fused(codec, k), ref.encode(k)
     same = {f: float((a.tensors[f] == b.tensors[f]).float().mean()) for f in a.tensors if a.tensors[f].dtype == torch.uint8}
-    t_fused = _time_eager(lambda: fused(codec, k), rep_ms)
-    t_ref = _time_eager(lambda: ref.encode(k), rep_ms)
+    t_fused = time_eager(lambda: fused(codec, k), rep_ms)
+    t_ref = time_eager(lambda: ref.encode(k), rep_ms)
     n = Hkv * tokens
     return {"codec": codec_name, "bits": bits, "vectors": n, "fused_s": t_fused, "torch_s": t_ref,
             "fused_vec_per_s": n / t_fused, "torch_vec_per_s": n / t_ref, "speedup": t_ref / t_fused,
@@ -265,7 +215,7 @@ def run(args) -> dict:
                         torch.randn(B, Hkv, ctx, d, device=dev, generator=gen).to(torch.bfloat16)) for _ in range(ncp)]
                 fns = [sdpa_backend_fn(q, k, v, Hq != Hkv) for k, v in kvs]
                 sdpa_name = fns[0][1]
-                t_sdpa = _time(lambda: [f() for f, _ in fns], rep) / ncp
+                t_sdpa = time_graph(lambda: [f() for f, _ in fns], rep) / ncp
                 wk, wv = kvs[0][0][:, :, T:], kvs[0][1][:, :, T:]
                 del fns, kvs
                 for name in codecs:
@@ -287,7 +237,7 @@ def run(args) -> dict:
                             def fused_all():
                                 for a, b in states:
                                     fn(q, a, b, codec, wk, wv, **kw)
-                            return _time(fused_all, rep) / ncp
+                            return time_graph(fused_all, rep) / ncp
 
                         # the table-lookup CUDA kernel, where it covers the codec (its reason otherwise)
                         t_lut, lut_info, t_lut_alt = None, {}, None
@@ -340,8 +290,8 @@ def run(args) -> dict:
                             def deq(ks=ks, vs=vs, codec=codec):
                                 k = torch.cat([codec.decode(ks).to(torch.bfloat16), wk], 2)
                                 v = torch.cat([codec.decode_values(vs).to(torch.bfloat16), wv], 2)
-                                return _sdpa(q, k, v, Hq != Hkv)
-                            t_deq = _time_eager(deq, max(rep // 2, 20))
+                                return sdpa(q, k, v, Hq != Hkv)
+                            t_deq = time_eager(deq, max(rep // 2, 20))
                         del states
                         step_bytes = st_bytes + 2 * wk.numel() * 2 + q.numel() * 2 * 2
                         # the path decode_attention's 'auto' takes: the LUT kernel where it runs, else Triton

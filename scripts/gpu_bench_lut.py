@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.bench import SHAPES, _csv, _parse_ctx, _time, random_state  # noqa: E402
+from harness.bench import SHAPES, _csv, _parse_ctx, random_state  # noqa: E402
+from harness.bench_timing import time_graph  # noqa: E402
 from kernels import make_codec  # noqa: E402
 from kernels.attention import decode_attention_torch  # noqa: E402
 
@@ -87,7 +88,7 @@ def sweep(a):
                             def f(parts=parts, cfg=cfg):
                                 for x, y in states:
                                     decode_attention_lut(q, x, y, codec, wk, wv, config=cfg, _parts=parts)
-                            line.append(_time(f, a.rep_ms) / n * 1e6)
+                            line.append(time_graph(f, a.rep_ms) / n * 1e6)
                         sf = LAST_LAUNCH["split"]
                         print(f"sweep {shape} B{B} {ctx // 1024}k @{bits} {json.dumps(cfg)}: both {line[0]:.1f} "
                               f"split {line[1]:.1f} combine {line[2]:.1f} us; regs {sf.num_regs} local "

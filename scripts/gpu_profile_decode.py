@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.bench import _parse_ctx, _time, random_state, sdpa_backend_fn  # noqa: E402
+from harness.bench import _parse_ctx, random_state  # noqa: E402
+from harness.bench_timing import sdpa_backend_fn, time_graph  # noqa: E402
 from kernels import make_codec  # noqa: E402
 from kernels.triton.decode_attention import _launch  # noqa: E402 (the launcher with the profiling knobs)
 
@@ -45,7 +46,7 @@ def cmd_time(a):
     v = torch.randn_like(k)
     qs = torch.randn(B, HQ, 1, D, device=dev, dtype=torch.bfloat16)
     fn, _ = sdpa_backend_fn(qs, k, v, True)
-    t_sdpa = _time(fn, a.rep_ms)
+    t_sdpa = time_graph(fn, a.rep_ms)
     print(f"ctx {a.ctx} B {B}: sdpa {t_sdpa * 1e6:.1f} us", flush=True)
     variants = {"full": {}, "nokeys": {"ablate": 1}, "novals": {"ablate": 2}, "neither": {"ablate": 3},
                 "noprefetch": {"prefetch": 0},
@@ -62,7 +63,7 @@ def cmd_time(a):
                 for ks, vs in states:
                     _launch(q, ks, vs, codec, wk, wv, record=launched, **kw)
 
-            t = _time(f, a.rep_ms) / len(states)
+            t = time_graph(f, a.rep_ms) / len(states)
             row.append(f"{label} {t * 1e6:.1f} ({t / t_sdpa:.2f}x)")
         kk = launched.get("split")
         print(f"{spec}: " + ", ".join(row) + f" | regs {getattr(kk, 'n_regs', '?')}", flush=True)

@@ -1,0 +1,58 @@
+"""How ``harness bench`` times one call, and the bf16 attention it is timed against: CUDA-graph
+and eager medians (Triton's ``do_bench``), the device-to-device copy bandwidth every achieved
+bandwidth is a fraction of, and SDPA on the flash backend where it runs the inputs."""
+from __future__ import annotations
+
+import torch
+
+
+def time_graph(fn, rep_ms: int) -> float:
+    """Median seconds per call of fn, from CUDA-graph replays (events)."""
+    import triton.testing as tt
+
+    fn()
+    torch.cuda.synchronize()
+    return tt.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e-3
+
+
+def time_eager(fn, rep_ms: int) -> float:
+    """Median seconds per call of fn, timed eagerly (calls a CUDA graph cannot capture)."""
+    import triton.testing as tt
+
+    return tt.do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="median") * 1e-3
+
+
+def copy_bandwidth(dev, nbytes: int = 1 << 30, rep_ms: int = 200) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).uniform_()
+    y = torch.empty_like(x)
+    t = time_graph(lambda: y.copy_(x), rep_ms)
+    del x, y
+    return 2 * nbytes / t
+
+
+def sdpa(q, k, v, gqa: bool):
+    """bf16 attention on the uncompressed cache, as the model would run it (GQA through enable_gqa)."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+
+
+def sdpa_backend_fn(q, k, v, gqa):
+    """SDPA restricted to the flash backend when it runs these inputs, else efficient; -> (fn, name)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for backend, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient")):
+        try:
+            with sdpa_kernel(backend):
+                sdpa(q, k, v, gqa)
+            torch.cuda.synchronize()
+        except RuntimeError:
+            continue
+
+        def fn(backend=backend):
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, gqa)
+
+        return fn, name
+    return (lambda: sdpa(q, k, v, gqa)), "default"
