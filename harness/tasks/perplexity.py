@@ -84,10 +84,10 @@ class PerplexityTask(Task):
             last = n
         return out
 
-    def _rollout(self, model, prompts: list[Prompt], cache_config, on_scored) -> tuple[list[list[int]], object]:
-        """Teacher-force the batch; ``on_scored(b, rows, targets, logits [n, V])`` per sequence and
-        scored chunk. Returns (token ids per prompt, the cache)."""
-        plans = [self._plan(model, p) for p in prompts]
+    def _rollout(self, model, plans: list[tuple[list[int], list[int]]], cache_config, on_scored
+                 ) -> tuple[list[list[int]], object]:
+        """Teacher-force the batch of ``_plan``s; ``on_scored(b, rows, targets, logits [n, V])`` per
+        sequence and scored chunk. Returns (token ids per prompt, the cache)."""
         if len({len(ids) for ids, _ in plans}) != 1:
             raise ValueError("perplexity: a batch needs prompts of one token length (use batches())")
         ids, sizes = [ids for ids, _ in plans], plans[0][1]
@@ -118,14 +118,15 @@ class PerplexityTask(Task):
             acc[b]["top_ids"].append(i)
             acc[b]["top_logp"].append(lp)
 
-        ids, _ = self._rollout(model, prompts, None, on_scored)
+        ids, _ = self._rollout(model, [self._plan(model, p) for p in prompts], None, on_scored)
         return [{"ids_sha": text_hash(repr(ids[b])), "tokens": len(ids[b]), **{k: torch.cat(v) for k, v in a.items()}}
                 for b, a in enumerate(acc)]
 
     def evaluate_batch(self, model, prompts: list[Prompt], cache_config, seed: int, baselines: list[dict],
                        out_dir: Path) -> list[dict]:
-        for p, base in zip(prompts, baselines):
-            if text_hash(repr(self._plan(model, p)[0])) != base["ids_sha"]:
+        plans = [self._plan(model, p) for p in prompts]
+        for p, (ids, _), base in zip(prompts, plans, baselines):
+            if text_hash(repr(ids)) != base["ids_sha"]:
                 raise RuntimeError(f"prompt '{p.id}': the stored baseline was made from other tokens "
                                    f"(another tokenizer or text?); start a fresh run")
         acc = [{"nll": [], "kl": [], "agree": []} for _ in prompts]
@@ -137,7 +138,7 @@ class PerplexityTask(Task):
             acc[b]["kl"].append(kl_fn(base["top_ids"][rows], base["top_logp"][rows], lg))
             acc[b]["agree"].append(agree_fn(base["top_ids"][rows, 0], lg).float())
 
-        ids, cache = self._rollout(model, prompts, cache_config, on_scored)
+        ids, cache = self._rollout(model, plans, cache_config, on_scored)
         stats = cache_row_stats(cache.kv)  # every sequence of the batch holds the same bytes
         out = []
         for b, a in enumerate(acc):
