@@ -10,16 +10,25 @@ Key state, for keys ``[..., T, d]`` rotated (sign-flipped Walsh-Hadamard, :class
 
 - ``norm_field``  float32 [..., T, 1]: the key norm.
 - :attr:`KeyCodes.OCTAHEDRAL` (OCTOPUS): the n coordinates in ``nt = ceil(n / 3)`` triplets;
-  ``codes_field`` uint8 [..., T, BitField(2 nt, b_u).nbytes] holds the interleaved octahedral
-  direction codes u_0, v_0, u_1, ... and ``triplet_norm_field`` uint8 [..., T, BitField(nt,
-  b_r).nbytes] the triplet lengths; ``bits = (b_u, b_r)``, ``codebooks = (octahedral coordinate
-  centroids [2^b_u], triplet-length centroids [2^b_r])``; y_hat[3i:3i+3] = rho[r_i] *
-  octa_decode(c[u_i], c[v_i]).
+  ``codes_field`` uint8 [..., T, TripletCodes.nbytes] holds, per triplet i, the fused code
+  ``u_i | v_i << b_u | r_i << 2 b_u`` (two octahedral direction codes and the triplet-length code,
+  adjacent) as one (2 b_u + b_r)-bit field at bits [i W, (i + 1) W) of the token's row
+  (:class:`TripletCodes`); ``bits = (b_u, b_r)``, ``codebooks = (octahedral coordinate centroids
+  [2^b_u], triplet-length centroids [2^b_r])``; y_hat[3i:3i+3] = rho[r_i] * octa_decode(c[u_i], c[v_i]).
 - :attr:`KeyCodes.SCALAR` (TurboQuant): one code per rotated coordinate, ``codes_field`` uint8
   [..., T, BitField(n, b).nbytes]; ``bits = (b,)``, ``codebooks = (coordinate centroids [2^b],)``.
 
 k_hat = norm * R^{-1} y_hat. A :class:`QJLResidual` adds the 1-bit sketch of the residual that
 makes the inner-product estimate unbiased.
+
+Why the octahedral codes are fused per triplet (issue #16): the decode kernels turn each triplet
+into one table lookup whose index is exactly that code, so a thread extracts one field per
+triplet (a shift and a mask, the table's entry size folded into the mask) instead of gathering
+(u, v) and r from two fields and combining them; the triplets a thread of the table-lookup
+kernel feeds into one tensor-core fragment (triplets c * KS .. c * KS + KS - 1, KS = ceil(nt / 4))
+are one contiguous run of bits, read with a few word loads per token. Rows stay per token (a cache
+appends tokens one at a time), so a row starts at any byte: the kernels align each thread's run
+once per token with funnel shifts.
 """
 from __future__ import annotations
 
@@ -70,6 +79,53 @@ class QJLResidual:
             raise ValueError(f"a {self.sketch.value} QJL sketch needs its {need}")
 
 
+@dataclass(frozen=True)
+class TripletCodes:
+    """One token's OCTAHEDRAL key codes: ``nt`` fused codes ``u | v << b_u | r << 2 b_u`` of
+    ``width = 2 b_u + b_r`` bits, code i at bits [i width, (i + 1) width) of the row, LSB first
+    (the dense stream of ``BitField(nt, width)``), in a row of :attr:`nbytes` bytes.
+
+    The row keeps the bytes of the two-field layout it replaced (``BitField(2 nt, b_u)`` +
+    ``BitField(nt, b_r)``), so the rate is unchanged; the bits past the stream are zero. (The stream
+    alone can be up to a byte shorter: 38 instead of 39 bytes at d = 128, 2 bits.)"""
+
+    triplets: int
+    b_u: int
+    b_r: int
+
+    @property
+    def width(self) -> int:
+        return 2 * self.b_u + self.b_r
+
+    @property
+    def nbytes(self) -> int:
+        return BitField(2 * self.triplets, self.b_u).nbytes + BitField(self.triplets, self.b_r).nbytes
+
+    def pack(self, iu: torch.Tensor, iv: torch.Tensor, ir: torch.Tensor) -> torch.Tensor:
+        """codes [..., nt] each (u, v < 2^b_u, r < 2^b_r) -> uint8 [..., nbytes]."""
+        code = iu.long() | (iv.long() << self.b_u) | (ir.long() << (2 * self.b_u))
+        W = self.width
+        if W <= 16:
+            row = BitField(self.triplets, W).pack(code)
+        else:  # wider than BitField packs (b_u >= 7 or wide splits): bit by bit, the same stream
+            bits = ((code.unsqueeze(-1) >> torch.arange(W, device=code.device)) & 1).flatten(-2)
+            bits = torch.nn.functional.pad(bits, (0, -bits.shape[-1] % 8)).unflatten(-1, (-1, 8))
+            row = (bits << torch.arange(8, device=code.device)).sum(-1).to(torch.uint8)
+        return torch.nn.functional.pad(row, (0, self.nbytes - row.shape[-1]))
+
+    def unpack(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """uint8 [..., nbytes] -> (u, v, r) int64 [..., nt] each."""
+        nt, W = self.triplets, self.width
+        if W <= 16:
+            code = BitField(nt, W).unpack(row)
+        else:
+            bits = ((row.long().unsqueeze(-1) >> torch.arange(8, device=row.device)) & 1).flatten(-2)
+            bits = bits[..., : nt * W].unflatten(-1, (nt, W))
+            code = (bits << torch.arange(W, device=row.device)).sum(-1)
+        m = (1 << self.b_u) - 1
+        return code & m, (code >> self.b_u) & m, code >> (2 * self.b_u)
+
+
 @dataclass(frozen=True, eq=False)
 class FusedLayout:
     """A codec's key state as the fused kernels read and write it (see the module docstring)."""
@@ -82,7 +138,6 @@ class FusedLayout:
     residual: QJLResidual | None = None
     norm_field: str = "norm"
     codes_field: str = "codes"
-    triplet_norm_field: str = "r"  # OCTAHEDRAL only
 
     def __post_init__(self):
         want = {KeyCodes.OCTAHEDRAL: 2, KeyCodes.SCALAR: 1}[KeyCodes(self.keys)]
@@ -101,9 +156,9 @@ class FusedLayout:
         return -(-self.padded // 3)
 
     @property
-    def code_fields(self) -> tuple[BitField, ...]:
-        """The packed key-code fields: OCTAHEDRAL (u/v codes, triplet lengths); SCALAR (codes,)."""
+    def codes(self) -> "TripletCodes | BitField":
+        """The packed key codes of one token (``codes_field``): OCTAHEDRAL :class:`TripletCodes`,
+        SCALAR ``BitField(n, b)``; both say their bytes per token (``nbytes``)."""
         if self.keys == KeyCodes.OCTAHEDRAL:
-            b_u, b_r = self.bits
-            return BitField(2 * self.triplets, b_u), BitField(self.triplets, b_r)
-        return (BitField(self.padded, self.bits[0]),)
+            return TripletCodes(self.triplets, *self.bits)
+        return BitField(self.padded, self.bits[0])

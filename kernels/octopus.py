@@ -9,10 +9,11 @@ OCTOPUS at ``b`` bits:
   (:mod:`kernels.joint_rounding`). Default split (b_u, b_r) = (b + 1, b - 1): 3b + 1 bits per
   triplet; option ``split=(b_u, b_r)`` overrides it, ``rounding='full'`` validates the local search.
 
-State (the Triton kernel reads exactly this):
+State (the fused kernels read exactly this; :class:`kernels.fused_layout.TripletCodes`):
   "norm": float32 [..., T, 1]
-  "u":    uint8 [..., T, BitField(2 nt, b_u).nbytes], codes interleaved u_0, v_0, u_1, v_1, ...
-  "r":    uint8 [..., T, BitField(nt, b_r).nbytes]  (0 bytes when b_r = 0: one norm centroid)
+  "u":    uint8 [..., T, ceil(2 nt b_u / 8) + ceil(nt b_r / 8)]: per triplet i the fused code
+          u_i | v_i << b_u | r_i << 2 b_u, (2 b_u + b_r) bits at bits [i (2 b_u + b_r), ...) of the
+          row, LSB first; the bits past the last code are zero
 Reconstruction: y_hat[3i:3i+3] = rho_c[r_i] * octa_decode(oc[u_i], oc[v_i]);
   k_hat = norm * R^{-1}(y_hat[:d_pad]).
 
@@ -32,7 +33,7 @@ import torch
 
 from .base import Codec, bitfield_bytes
 from .encoded import Encoded
-from .fused_layout import FusedLayout, KeyCodes, QJLResidual, Sketch
+from .fused_layout import FusedLayout, KeyCodes, QJLResidual, Sketch, TripletCodes
 from .joint_rounding import decode_triplets, encode_triplets, local_full_agreement  # noqa: F401 (probe)
 from .lloyd_max import codebook
 from .packing import BitField
@@ -68,11 +69,10 @@ class _OctopusStage:
         self.d_pad = rotation.padded
         self.nt = -(-self.d_pad // 3)
         self.b_u, self.b_r, self.rounding = b_u, b_r, rounding
-        self.u_field = BitField(2 * self.nt, b_u)
-        self.r_field = BitField(self.nt, b_r)
+        self.codes = TripletCodes(self.nt, b_u, b_r)
 
     def nbytes_per_vector(self) -> int:
-        return 4 + self.u_field.nbytes + self.r_field.nbytes
+        return 4 + self.codes.nbytes
 
     def encode(self, keys: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
         """keys [..., T, d] -> (fields, y [..., T, d_pad], y_hat [..., T, d_pad]) (float32)."""
@@ -82,11 +82,7 @@ class _OctopusStage:
         y = self.rot.forward(unit)  # [..., T, d_pad]
         t = torch.nn.functional.pad(y, (0, 3 * self.nt - self.d_pad)).unflatten(-1, (self.nt, 3))
         iu, iv, ir = encode_triplets(t, self.b_u, self.b_r, self.d_pad, self.rounding)
-        fields = {
-            "norm": norm,
-            "u": self.u_field.pack(torch.stack((iu, iv), dim=-1).flatten(-2)),
-            "r": self.r_field.pack(ir),
-        }
+        fields = {"norm": norm, "u": self.codes.pack(iu, iv, ir)}
         return fields, y, self._y_hat(iu, iv, ir)
 
     def _y_hat(self, iu, iv, ir) -> torch.Tensor:
@@ -95,9 +91,7 @@ class _OctopusStage:
 
     def decode_rotated(self, fields: dict[str, torch.Tensor]) -> torch.Tensor:
         """fields -> y_hat [..., T, d_pad] (unit-norm frame, float32)."""
-        uv = self.u_field.unpack(fields["u"]).unflatten(-1, (self.nt, 2))
-        ir = self.r_field.unpack(fields["r"])
-        return self._y_hat(uv[..., 0], uv[..., 1], ir)
+        return self._y_hat(*self.codes.unpack(fields["u"]))
 
     def decode(self, fields: dict[str, torch.Tensor]) -> torch.Tensor:
         """fields -> k_hat [..., T, d] float32."""
@@ -149,7 +143,7 @@ class Octopus(Codec):
         st = self.stage
         return FusedLayout(KeyCodes.OCTAHEDRAL, self.rot, (st.b_u, st.b_r),
                            (codebook("octa", 0, st.b_u), codebook("triplet_norm", st.d_pad, st.b_r)),
-                           rounding=st.rounding, codes_field="u", triplet_norm_field="r")
+                           rounding=st.rounding, codes_field="u")
 
     def describe(self) -> str:
         s = self.stage

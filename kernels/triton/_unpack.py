@@ -99,14 +99,15 @@ def _bit_window(WORDS, bit0, mask, nwords, THREE: tl.constexpr):
 
 
 @triton.jit
-def _octa_lane(uw, rw, K: tl.constexpr, OC, RHO, BU: tl.constexpr, BR: tl.constexpr):
-    """Triplet K of the 4-triplet groups whose (u, v) codes are the bit window uw and norm codes
-    rw -> rotated-frame (x, y, z), each fp16: rho_c[r] * octa_decode(oc[u], oc[v])."""
-    pair = ((uw >> (K * 2 * BU)) & ((1 << (2 * BU)) - 1)).to(tl.int32)
-    cu = tl.load(OC + (pair & ((1 << BU) - 1)))
-    cv = tl.load(OC + (pair >> BU))
+def _octa_lane(uw, K: tl.constexpr, OC, RHO, BU: tl.constexpr, BR: tl.constexpr):
+    """Triplet K of the 4-triplet groups whose fused codes u | v << BU | r << 2 BU are the bit
+    window uw -> rotated-frame (x, y, z), each fp16: rho_c[r] * octa_decode(oc[u], oc[v])."""
+    W: tl.constexpr = 2 * BU + BR
+    code = ((uw >> (K * W)) & ((1 << W) - 1)).to(tl.int32)
+    cu = tl.load(OC + (code & ((1 << BU) - 1)))
+    cv = tl.load(OC + ((code >> BU) & ((1 << BU) - 1)))
     if BR > 0:
-        rho = tl.load(RHO + ((rw >> (K * BR)) & ((1 << BR) - 1)).to(tl.int32))
+        rho = tl.load(RHO + (code >> (2 * BU)))
     else:
         rho = tl.load(RHO)
     au = tl.abs(cu)
@@ -125,26 +126,22 @@ def _octa_lane(uw, rw, K: tl.constexpr, OC, RHO, BU: tl.constexpr, BR: tl.conste
 
 
 @triton.jit
-def _octa_chunk(KA, KB, rows, mask_n, OC, RHO, ka_words, kb_words, BLOCK_N: tl.constexpr, T0: tl.constexpr,
-                TN: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr, UB: tl.constexpr, RB: tl.constexpr):
+def _octa_chunk(KA, rows, mask_n, OC, RHO, ka_words, BLOCK_N: tl.constexpr, T0: tl.constexpr,
+                TN: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr, UB: tl.constexpr):
     """Triplets [T0, T0 + TN) of the tokens at global rows ``rows`` (int64) -> (x, y, z) fp16
-    [BLOCK_N, TN]. Each thread element reads the codes of 4 consecutive triplets as one bit
-    window (u: 8 BU bits, r: 4 BR bits; rows are not word aligned) and decodes them as four
-    lanes, joined so that each thread holds 4 consecutive triplets of a token. Triplets past the
-    last decode whatever bits follow (finite: every code is a valid index); the query features
-    of those columns are zero."""
+    [BLOCK_N, TN]. Each thread element reads the fused codes of 4 consecutive triplets
+    (:class:`kernels.fused_layout.TripletCodes`, 4 (2 BU + BR) <= 64 bits) as one bit window (rows
+    are not word aligned) and decodes them as four lanes, joined so that each thread holds 4
+    consecutive triplets of a token. Triplets past the last decode whatever bits follow (finite:
+    every code is a valid index); the query features of those columns are zero."""
+    W: tl.constexpr = 2 * BU + BR
     j = T0 + 4 * tl.arange(0, TN // 4)
-    ubit = (rows * (8 * UB))[:, None] + (j * (2 * BU))[None, :]
-    uw = _bit_window(KA.to(tl.pointer_type(tl.uint32)), ubit, mask_n[:, None], ka_words, 8 * BU > 33)
-    if BR > 0:
-        rbit = (rows * (8 * RB))[:, None] + (j * BR)[None, :]
-        rw = _bit_window(KB.to(tl.pointer_type(tl.uint32)), rbit, mask_n[:, None], kb_words, False)
-    else:
-        rw = uw
-    x0, y0, z0 = _octa_lane(uw, rw, 0, OC, RHO, BU, BR)
-    x1, y1, z1 = _octa_lane(uw, rw, 1, OC, RHO, BU, BR)
-    x2, y2, z2 = _octa_lane(uw, rw, 2, OC, RHO, BU, BR)
-    x3, y3, z3 = _octa_lane(uw, rw, 3, OC, RHO, BU, BR)
+    ubit = (rows * (8 * UB))[:, None] + (j * W)[None, :]
+    uw = _bit_window(KA.to(tl.pointer_type(tl.uint32)), ubit, mask_n[:, None], ka_words, 4 * W > 33)
+    x0, y0, z0 = _octa_lane(uw, 0, OC, RHO, BU, BR)
+    x1, y1, z1 = _octa_lane(uw, 1, OC, RHO, BU, BR)
+    x2, y2, z2 = _octa_lane(uw, 2, OC, RHO, BU, BR)
+    x3, y3, z3 = _octa_lane(uw, 3, OC, RHO, BU, BR)
     x = tl.reshape(tl.join(tl.join(x0, x2), tl.join(x1, x3)), [BLOCK_N, TN])
     y = tl.reshape(tl.join(tl.join(y0, y2), tl.join(y1, y3)), [BLOCK_N, TN])
     z = tl.reshape(tl.join(tl.join(z0, z2), tl.join(z1, z3)), [BLOCK_N, TN])

@@ -63,11 +63,10 @@ def _qfeat(q, qm, COL0: tl.constexpr, NCOL: tl.constexpr, NQ: tl.constexpr, D: t
 
 
 @triton.jit
-def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, kb_words,
-                  NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
+def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, ka_words,
+                  NORM, KA, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
                   OCTA: tl.constexpr, HAS_QJL: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  KA_BYTES: tl.constexpr,
-                  KB_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr, BU: tl.constexpr,
+                  KA_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr, BU: tl.constexpr,
                   BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
                   VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
                   CW: tl.constexpr, PREFETCH: tl.constexpr, ABLATE: tl.constexpr = 0):
@@ -78,8 +77,6 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, 
         n1 = tl.minimum(n0 + BLOCK_N, hi)
         _prefetch_rows(NORM, n0, n1, 4)
         _prefetch_rows(KA, n0, n1, KA_BYTES)
-        if KB_BYTES > 0 and OCTA:
-            _prefetch_rows(KB, n0, n1, KB_BYTES)
         if HAS_QJL:
             _prefetch_rows(QJL, n0, n1, QJL_BYTES)
             _prefetch_rows(RNORM, n0, n1, 2)
@@ -97,8 +94,7 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, 
         rows = t0 + offs  # global token rows: the code fields are read relative to their (aligned) start
         raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
         for c in tl.static_range(NCH):  # triplet chunks of TN, each consumed at once (registers)
-            x, y, z = _octa_chunk(KA0, KB0, rows, mask_n, CB1, CB2, ka_words, kb_words, BLOCK_N, c * TN, TN,
-                                  BU, BR, KA_BYTES, KB_BYTES)
+            x, y, z = _octa_chunk(KA0, rows, mask_n, CB1, CB2, ka_words, BLOCK_N, c * TN, TN, BU, BR, KA_BYTES)
             raw = tl.dot(x, fk[3 * c], raw)
             raw = tl.dot(y, fk[3 * c + 1], raw)
             raw = tl.dot(z, fk[3 * c + 2], raw)
@@ -144,18 +140,18 @@ def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, 
 # --------------------------------------------------------------------------------------------
 # the sizes that grow with the cache are plain run-time values (no specialisation on them), so a
 # decode loop compiles each kernel once rather than whenever a length crosses a multiple of 16
-_GROWING = ["ka_words", "kb_words", "T_alloc", "chunk", "num_splits"]
+_GROWING = ["ka_words", "T_alloc", "chunk", "num_splits"]
 
 
 @triton.jit(do_not_specialize=_GROWING)
 def _split_kernel(
-    Q, QM, NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, LENS, OACC, OML,
-    ka_words, kb_words, T_alloc, H, qm_head_stride, chunk, num_splits, rot_scale, qjl_feat_scale, qjl_coef,
+    Q, QM, NORM, KA, QJL, RNORM, VC, VS, VZ, CB1, CB2, LENS, OACC, OML,
+    ka_words, T_alloc, H, qm_head_stride, chunk, num_splits, rot_scale, qjl_feat_scale, qjl_coef,
     sm_scale_log2,
     OCTA: tl.constexpr, HAS_QJL: tl.constexpr, SKETCH_SPLIT: tl.constexpr,
     G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
     NQ: tl.constexpr, JCOL: tl.constexpr,
-    KA_BYTES: tl.constexpr, KB_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr,
+    KA_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr,
     BU: tl.constexpr, BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
     VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
     STATIC_ITERS: tl.constexpr, HAS_LENS: tl.constexpr, CW: tl.constexpr, PREFETCH: tl.constexpr,
@@ -213,10 +209,8 @@ def _split_kernel(
         acc = acc + (tl.zeros([CW, GP], tl.float32),)
     t0 = pid_bh.to(tl.int64) * T_alloc  # this (batch, head)'s token 0
     KA0 = KA
-    KB0 = KB
     NORM += t0
     KA += t0 * KA_BYTES
-    KB += t0 * KB_BYTES
     QJL += t0 * QJL_BYTES
     RNORM += t0
     VC += t0 * VC_BYTES
@@ -225,16 +219,16 @@ def _split_kernel(
     if STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
         for it in range(0, STATIC_ITERS):
             m_i, l_i, acc = _attend_block(
-                lo + it * BLOCK_N, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, kb_words,
-                NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
-                OCTA, HAS_QJL, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
+                lo + it * BLOCK_N, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, ka_words,
+                NORM, KA, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
+                OCTA, HAS_QJL, D, BLOCK_N, KA_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
                 VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
     else:
         for start in range(lo, hi, BLOCK_N):
             m_i, l_i, acc = _attend_block(
-                start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, KB0, ka_words, kb_words,
-                NORM, KA, KB, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
-                OCTA, HAS_QJL, D, BLOCK_N, KA_BYTES, KB_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
+                start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, ka_words,
+                NORM, KA, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
+                OCTA, HAS_QJL, D, BLOCK_N, KA_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
                 VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
 
     # ---- partial results: normalised output (fp16) and log2-sum-exp per query head ----------
@@ -263,8 +257,8 @@ def supports(codec, q_dtype=torch.bfloat16) -> str | None:
         return f"query dtype {q_dtype} not supported"
     if layout.keys == KeyCodes.OCTAHEDRAL:
         b_u, b_r = layout.bits
-        if b_u > 6 or b_r > 8:
-            return f"OCTOPUS split (b_u={b_u}, b_r={b_r}) exceeds b_u <= 6, b_r <= 8"
+        if 2 * b_u + b_r > 16:  # four fused triplet codes per 64-bit window
+            return f"OCTOPUS split (b_u={b_u}, b_r={b_r}) exceeds 2 b_u + b_r <= 16 bits per triplet"
     elif layout.bits[0] not in (1, 2, 3, 4, 8):
         return f"TurboQuant code width {layout.bits[0]} not in (1, 2, 3, 4, 8)"
     if layout.residual is not None and layout.residual.m != D:
@@ -358,31 +352,28 @@ def _launch(q, key_state, value_state, codec, window_k=None, window_v=None, leng
     chunk = per * block_n
     num_splits = max(1, triton.cdiv(T, chunk)) if T > 0 else 1
 
-    norm_name, codes_name, tnorm_name = plan.fields
+    norm_name, codes_name = plan.fields
     norm = _field(key_state, norm_name, T)
     ka = _field(key_state, codes_name, T)
-    kb = _field(key_state, tnorm_name, T) if plan.octa else ka
     if plan.qjl:
         qjl, rnorm = (_field(key_state, f, T) for f in plan.qjl_fields)
     else:
         qjl, rnorm = ka, norm
     vc, vs, vz = (_field(value_state, k, T) for k in ("codes", "scale", "zero"))
-    if kb.numel() == 0:
-        kb = ka  # b_r = 0: no r field (never read)
-    if plan.octa:  # the OCTOPUS fields are read as 32-bit words from their start
-        ka, kb = (f if f.data_ptr() % 4 == 0 else f.clone() for f in (ka, kb))
+    if plan.octa and ka.data_ptr() % 4:  # the OCTOPUS codes are read as 32-bit words from their start
+        ka = ka.clone()
 
     oacc = torch.empty(B * Hkv * num_splits * GP * D, dtype=torch.float16, device=dev)
     oml = torch.empty(B * Hkv * num_splits * GP, dtype=torch.float32, device=dev)
     sm_scale_log2 = scale * _LOG2E
     split = _split_kernel[(num_splits, B * Hkv)](
-        qc, plan.qm, norm, ka, kb, qjl, rnorm, vc, vs, vz, plan.cb1, plan.cb2, lens if lens is not None else norm,
+        qc, plan.qm, norm, ka, qjl, rnorm, vc, vs, vz, plan.cb1, plan.cb2, lens if lens is not None else norm,
         oacc, oml,
-        -(-ka.numel() // 4), -(-kb.numel() // 4), T, Hkv, plan.qm_head_stride, chunk, num_splits, plan.rot_scale,
+        -(-ka.numel() // 4), T, Hkv, plan.qm_head_stride, chunk, num_splits, plan.rot_scale,
         plan.qjl_feat_scale, plan.qjl_coef, sm_scale_log2,
         OCTA=plan.octa, HAS_QJL=plan.qjl, SKETCH_SPLIT=plan.sketch_split, G=G, GP=GP, D=D, BLOCK_N=block_n,
         NQ=plan.nq, JCOL=3 * plan.tn * plan.nch if plan.octa else D,
-        KA_BYTES=plan.ka_bytes, KB_BYTES=plan.kb_bytes, QJL_BYTES=D // 8, CBITS=plan.cbits,
+        KA_BYTES=plan.ka_bytes, QJL_BYTES=D // 8, CBITS=plan.cbits,
         BU=plan.bu, BR=plan.br, NT=plan.nt, TN=plan.tn, NCH=plan.nch,
         VBITS=plan.vbits, VC_BYTES=plan.vc_bytes, VG=plan.vg, NVG=D // plan.vg,
         STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None, CW=min(64, D),

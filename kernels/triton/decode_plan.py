@@ -39,21 +39,20 @@ class _Plan:
         res = layout.residual
         self.qjl = res is not None
         self.sketch_split = self.qjl and res.sketch == Sketch.GAUSSIAN
-        self.fields = (layout.norm_field, layout.codes_field, layout.triplet_norm_field if self.octa else None)
+        self.fields = (layout.norm_field, layout.codes_field)
         self.qjl_fields = (res.bits_field, res.norm_field) if self.qjl else None
         rot = layout.rotation
         if self.octa:
             self.bu, self.br = layout.bits
             self.nt = layout.triplets
-            u_field, r_field = layout.code_fields
-            self.ka_bytes, self.kb_bytes = u_field.nbytes, r_field.nbytes
+            self.ka_bytes = layout.codes.nbytes  # fused triplet codes (kernels.fused_layout.TripletCodes)
             self.cb1, self.cb2 = (c.to(device).contiguous() for c in layout.codebooks)
             self.tn, self.nch = _triplet_chunks(self.nt)
             self.cbits = 0
         else:
             self.bu = self.br = self.nt = self.tn = self.nch = 0
             self.cbits = layout.bits[0]
-            self.ka_bytes, self.kb_bytes = layout.code_fields[0].nbytes, 0
+            self.ka_bytes = layout.codes.nbytes
             self.cb1 = layout.codebooks[0].to(device).contiguous()
             self.cb2 = self.cb1
         n = rot.padded

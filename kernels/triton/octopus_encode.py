@@ -1,7 +1,8 @@
 """Fused OCTOPUS key encoder: norm, rotation, triplets, octahedral fold, Lloyd-Max with the 3x3
 joint rounding, and bit packing in one kernel; it writes the reference state
-(:class:`kernels.fused_layout.FusedLayout`, OCTAHEDRAL keys: OCTOPUS): "norm" fp32 [..., T, 1],
-"u" and "r" packed uint8 rows.
+(:class:`kernels.fused_layout.FusedLayout`, OCTAHEDRAL keys: OCTOPUS): "norm" fp32 [..., T, 1] and
+the fused triplet codes u | v << b_u | r << 2 b_u (:class:`kernels.fused_layout.TripletCodes`)
+packed in one uint8 row per token.
 
 Every step follows the PyTorch reference operation for operation (IEEE division and square
 root, the same butterfly order, no multiply-add contraction), so the state matches the
@@ -26,10 +27,10 @@ from ._common import count_below, fwht_rows, head_layout, load_rows, pack_bytes,
 # token counts change with every call: no specialisation on them (one compiled kernel for all)
 @triton.jit(do_not_specialize=["N", "T"])
 def _octopus_encode_kernel(
-    X, SIGNS, OC_THR, GRID, RHO_THR, NORM_OUT, U_OUT, R_OUT, N, T, H, rot_scale,
+    X, SIGNS, OC_THR, GRID, RHO_THR, NORM_OUT, U_OUT, N, T, H, rot_scale,
     D: tl.constexpr, NP: tl.constexpr, LOG2N: tl.constexpr, BT: tl.constexpr, NT: tl.constexpr,
     NTP: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr, UB: tl.constexpr, UBP: tl.constexpr,
-    RB: tl.constexpr, RBP: tl.constexpr, LOCAL: tl.constexpr,
+    LOCAL: tl.constexpr,
 ):
     rows, rm, x = load_rows(X, N, D, NP, BT)
     cols = tl.arange(0, NP)
@@ -87,16 +88,11 @@ def _octopus_encode_kernel(
     proj = rho * (tl.load(gp) * sx + tl.load(gp + 1) * sy + tl.load(gp + 2) * sz)
     ir = count_below(proj, RHO_THR, (1 << BR) - 1)
 
-    # outputs
+    # outputs: one fused code per triplet, the row's bytes past the codes zero
     tl.store(NORM_OUT + rows, norm, mask=rm)
-    ub = pack_bytes(iu | (iv << BU), NT, NTP, 2 * BU, UBP)
+    ub = pack_bytes(iu | (iv << BU) | (ir << (2 * BU)), NT, NTP, 2 * BU + BR, UBP)
     j = tl.arange(0, UBP)
     tl.store(U_OUT + rows[:, None].to(tl.int64) * UB + j[None, :], ub.to(tl.uint8), mask=rm[:, None] & (j < UB)[None, :])
-    if RB > 0:
-        rbytes = pack_bytes(ir, NT, NTP, BR, RBP)
-        jr = tl.arange(0, RBP)
-        tl.store(R_OUT + rows[:, None].to(tl.int64) * RB + jr[None, :], rbytes.to(tl.uint8),
-                 mask=rm[:, None] & (jr < RB)[None, :])
 
 
 class _Tables:
@@ -127,7 +123,7 @@ def supports(layout: FusedLayout | None) -> str | None:
 
 def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
     """keys [..., T, d] (``[..., H, T, d]`` when the codec has per-head signs) -> the OCTAHEDRAL key codes
-    of ``codec.fused_layout()`` ("norm", "u", "r"), as ``codec.encode(keys)`` writes them (for
+    of ``codec.fused_layout()`` (norm and fused triplet codes), as ``codec.encode(keys)`` writes them (for
     OCTOPUS-QJL: its OCTOPUS stage's fields)."""
     layout = codec.fused_layout()
     why = supports(layout)
@@ -140,24 +136,21 @@ def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
     if tab is None:
         tab = per[str(dev)] = _Tables(layout, dev)
     b_u, b_r = layout.bits
-    u_field, r_field = layout.code_fields
     D, NP, NT = codec.head_dim, layout.padded, layout.triplets
     x = keys.reshape(-1, D).contiguous()
     N = x.shape[0]
     T, H = head_layout(tuple(keys.shape), layout.rotation.num_heads)
-    UB, RB = u_field.nbytes, r_field.nbytes
+    UB = layout.codes.nbytes
     lead = tuple(keys.shape[:-1])
     norm = torch.empty(lead + (1,), dtype=torch.float32, device=dev)
     u = torch.empty(lead + (UB,), dtype=torch.uint8, device=dev)
-    r = torch.empty(lead + (RB,), dtype=torch.uint8, device=dev)
     if N:
         _octopus_encode_kernel[(triton.cdiv(N, block_t),)](
-            x, tab.signs, tab.oc_thr, tab.grid, tab.rho_thr, norm, u, r if RB else u, N, T, H,
+            x, tab.signs, tab.oc_thr, tab.grid, tab.rho_thr, norm, u, N, T, H,
             1.0 / math.sqrt(NP),
             D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=block_t, NT=NT, NTP=triton.next_power_of_2(NT),
-            BU=b_u, BR=b_r, UB=UB, UBP=triton.next_power_of_2(UB), RB=RB,
-            RBP=triton.next_power_of_2(max(RB, 1)), LOCAL=layout.rounding == "local",
+            BU=b_u, BR=b_r, UB=UB, UBP=triton.next_power_of_2(UB), LOCAL=layout.rounding == "local",
             enable_fp_fusion=False, num_warps=4,
         )
-    fields = {layout.norm_field: norm, layout.codes_field: u, layout.triplet_norm_field: r}
+    fields = {layout.norm_field: norm, layout.codes_field: u}
     return Encoded(fields, tuple(keys.shape), keys.dtype)

@@ -75,7 +75,7 @@ def turboquant_mse_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encod
     x = keys.reshape(-1, D).contiguous()
     N = x.shape[0]
     T, H = head_layout(tuple(keys.shape), layout.rotation.num_heads)
-    CB = layout.code_fields[0].nbytes
+    CB = layout.codes.nbytes
     lead = tuple(keys.shape[:-1])
     norm = torch.empty(lead + (1,), dtype=torch.float32, device=dev)
     codes = torch.empty(lead + (CB,), dtype=torch.uint8, device=dev)

@@ -30,9 +30,9 @@ def test_declared_layout_matches_the_state(name):
     assert layout.keys == keys and (layout.residual.sketch if layout.residual else None) == sketch
     t = codec.encode(torch.randn(1, 2, 5, 64)).tensors
     assert t[layout.norm_field].shape[-1] == 1
-    assert t[layout.codes_field].shape[-1] == layout.code_fields[0].nbytes
-    if keys == KeyCodes.OCTAHEDRAL:
-        assert t[layout.triplet_norm_field].shape[-1] == layout.code_fields[1].nbytes
+    assert t[layout.codes_field].shape[-1] == layout.codes.nbytes
+    assert set(t) == {layout.norm_field, layout.codes_field} | (
+        {layout.residual.bits_field, layout.residual.norm_field} if layout.residual else set())
     if layout.residual is not None:
         assert t[layout.residual.bits_field].shape[-1] * 8 >= layout.residual.m
         assert t[layout.residual.norm_field].dtype == torch.float16

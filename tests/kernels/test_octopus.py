@@ -51,9 +51,8 @@ def _y_hat_by_hand(st, d, b_u, b_r):
     """The rotated-frame reconstruction y_hat [..., d_pad] straight from the documented state layout."""
     d_pad = next_pow2(d)
     nt = math.ceil(d_pad / 3)
-    codes = BitField(2 * nt, b_u).unpack(st.tensors["u"])
-    iu, iv = codes[..., 0::2], codes[..., 1::2]  # interleaved u_0, v_0, u_1, v_1, ...
-    ir = BitField(nt, b_r).unpack(st.tensors["r"])
+    code = BitField(nt, 2 * b_u + b_r).unpack(st.tensors["u"])  # fused u | v << b_u | r << 2 b_u per triplet
+    iu, iv, ir = code & ((1 << b_u) - 1), (code >> b_u) & ((1 << b_u) - 1), code >> (2 * b_u)
     oc, rc = codebook("octa", d_pad, b_u), codebook("triplet_norm", d_pad, b_r)
     return (rc[ir].unsqueeze(-1) * octa_decode(torch.stack((oc[iu], oc[iv]), -1))).flatten(-2)[..., :d_pad]
 
@@ -142,10 +141,11 @@ def test_layout_and_nbytes(name, b, d):
     b_u, b_r = (b, b - 2) if qjl else (b + 1, b - 1)
     nt = math.ceil(next_pow2(d) / 3)
     t = st.tensors
-    assert set(t) == ({"norm", "u", "r", "qjl", "rnorm"} if qjl else {"norm", "u", "r"})
+    assert set(t) == ({"norm", "u", "qjl", "rnorm"} if qjl else {"norm", "u"})
     assert t["norm"].dtype == torch.float32 and t["norm"].shape == (2, 3, 5, 1)
-    assert t["u"].dtype == torch.uint8 and t["u"].shape == (2, 3, 5, math.ceil(2 * nt * b_u / 8))
-    assert t["r"].dtype == torch.uint8 and t["r"].shape == (2, 3, 5, math.ceil(nt * b_r / 8))
+    # the fused triplet codes keep the bytes of the two packed fields they replaced
+    assert t["u"].dtype == torch.uint8
+    assert t["u"].shape == (2, 3, 5, math.ceil(2 * nt * b_u / 8) + math.ceil(nt * b_r / 8))
     if qjl:
         assert t["qjl"].dtype == torch.uint8 and t["qjl"].shape == (2, 3, 5, next_pow2(d) // 8)
         assert t["rnorm"].dtype == torch.float16 and t["rnorm"].shape == (2, 3, 5, 1)
@@ -173,7 +173,7 @@ def test_qjl_fields_follow_spec():
     d_pad = next_pow2(d)
     plain = make_codec("octopus", b - 1, d, seed=5, layer=1)
     ps = plain.encode(k)
-    for f in ("norm", "u", "r"):
+    for f in ("norm", "u"):
         assert torch.equal(st.tensors[f], ps.tensors[f])  # the MSE stage is OCTOPUS at b - 1
     R = Rotation(d, seed=5, layer=1)
     y = R.forward(k / k.norm(dim=-1, keepdim=True))

@@ -156,7 +156,7 @@ def test_dispatch_falls_back_for_uncovered_codec():
 
 @pytest.mark.parametrize("split,value_bits,value_group", [((6, 3), 8, 128), ((3, 0), 1, 32), ((5, 2), 2, 64)])
 def test_octopus_splits_and_value_layouts(split, value_bits, value_group):
-    """Code windows of 3 words (b_u = 6), no norm codes (b_r = 0), and value groups smaller than,
+    """Code windows of 3 words (4 fused 15-bit triplet codes), no norm codes (b_r = 0), and value groups smaller than,
     equal to and larger than one 64-coordinate chunk, at 8, 1 and 2 value bits."""
     g = _gen(11)
     d, B, Hkv, G, T = 128, 2, 2, 3, 70
