@@ -113,15 +113,17 @@ class TripletCodes:
             row = (bits << torch.arange(8, device=code.device)).sum(-1).to(torch.uint8)
         return torch.nn.functional.pad(row, (0, self.nbytes - row.shape[-1]))
 
-    def unpack(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """uint8 [..., nbytes] -> (u, v, r) int64 [..., nt] each."""
+    def fused(self, row: torch.Tensor) -> torch.Tensor:
+        """uint8 [..., nbytes] -> the stored codes u | v << b_u | r << 2 b_u, int64 [..., nt]."""
         nt, W = self.triplets, self.width
         if W <= 16:
-            code = BitField(nt, W).unpack(row)
-        else:
-            bits = ((row.long().unsqueeze(-1) >> torch.arange(8, device=row.device)) & 1).flatten(-2)
-            bits = bits[..., : nt * W].unflatten(-1, (nt, W))
-            code = (bits << torch.arange(W, device=row.device)).sum(-1)
+            return BitField(nt, W).unpack(row)
+        bits = ((row.long().unsqueeze(-1) >> torch.arange(8, device=row.device)) & 1).flatten(-2)
+        return (bits[..., : nt * W].unflatten(-1, (nt, W)) << torch.arange(W, device=row.device)).sum(-1)
+
+    def unpack(self, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """uint8 [..., nbytes] -> (u, v, r) int64 [..., nt] each."""
+        code = self.fused(row)
         m = (1 << self.b_u) - 1
         return code & m, (code >> self.b_u) & m, code >> (2 * self.b_u)
 

@@ -2,21 +2,28 @@
 
 Compiled by NVRTC (CuPy) with a block of #define lines in front, one module per
 configuration. Constants: D (head dim, 64 or 128), G (query heads per KV head, <= 8), BU, BR
-(OCTOPUS direction / norm code bits), VB (value bits, 2..4; value groups of 32), UB, RB
-(bytes per token of the u and r fields), FUSED (table indexed by (u, v, r) -> rho * direction;
-else (u, v) -> direction and a rho table), C (table copies, interleaved so that lanes hit
-different banks), NW (warps per CTA), NSTAGE (pipeline stages per warp), MT (16-token tiles per
-stage), QT (query / window / output dtype: 0 fp32, 1 fp16, 2 bf16).
+(OCTOPUS direction / norm code bits), VB (value bits, 2..4; value groups of 32), UB (bytes per
+token of the fused triplet codes, kernels.fused_layout.TripletCodes), FUSED (table indexed by the
+stored code u | v << BU | r << 2 BU -> rho * direction; else (u, v) -> direction and a rho
+table), C (table copies, a power of two, interleaved so that lanes hit different banks), NW
+(warps per CTA), NSTAGE (pipeline stages per warp), MT (16-token tiles per stage), QT (query /
+window / output dtype: 0 fp32, 1 fp16, 2 bf16).
 
 Kernel 1 lut_split, grid (splits, B * Hkv), NW warps. Each warp owns every NW-th stage of
-16 * MT tokens of its CTA's chunk and runs its own pipeline: lane 0 copies the six per-token
-fields of a stage (norm, u, r, value codes, scales, zeros; contiguous over tokens) with
-cp.async.bulk into shared memory, completing on an mbarrier, NSTAGE stages ahead.
+16 * MT tokens of its CTA's chunk and runs its own pipeline: lanes 0-4 each copy one of the five
+per-token fields of a stage (norm, triplet codes, value codes, scales, zeros; contiguous over
+tokens) with cp.async.bulk into shared memory, completing on an mbarrier, NSTAGE stages ahead;
+each lane keeps its field's source address and advances it by a constant per stage (a stage's
+bytes are a multiple of 16, so every field's misalignment is fixed per warp).
 
 Per 16-token tile (lane = 4 * r + c):
   scores  S^T[16 tok x 8 heads] = K[16 x 4 KS] . Qf^T, mma m16n8k16, KS = ceil(ceil(D/3) / 4)
           k-steps. Thread c supplies the slots (2c, 2c+1, 2c+8, 2c+9) = (x, y, z, 0) of triplet
           j = c * KS + s of tokens r and r + 8: ONE 8-byte table load gives both A registers.
+          The codes of triplets c * KS .. c * KS + KS - 1 are one run of KS * CW bits of the
+          token's row (CW = 2 BU + BR): a few word loads and funnel shifts align it once per
+          token, then each triplet's table offset is one shift and one mask-or (the entry size
+          and the lane's copy folded in): the stored code is the table index.
           The query side Qf (rotated once per CTA by a shared-memory Walsh-Hadamard butterfly)
           stays in 2 * KS registers.
   softmax per head in the log2 domain, rescaling the accumulators only when a running max grows;
@@ -50,14 +57,12 @@ typedef unsigned long long u64;
 #define TPAD 32
 #define XN 4
 #define XU UB
-#define XR RB
 #define XV (D * VB / 8)
 #define XS (2 * NGRP)
 #define SZ(X) (TOK * (X) + TPAD)
 #define OFF_N 0
 #define OFF_U (OFF_N + SZ(XN))
-#define OFF_R (OFF_U + SZ(XU))
-#define OFF_V (OFF_R + SZ(XR))
+#define OFF_V (OFF_U + SZ(XU))
 #define OFF_S (OFF_V + SZ(XV))
 #define OFF_Z (OFF_S + SZ(XS))
 #define STAGE_BYTES (OFF_Z + SZ(XS))
@@ -87,12 +92,16 @@ typedef unsigned long long u64;
 #define MERGE_BYTES (MERGE_BYTES0 > MSCR_BYTES ? MERGE_BYTES0 : MSCR_BYTES)
 #define STAGE_AREA (NW * NSTAGE * STAGE_BYTES)
 #define SMEM_BYTES (ST_OFF + (STAGE_AREA > MERGE_BYTES ? STAGE_AREA : MERGE_BYTES))
-#define NWO ((KS * 2 * BU + 31) / 32)
-#define NRO ((KS * BR + 31) / 32)
-#define PM ((1u << (2 * BU)) - 1u)
-#define RM ((1u << BR) - 1u)
+#define CW (2 * BU + BR)         /* bits per fused triplet code */
+#define NWO ((KS * CW + 31) / 32)  /* words of a thread's run of codes */
+#define LC (C >= 16 ? 4 : C >= 8 ? 3 : C >= 4 ? 2 : C >= 2 ? 1 : 0)
+#define TSH (3 + LC)              /* log2 of the bytes per table entry and its C copies */
+#define NF 5                      /* per-token fields copied per stage */
+#ifndef TABS
+#define TABS 0  /* 0: entries (x, y | z, 0) of 8 bytes; 1: two tables of 4-byte entries, (x, y) and (z, 0) */
+#endif
+#define ZT_OFF (NE * C * 4)       /* TABS 1: byte offset of the (z, 0) table */
 #define VM ((1u << VB) - 1u)
-#define MAGIC 0x64006400u
 #define NEG1024 0xE400E400u
 
 extern "C" __constant__ int lut_smem_bytes[4] = {SMEM_BYTES, ST_OFF, STAGE_BYTES, TAB_BYTES};
@@ -134,6 +143,16 @@ __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u3
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// Bits [o, o + n) of a thread's run of codes (U[0] holds its bits 0-31, ...), shifted left by shl:
+// one shift (a funnel shift where the field crosses a word) and one mask. o, n, shl are constants
+// after unrolling; n + shl <= 32.
+__device__ __forceinline__ u32 run_bits(const u32* U, int o, int n, int shl) {
+  const int wi = o >> 5, sh = o & 31;
+  u32 x;
+  if (sh + n <= 32) x = sh >= shl ? (U[wi] >> (sh - shl)) : (U[wi] << (shl - sh));
+  else x = __funnelshift_r(U[wi], U[wi + 1], sh - shl);
+  return x & (((1u << n) - 1u) << shl);
+}
 __device__ __forceinline__ float ldq(const void* p, long long i) {
 #if QT == 0
   return ((const float*)p)[i];
@@ -154,28 +173,26 @@ __device__ __forceinline__ void stq(void* p, long long i, float v) {
 #endif
 }
 
-struct Fields {
-  u64 p[6];    // base address of each field (token 0 of batch 0, head 0)
-  u64 end[6];  // end of each field, rounded up to 16 bytes
+// One lane per field (lanes < NF): the source address of this warp's next stage (16-byte aligned,
+// advanced by NW stages' bytes, a multiple of 16, per issue), the field's end (rounded up to 16)
+// and the stage offset. A stage copies TOK tokens + 16 bytes (the misalignment), clamped at the end.
+struct Issuer {
+  u64 a, end;
+  u32 step, full, off;
 };
 
-__device__ __forceinline__ void issue_stage(u32 sdst, u32 mbar, const Fields& f, long long row0) {
-  const u32 X[6] = {XN, XU, XR, XV, XS, XS};
-  const u32 O[6] = {OFF_N, OFF_U, OFF_R, OFF_V, OFF_S, OFF_Z};
-  u64 a[6]; u32 n[6]; u32 tx = 0;
-#pragma unroll
-  for (int k = 0; k < 6; ++k) {
-    u64 st = f.p[k] + (u64)row0 * X[k];
-    a[k] = st & ~15ull;
-    u64 e = a[k] + (u64)(TOK * X[k] + 16);
-    if (e > f.end[k]) e = f.end[k];
-    n[k] = e > a[k] ? (u32)(e - a[k]) : 0u;
-    tx += n[k];
+__device__ __forceinline__ void issue_stage(Issuer& is, u32 sdst, u32 mbar, int lane) {
+  u32 n = 0;
+  if (lane < NF) {
+    u64 e = is.a + is.full;
+    if (e > is.end) e = is.end;
+    n = e > is.a ? (u32)(e - is.a) : 0u;
   }
-  mbar_expect(mbar, tx);
-#pragma unroll
-  for (int k = 0; k < 6; ++k)
-    if (n[k]) bulk_g2s(sdst + O[k], a[k], n[k], mbar);
+  const u32 tx = __reduce_add_sync(0xffffffffu, n);
+  if (lane == 0) mbar_expect(mbar, tx);
+  __syncwarp();
+  if (n) bulk_g2s(sdst + is.off, is.a, n, mbar);
+  is.a += is.step;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -340,20 +357,19 @@ __device__ __forceinline__ void merge_splits(
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
     const void* __restrict__ q, const float* __restrict__ signs, int sign_stride,
     const unsigned char* __restrict__ tab, const u32* __restrict__ rhotab,
-    u64 p0, u64 p1, u64 p2, u64 p3, u64 p4, u64 p5, u64 e0, u64 e1, u64 e2, u64 e3, u64 e4, u64 e5,
+    u64 p0, u64 p1, u64 p2, u64 p3, u64 p4, u64 e0, u64 e1, u64 e2, u64 e3, u64 e4,
     const int* __restrict__ lens, int has_lens, int T, int Hkv, int tiles_per_cta, int S,
     float qscale, float* __restrict__ o_part, float* __restrict__ ml_part,
     int merge_in, int* __restrict__ counters, const void* __restrict__ wk, const void* __restrict__ wv,
     const int* __restrict__ wlens, int has_wlens, int W,
     long long skb, long long skh, long long skt, long long svb, long long svh, long long svt,
-    float sm_log2, void* __restrict__ out, float* __restrict__ lse, int write_lse) {
+    float sm_log2, void* __restrict__ out, float* __restrict__ lse, int write_lse, u32 vmagic) {
+  // vmagic = 0x64006400 (fp16 1024, 1024), passed at run time so that it stays in a register:
+  // (code & mask) | vmagic is then one LOP3 rather than an AND and an OR with two immediates
   extern __shared__ __align__(128) unsigned char smem[];
 #if MERGE_IN
   __shared__ int is_last;
 #endif
-  Fields f;
-  f.p[0] = p0; f.p[1] = p1; f.p[2] = p2; f.p[3] = p3; f.p[4] = p4; f.p[5] = p5;
-  f.end[0] = e0; f.end[1] = e1; f.end[2] = e2; f.end[3] = e3; f.end[4] = e4; f.end[5] = e5;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int r = lane >> 2, c = lane & 3;
   const int s_id = blockIdx.x, bh = blockIdx.y;
@@ -366,22 +382,37 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   const int my_tiles = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
   const long long rowbase = (long long)bh * T + lo;
 
-  // ---- pipeline start: barriers, then the first NSTAGE stages of this warp -------------------
+  // ---- pipeline start: barriers, the issuer lanes, then the first NSTAGE stages of this warp ---
   const u32 mb0 = sa(smem + MB_OFF) + warp * NSTAGE * 8;
   const u32 st0 = sa(smem + ST_OFF) + warp * NSTAGE * STAGE_BYTES;
   unsigned char* const stp = smem + ST_OFF + warp * NSTAGE * STAGE_BYTES;
+  Issuer is;
+  u32 mis;  // lane k < NF: the misalignment of field k in every stage of this warp
+  {
+    const u32 x = lane == 0 ? XN : lane == 1 ? XU : lane == 2 ? XV : XS;
+    const u64 p = lane == 0 ? p0 : lane == 1 ? p1 : lane == 2 ? p2 : lane == 3 ? p3 : p4;
+    is.end = lane == 0 ? e0 : lane == 1 ? e1 : lane == 2 ? e2 : lane == 3 ? e3 : e4;
+    is.off = lane == 0 ? OFF_N : lane == 1 ? OFF_U : lane == 2 ? OFF_V : lane == 3 ? OFF_S : OFF_Z;
+    const u64 st = p + (u64)(rowbase + (long long)warp * TOK) * x;
+    mis = (u32)st & 15u;
+    is.a = st & ~15ull;
+    is.step = (u32)(NW * TOK) * x;
+    is.full = (u32)TOK * x + 16u;
+  }
+  const u32 dN = __shfl_sync(0xffffffffu, mis, 0), dU = __shfl_sync(0xffffffffu, mis, 1);
+  const u32 dV = __shfl_sync(0xffffffffu, mis, 2), dS = __shfl_sync(0xffffffffu, mis, 3);
+  const u32 dZ = __shfl_sync(0xffffffffu, mis, 4);
   if (lane == 0) {
 #pragma unroll
     for (int k = 0; k < NSTAGE; ++k) mbar_init(mb0 + 8 * k, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int k = 0; k < NSTAGE && k < my_tiles; ++k)
-      issue_stage(st0 + k * STAGE_BYTES, mb0 + 8 * k, f, rowbase + (long long)(warp + k * NW) * TOK);
   }
+  __syncwarp();
+  for (int k = 0; k < NSTAGE && k < my_tiles; ++k) issue_stage(is, st0 + k * STAGE_BYTES, mb0 + 8 * k, lane);
 
   // ---- table copies and the rotated query ---------------------------------------------------
   {
     const u64* src = (const u64*)tab;
-    u64* dst = (u64*)smem;
     constexpr int NTE = (NE + NW * 32 - 1) / (NW * 32);
     u64 tv[NTE];
 #pragma unroll
@@ -390,8 +421,15 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
     for (int k = 0; k < NTE; ++k) {
       const int e = tid + k * NW * 32;
       if (e < NE) {
+#if TABS
+        u32* dst = (u32*)smem;
+#pragma unroll
+        for (int cc = 0; cc < C; ++cc) { dst[e * C + cc] = (u32)tv[k]; dst[ZT_OFF / 4 + e * C + cc] = (u32)(tv[k] >> 32); }
+#else
+        u64* dst = (u64*)smem;
 #pragma unroll
         for (int cc = 0; cc < C; ++cc) dst[e * C + cc] = tv[k];
+#endif
       }
     }
 #if !FUSED
@@ -455,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   accz[0] = accz[1] = accz[2] = accz[3] = 0.f;
   float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
   const float NINF = __int_as_float(0xff800000);
-  const u32 laneoff = (u32)(lane % C) * 8u;
+  const u32 laneoff = (u32)(lane & (C - 1)) * (TABS ? 4u : 8u);
 #if VB == 4
   const u32 vsel = (r & 1) ? 0x7632u : 0x5410u;
 #elif VB == 2
@@ -466,14 +504,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
     const int stg = it % NSTAGE;
     mbar_wait(mb0 + 8 * stg, (u32)((it / NSTAGE) & 1));
     const unsigned char* sb = stp + stg * STAGE_BYTES;
-    const long long row0 = rowbase + (long long)(warp + it * NW) * TOK;  // global row of the stage's token 0
-    const int tstage = lo + (warp + it * NW) * TOK;                      // its token index
-    const u32 dN = (u32)(f.p[0] + (u64)row0 * XN) & 15u;
-    const u32 dU = (u32)(f.p[1] + (u64)row0 * XU) & 15u;
-    const u32 dR = (u32)(f.p[2] + (u64)row0 * XR) & 15u;
-    const u32 dV = (u32)(f.p[3] + (u64)row0 * XV) & 15u;
-    const u32 dS = (u32)(f.p[4] + (u64)row0 * XS) & 15u;
-    const u32 dZ = (u32)(f.p[5] + (u64)row0 * XS) & 15u;
+    const int tstage = lo + (warp + it * NW) * TOK;                      // the stage's token 0
 #pragma unroll 1
     for (int mt = 0; mt < MT; ++mt) {
       const int tb = 16 * mt;
@@ -481,46 +512,43 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
       // ---------------- keys: one table lookup per triplet, straight into the A registers ----
       float sc[4] = {0.f, 0.f, 0.f, 0.f};
       {
-        u32 U[2][NWO], R[2][NRO];
+        u32 U[2][NWO + 1];  // per token: this thread's run of KS codes, aligned to bit 0
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int tt = tb + r + 8 * hh;
-          const u32 ub = (dU + (u32)tt * UB) * 8u + (u32)(c * KS * 2 * BU);
+          const u32 ub = (dU + (u32)tt * UB) * 8u + (u32)(c * KS * CW);
           const u32* uw = (const u32*)(sb + OFF_U) + (ub >> 5);
           u32 w[NWO + 1];
 #pragma unroll
           for (int k = 0; k <= NWO; ++k) w[k] = uw[k];
 #pragma unroll
           for (int k = 0; k < NWO; ++k) U[hh][k] = __funnelshift_r(w[k], w[k + 1], ub & 31);
-          const u32 rb = (dR + (u32)tt * RB) * 8u + (u32)(c * KS * BR);
-          const u32* rw = (const u32*)(sb + OFF_R) + (rb >> 5);
-          u32 v[NRO + 1];
-#pragma unroll
-          for (int k = 0; k <= NRO; ++k) v[k] = rw[k];
-#pragma unroll
-          for (int k = 0; k < NRO; ++k) R[hh][k] = __funnelshift_r(v[k], v[k + 1], rb & 31);
+          U[hh][NWO] = 0u;
         }
 #pragma unroll
         for (int s = 0; s < KS; ++s) {
           u32 a[2][2];
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            const int o = 2 * BU * s;
-            u32 p;
-            if ((o & 31) + 2 * BU <= 32 || (o >> 5) + 1 >= NWO) p = (U[hh][o >> 5] >> (o & 31)) & PM;
-            else p = __funnelshift_r(U[hh][o >> 5], U[hh][(o >> 5) + 1], o & 31) & PM;
-            const int o2 = BR * s;
-            u32 rc;
-            if ((o2 & 31) + BR <= 32 || (o2 >> 5) + 1 >= NRO) rc = (R[hh][o2 >> 5] >> (o2 & 31)) & RM;
-            else rc = __funnelshift_r(R[hh][o2 >> 5], R[hh][(o2 >> 5) + 1], o2 & 31) & RM;
+            // the code (FUSED; else its (u, v) bits) is the table index: its byte offset (entry *
+            // entry bytes * C) and the lane's copy
 #if FUSED
-            const uint2 e = *(const uint2*)(smem + (p | (rc << (2 * BU))) * (8u * C) + laneoff);
-            a[hh][0] = e.x; a[hh][1] = e.y;
+            const u32 e_off = run_bits(U[hh], CW * s, CW, TSH - 1 * TABS) | laneoff;
 #else
-            const uint2 e = *(const uint2*)(smem + p * (8u * C) + laneoff);
-            const u32 rho = *(const u32*)(smem + RHO_OFF + (rc * 32u + (u32)lane) * 4u);
-            a[hh][0] = hmul2(e.x, rho); a[hh][1] = hmul2(e.y, rho);
+            const u32 e_off = run_bits(U[hh], CW * s, 2 * BU, TSH - 1 * TABS) | laneoff;
 #endif
+#if TABS
+            u32 ex = *(const u32*)(smem + e_off), ey = *(const u32*)(smem + ZT_OFF + e_off);
+#else
+            const uint2 e = *(const uint2*)(smem + e_off);
+            u32 ex = e.x, ey = e.y;
+#endif
+#if !FUSED
+            const u32 r_off = run_bits(U[hh], CW * s + 2 * BU, BR, 7) | ((u32)lane << 2);  // (rc * 32 + lane) * 4
+            const u32 rho = *(const u32*)(smem + RHO_OFF + r_off);
+            ex = hmul2(ex, rho); ey = hmul2(ey, rho);
+#endif
+            a[hh][0] = ex; a[hh][1] = ey;
           }
           mma(sc, a[0][0], a[1][0], a[0][1], a[1][1], qf0[s], qf1[s]);
         }
@@ -558,21 +586,25 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
         const u32* s_b = (const u32*)(sb + OFF_S + dS + (t0 + 1) * XS);
         const u32* s_c = (const u32*)(sb + OFF_S + dS + (t0 + 8) * XS);
         const u32* s_d = (const u32*)(sb + OFF_S + dS + (t0 + 9) * XS);
-        // validity masks of the four tokens, for the last (partial) tile: scales and zeros of
-        // tokens past the end are garbage (possibly NaN) and must not meet p = 0
-        u32 mab = 0xffffffffu, mcd = 0xffffffffu;
-        const int tg = tstage + t0;
+        // the last (partial) tile: scales and zeros of tokens past the end are garbage (possibly
+        // NaN) and must not meet p = 0; they are zeroed in the stage (the copy is complete)
         if (tstage + tb + 16 > hi) {
-          mab = (tg < hi ? 0x0000ffffu : 0u) | (tg + 1 < hi ? 0xffff0000u : 0u);
-          mcd = (tg + 8 < hi ? 0x0000ffffu : 0u) | (tg + 9 < hi ? 0xffff0000u : 0u);
+          if (lane < 16 && tstage + tb + lane >= hi) {
+            u32* sz = (u32*)(sb + OFF_S + dS + (tb + lane) * XS);
+            u32* zz = (u32*)(sb + OFF_Z + dZ + (tb + lane) * XS);
+#pragma unroll
+            for (int k = 0; k < XS / 4; ++k) { sz[k] = 0u; zz[k] = 0u; }
+          }
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // before any later bulk copy here
+          __syncwarp();
         }
         {  // zero points: rows r < NGRP of Z^T are groups
           u32 za = 0, zb = 0;
           if (r < NGRP) {
             const u32 zsel = (r & 1) ? 0x7632u : 0x5410u;
             const u32* zr = (const u32*)(sb + OFF_Z + dZ);
-            za = __byte_perm(zr[(t0) * (XS / 4) + (r >> 1)], zr[(t0 + 1) * (XS / 4) + (r >> 1)], zsel) & mab;
-            zb = __byte_perm(zr[(t0 + 8) * (XS / 4) + (r >> 1)], zr[(t0 + 9) * (XS / 4) + (r >> 1)], zsel) & mcd;
+            za = __byte_perm(zr[(t0) * (XS / 4) + (r >> 1)], zr[(t0 + 1) * (XS / 4) + (r >> 1)], zsel);
+            zb = __byte_perm(zr[(t0 + 8) * (XS / 4) + (r >> 1)], zr[(t0 + 9) * (XS / 4) + (r >> 1)], zsel);
           }
           mma(accz, za, 0u, zb, 0u, pb0, pb1);
         }
@@ -581,8 +613,8 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
 #pragma unroll
         for (int gi = 0; gi < NGRP; ++gi) {
           const u32 ssel = (gi & 1) ? 0x7632u : 0x5410u;
-          const u32 sab = __byte_perm(s_a[gi >> 1], s_b[gi >> 1], ssel) & mab;
-          const u32 scd = __byte_perm(s_c[gi >> 1], s_d[gi >> 1], ssel) & mcd;
+          const u32 sab = __byte_perm(s_a[gi >> 1], s_b[gi >> 1], ssel);
+          const u32 scd = __byte_perm(s_c[gi >> 1], s_d[gi >> 1], ssel);
           const u32 b1_0 = hmul2(pb0, sab), b1_1 = hmul2(pb1, scd);  // par 1: p * s
           const u32 b0_0 = hmul2(b1_0, h2v), b0_1 = hmul2(b1_1, h2v);  // par 0: p * s * 2^VB
           u32 xa, xb;
@@ -607,17 +639,16 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
           const u32 xa2 = xa >> (2 * VB), xb2 = xb >> (2 * VB);
           const u32 M0 = VM | (VM << 16), M1 = M0 << VB;
           float* c0 = acc[2 * gi];
-          mma(c0, (xa & M0) | MAGIC, (xa2 & M0) | MAGIC, (xb & M0) | MAGIC, (xb2 & M0) | MAGIC, b0_0, b0_1);
+          mma(c0, (xa & M0) | vmagic, (xa2 & M0) | vmagic, (xb & M0) | vmagic, (xb2 & M0) | vmagic, b0_0, b0_1);
           mma(c0, NEG1024, NEG1024, NEG1024, NEG1024, b0_0, b0_1);
           float* c1 = acc[2 * gi + 1];
-          mma(c1, (xa & M1) | MAGIC, (xa2 & M1) | MAGIC, (xb & M1) | MAGIC, (xb2 & M1) | MAGIC, b1_0, b1_1);
+          mma(c1, (xa & M1) | vmagic, (xa2 & M1) | vmagic, (xb & M1) | vmagic, (xb2 & M1) | vmagic, b1_0, b1_1);
           mma(c1, NEG1024, NEG1024, NEG1024, NEG1024, b1_0, b1_1);
         }
       }
     }
     __syncwarp();
-    if (lane == 0 && it + NSTAGE < my_tiles)
-      issue_stage(st0 + stg * STAGE_BYTES, mb0 + 8 * stg, f, rowbase + (long long)(warp + (it + NSTAGE) * NW) * TOK);
+    if (it + NSTAGE < my_tiles) issue_stage(is, st0 + stg * STAGE_BYTES, mb0 + 8 * stg, lane);
   }
 
   // ---- epilogue: per warp, then across the CTA --------------------------------------------------

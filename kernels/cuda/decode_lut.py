@@ -10,11 +10,11 @@ first launch of each configuration.
 Like the Triton kernel, it reads what the codec declares in ``codec.fused_layout()``
 (:class:`kernels.fused_layout.FusedLayout`: octahedral keys, bits, codebooks, field names,
 rotation signs) and the codec's value quantizer, never its name or internals. The direction table
-is derived once per (codec, device) from the declared codebooks (:func:`lut_tables`): entry
-``u | v << b_u`` (the (u, v) pair exactly as the codes field stores it) holds
-``octa_decode(c[u], c[v])`` as fp16 (x, y, z, 0), times ``TSCALE``; with ``fused`` the norm code
-joins the index (``| r << 2 b_u``) and the entry holds ``rho_c[r] * direction``. No octahedral
-arithmetic runs per token.
+is derived once per (codec, device) from the declared codebooks (:func:`lut_tables`): with
+``fused``, entry ``u | v << b_u | r << 2 b_u`` -- the triplet's code exactly as the codes field
+stores it (:class:`kernels.fused_layout.TripletCodes`) -- holds ``rho_c[r] * octa_decode(c[u], c[v])``
+as fp16 (x, y, z, 0), times ``TSCALE``; unfused, entry ``u | v << b_u`` (the code's low 2 b_u
+bits) holds the direction and a second table rho_c[r]. No octahedral arithmetic runs per token.
 
 Needs CUDA, a Hopper GPU (``cp.async.bulk``, mbarriers; sm_90) and CuPy (NVRTC; the optional
 extra ``cuda``), imported only when a launch is asked for. :func:`supports` says why a call
@@ -77,15 +77,12 @@ def table_keys(layout: FusedLayout, fields: dict, fused: bool = True) -> torch.T
     """Rotated-frame keys (unit norm, [..., T, n], float32) rebuilt from the stored fields with the
     table alone, exactly as the kernel indexes it: the CPU test of the table and its index."""
     b_u, _ = layout.bits
-    u_field, r_field = layout.code_fields
     tab, rho2 = lut_tables(layout, fused)
-    uv = u_field.unpack(fields[layout.codes_field])  # [..., 2 nt] interleaved u0, v0, u1, v1, ...
-    pair = uv[..., 0::2] | (uv[..., 1::2] << b_u)
-    rc = r_field.unpack(fields[layout.triplet_norm_field])
+    code = layout.codes.fused(fields[layout.codes_field])  # [..., nt], as stored
     if fused:
-        e = tab[pair | (rc << (2 * b_u))].float()
+        e = tab[code].float()  # the stored code is the index
     else:
-        e = (tab[pair].float() * rho2[rc][..., :1].float())
+        e = (tab[code & ((1 << 2 * b_u) - 1)].float() * rho2[code >> (2 * b_u)][..., :1].float())
     t = e[..., :3] / TSCALE  # [..., nt, 3]
     return t.flatten(-2)[..., : layout.padded]
 
@@ -199,7 +196,10 @@ def _default_config(codec) -> dict:
     # merge "launch": the separate lut_combine kernel merges the splits and the window; "kernel":
     # the last CTA per (batch, KV head) does it inside lut_split (compiled in only then: MERGE_IN).
     # "launch" is faster in every row of the H100 benchmark (docs/decode_lut.md), so it is the default.
-    return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch"}
+    # tabs 0: one 8-byte entry (x, y | z, 0) per code; 1: two 4-byte tables (x, y) and (z, 0), loaded
+    # straight into the tensor-core registers (fewer moves, more shared-memory loads)
+    return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch",
+            "tabs": 0}
 
 
 class _Plan:
@@ -209,8 +209,8 @@ class _Plan:
         layout = codec.fused_layout()
         self.layout = layout
         self.b_u, self.b_r = layout.bits
-        self.u_bytes, self.r_bytes = (f.nbytes for f in layout.code_fields)
-        self.fields = (layout.norm_field, layout.codes_field, layout.triplet_norm_field)
+        self.u_bytes = layout.codes.nbytes
+        self.fields = (layout.norm_field, layout.codes_field)
         self.n = layout.padded
         tab, rho2 = lut_tables(layout, fused)
         self.tab = tab.contiguous().to(device)
@@ -329,8 +329,11 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     vq = codec.value_quantizer
     plan = _plan(codec, dev, cfg["fused"])
     defs = {"D": D, "G": G, "BU": plan.b_u, "BR": plan.b_r, "VB": vq.bits, "UB": plan.u_bytes,
-            "RB": plan.r_bytes, "FUSED": int(cfg["fused"]), "C": cfg["copies"], "NW": cfg["num_warps"],
-            "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q.dtype], "MINB": cfg["minb"]}
+            "FUSED": int(cfg["fused"]), "C": cfg["copies"], "NW": cfg["num_warps"],
+            "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q.dtype], "MINB": cfg["minb"],
+            "TABS": int(cfg["tabs"])}
+    if cfg["copies"] not in (1, 2, 4, 8, 16):
+        raise ValueError(f"config copies must be a power of two <= 16, got {cfg['copies']!r}")
     if cfg["merge"] not in ("kernel", "launch"):
         raise ValueError(f"config merge must be 'kernel' or 'launch', got {cfg['merge']!r}")
     merge_in = cfg["merge"] == "kernel" and _parts == "both"
@@ -339,8 +342,8 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     LAST_LAUNCH.update(split=split_fn, combine=comb_fn, layout=lay, defs=defs)
     nw = cfg["num_warps"]  # (the CTA's merge buffer reuses the stage area, grown to fit where needed)
 
-    norm_f, codes_f, tnorm_f = plan.fields
-    fields = [_aligned(tt[norm_f]), _aligned(tt[codes_f]), _aligned(tt[tnorm_f]), _aligned(value_state.tensors["codes"]),
+    norm_f, codes_f = plan.fields
+    fields = [_aligned(tt[norm_f]), _aligned(tt[codes_f]), _aligned(value_state.tensors["codes"]),
               _aligned(value_state.tensors["scale"]), _aligned(value_state.tensors["zero"])]
     ptrs = [f.data_ptr() for f in fields]
     ends = [(f.data_ptr() + f.numel() * f.element_size() + 15) // 16 * 16 for f in fields]
@@ -395,7 +398,8 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
                 i32(S), f32(qscale), u64(o_part.data_ptr()), u64(ml_part.data_ptr()),
                 i32(merge_in), u64(cnt.data_ptr() if merge_in else 0), u64(wk.data_ptr()), u64(wv.data_ptr()),
                 u64(wl.data_ptr() if wl is not None else 0), i32(wl is not None), i32(W), *[np.int64(x) for x in wstr],
-                f32(scale * _LOG2E), u64(out.data_ptr()), u64(lse.data_ptr()), i32(return_lse)), shared_mem=lay["smem"])
+                f32(scale * _LOG2E), u64(out.data_ptr()), u64(lse.data_ptr()), i32(return_lse), np.uint32(0x64006400)),
+                shared_mem=lay["smem"])
         if _parts != "split" and not merge_in:
             comb_fn((B * Hq,), (D,), (
                 u64(qc.data_ptr()), u64(wk.data_ptr()), u64(wv.data_ptr()), u64(wl.data_ptr() if wl is not None else 0),

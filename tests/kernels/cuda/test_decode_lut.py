@@ -1,7 +1,7 @@
 """Table-lookup OCTOPUS decode attention (kernels/cuda/decode_lut.py) against the PyTorch reference
 (kernels.attention.decode_attention_torch).
 
-CPU: the direction tables and the index the kernel builds from the stored (u, v, r) codes rebuild
+CPU: the direction tables and the index the kernel takes from the stored fused triplet codes rebuild
 the reference's rotated keys (fp16 table entries: ~2e-4 relative), and :func:`supports` refuses
 what the kernel does not cover. GPU (sm_90 and CuPy; skipped elsewhere): the kernel itself, at
 2/3/4 bits, fused and unfused tables, head dims 64/128, GQA groups 1-8, batches with per-sequence
@@ -180,6 +180,17 @@ def test_launch_configs(cfg):
     out = _lut(q, ks, vs, codec, wk, wv, [2000, 1377], config=cfg)
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv, [2000, 1377])
     assert _rel(out, ref) < OUT_TOL[torch.bfloat16]
+
+
+@gpu
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_split_tables(bits):
+    """Config tabs 1: the (x, y) and (z, 0) halves of the table in two tables of 4-byte entries."""
+    codec, q, ks, vs, wk, wv = _case(bits, 128, B=2, Hkv=2, G=7, T=777, W=5, seed=20 + bits, dtype=torch.float32)
+    out = _lut(q, ks, vs, codec, wk, wv, [777, 300], config={"tabs": 1})
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv, [777, 300])
+    assert _rel(out, ref) < OUT_TOL[torch.float32], _rel(out, ref)
+    assert torch.equal(out, _lut(q, ks, vs, codec, wk, wv, [777, 300], config={"tabs": 0}))  # same table values
 
 
 @gpu
