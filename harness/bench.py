@@ -34,6 +34,7 @@ import torch
 
 from . import bench_ncu
 from .bench_report import _row_line, to_markdown
+from .bench_timing import copy_bandwidth, sdpa, sdpa_backend_fn, time_eager, time_graph
 
 SHAPES = {  # name -> (query heads, KV heads, head dim)
     "qwen2.5-7b": (28, 4, 128),
