@@ -97,10 +97,6 @@ typedef unsigned long long u64;
 #define LC (C >= 16 ? 4 : C >= 8 ? 3 : C >= 4 ? 2 : C >= 2 ? 1 : 0)
 #define TSH (3 + LC)              /* log2 of the bytes per table entry and its C copies */
 #define NF 5                      /* per-token fields copied per stage */
-#ifndef TABS
-#define TABS 0  /* 0: entries (x, y | z, 0) of 8 bytes; 1: two tables of 4-byte entries, (x, y) and (z, 0) */
-#endif
-#define ZT_OFF (NE * C * 4)       /* TABS 1: byte offset of the (z, 0) table */
 #define VM ((1u << VB) - 1u)
 #define NEG1024 0xE400E400u
 
@@ -421,15 +417,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
     for (int k = 0; k < NTE; ++k) {
       const int e = tid + k * NW * 32;
       if (e < NE) {
-#if TABS
-        u32* dst = (u32*)smem;
-#pragma unroll
-        for (int cc = 0; cc < C; ++cc) { dst[e * C + cc] = (u32)tv[k]; dst[ZT_OFF / 4 + e * C + cc] = (u32)(tv[k] >> 32); }
-#else
         u64* dst = (u64*)smem;
 #pragma unroll
         for (int cc = 0; cc < C; ++cc) dst[e * C + cc] = tv[k];
-#endif
       }
     }
 #if !FUSED
@@ -493,7 +483,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   accz[0] = accz[1] = accz[2] = accz[3] = 0.f;
   float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
   const float NINF = __int_as_float(0xff800000);
-  const u32 laneoff = (u32)(lane & (C - 1)) * (TABS ? 4u : 8u);
+  const u32 laneoff = (u32)(lane & (C - 1)) * 8u;
 #if VB == 4
   const u32 vsel = (r & 1) ? 0x7632u : 0x5410u;
 #elif VB == 2
@@ -532,17 +522,16 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
           for (int hh = 0; hh < 2; ++hh) {
             // the code (FUSED; else its (u, v) bits) is the table index: its byte offset (entry *
             // entry bytes * C) and the lane's copy
+            // (8-byte entries: one load gives both A registers of the token; the alternative, two
+            // tables of 4-byte entries loaded straight into the fragment's registers, saved the
+            // register moves but was 0-8 % slower on the H100: docs/decode_lut.md)
 #if FUSED
-            const u32 e_off = run_bits(U[hh], CW * s, CW, TSH - 1 * TABS) | laneoff;
+            const u32 e_off = run_bits(U[hh], CW * s, CW, TSH) | laneoff;
 #else
-            const u32 e_off = run_bits(U[hh], CW * s, 2 * BU, TSH - 1 * TABS) | laneoff;
+            const u32 e_off = run_bits(U[hh], CW * s, 2 * BU, TSH) | laneoff;
 #endif
-#if TABS
-            u32 ex = *(const u32*)(smem + e_off), ey = *(const u32*)(smem + ZT_OFF + e_off);
-#else
             const uint2 e = *(const uint2*)(smem + e_off);
             u32 ex = e.x, ey = e.y;
-#endif
 #if !FUSED
             const u32 r_off = run_bits(U[hh], CW * s + 2 * BU, BR, 7) | ((u32)lane << 2);  // (rc * 32 + lane) * 4
             const u32 rho = *(const u32*)(smem + RHO_OFF + r_off);

@@ -196,10 +196,7 @@ def _default_config(codec) -> dict:
     # merge "launch": the separate lut_combine kernel merges the splits and the window; "kernel":
     # the last CTA per (batch, KV head) does it inside lut_split (compiled in only then: MERGE_IN).
     # "launch" is faster in every row of the H100 benchmark (docs/decode_lut.md), so it is the default.
-    # tabs 0: one 8-byte entry (x, y | z, 0) per code; 1: two 4-byte tables (x, y) and (z, 0), loaded
-    # straight into the tensor-core registers (fewer moves, more shared-memory loads)
-    return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch",
-            "tabs": 0}
+    return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch"}
 
 
 class _Plan:
@@ -330,8 +327,7 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     plan = _plan(codec, dev, cfg["fused"])
     defs = {"D": D, "G": G, "BU": plan.b_u, "BR": plan.b_r, "VB": vq.bits, "UB": plan.u_bytes,
             "FUSED": int(cfg["fused"]), "C": cfg["copies"], "NW": cfg["num_warps"],
-            "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q.dtype], "MINB": cfg["minb"],
-            "TABS": int(cfg["tabs"])}
+            "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q.dtype], "MINB": cfg["minb"]}
     if cfg["copies"] not in (1, 2, 4, 8, 16):
         raise ValueError(f"config copies must be a power of two <= 16, got {cfg['copies']!r}")
     if cfg["merge"] not in ("kernel", "launch"):

@@ -183,17 +183,6 @@ def test_launch_configs(cfg):
 
 
 @gpu
-@pytest.mark.parametrize("bits", [2, 3, 4])
-def test_split_tables(bits):
-    """Config tabs 1: the (x, y) and (z, 0) halves of the table in two tables of 4-byte entries."""
-    codec, q, ks, vs, wk, wv = _case(bits, 128, B=2, Hkv=2, G=7, T=777, W=5, seed=20 + bits, dtype=torch.float32)
-    out = _lut(q, ks, vs, codec, wk, wv, [777, 300], config={"tabs": 1})
-    ref = decode_attention_torch(q, ks, vs, codec, wk, wv, [777, 300])
-    assert _rel(out, ref) < OUT_TOL[torch.float32], _rel(out, ref)
-    assert torch.equal(out, _lut(q, ks, vs, codec, wk, wv, [777, 300], config={"tabs": 0}))  # same table values
-
-
-@gpu
 def test_value_bits_independent_of_key_bits():
     for bits, vb in ((3, 2), (2, 4), (4, 3)):
         codec, q, ks, vs, wk, wv = _case(bits, 128, B=1, Hkv=1, G=5, T=500, W=3, seed=vb, dtype=torch.float32,
