@@ -30,8 +30,8 @@ What the kernel reads is the codec's declared :class:`kernels.fused_layout.Fused
 HAS_QJL (a QJL residual) and SKETCH_SPLIT (its query features stored as bf16 hi + lo).
 
 Supported (else :func:`supports` says why and the dispatcher falls back to PyTorch): head dims
-that are powers of two >= 32; scalar code widths of 1, 2, 3, 4 or 8 bits, octahedral u-codes of
-at most 6 bits; a QJL sketch of d rows; value bits 1, 2, 3, 4 or 8 with a power-of-two group.
+that are powers of two >= 32; scalar code widths of 1, 2, 3, 4 or 8 bits, fused octahedral triplet
+codes (:class:`kernels.fused_layout.TripletCodes`) of at most 16 bits; a QJL sketch of d rows; value bits 1, 2, 3, 4 or 8 with a power-of-two group.
 
 :func:`decode_attention_fused` is the public launcher; ``_launch`` adds the knobs that only
 benchmarks and profiling use (register caps, prefetch, ablations, the compiled kernels).
