@@ -159,7 +159,7 @@ def attention_softcap(module, dropout: float, kwargs: dict) -> float | None:
     non-causal attention, dropout, packed sequences, an argument it does not know) raises
     :class:`UnservableModel`."""
     where = f"layer {getattr(module, 'layer_idx', '?')} ({type(module).__name__})"
-    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    window = kwargs.get("sliding_window")  # what the attention function is told (a module attribute may not be)
     if window is not None:
         raise UnservableModel(f"{where} attends through a sliding window of {window} tokens, but the model's config "
                               f"(layer_types / sliding_window) makes it a full-attention layer of the cache")

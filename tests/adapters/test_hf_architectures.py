@@ -93,6 +93,9 @@ def test_none_is_the_model_itself(arch):
     ref, native = model_chunked(lm.model)
     got, cache = forced(lm, CacheConfig())
     assert torch.equal(got, ref)
+    lm.share_prefill = False  # the prefill run live through the cache, not replayed from a shared one
+    assert torch.equal(forced(lm, CacheConfig())[0], ref)
+    lm.share_prefill = True
     base = lm.greedy(IDS[:40], 5, None, force="self")
     none = lm.greedy(IDS[:40], 5, CacheConfig(), force=base["tokens"])
     assert none["tokens"] == base["tokens"]
