@@ -14,6 +14,10 @@ Two pieces, used together:
   keys (a plain ``DynamicCache``) go through the model's own attention function on exactly the
   tensors a ``DynamicCache`` would hold, so 'none' reproduces the model's logits bit for bit and
   a prefill's logits do not depend on the codec.
+- Sliding-window (and chunked) attention layers stay native (:mod:`adapters.hf_arch`): their
+  cache layer is transformers' own (:class:`NativeSlidingLayer`), whose keys are untagged, so they
+  attend exactly as with a ``DynamicCache``; what they hold is mirrored into their (codec-free)
+  :class:`LayerKV`, so the cache's byte counts include it.
 
 ``with attach(model) as new_cache:`` switches the model's attention implementation to
 ``kvcodec`` and restores it on exit; ``new_cache(cache_config)`` builds a cache to pass as
@@ -21,29 +25,24 @@ Two pieces, used together:
 """
 from __future__ import annotations
 
+import copy
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import torch
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .hf_arch import UnservableModel, attention_softcap, decoder_arch, geometry, servable
 from .kv_cache import CacheConfig, CompressedKVCache, LayerKV
 
 ATTN_NAME = "kvcodec"
 _NATIVE_ATTR = "_kvcodec_native_attn"  # on the model config while attached: the implementation to delegate to
 _TAG = "_kvcodec_layer"  # on the key tensor that CompressedLayer.update returns
-
-
-def geometry(config) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim) of a transformers decoder config."""
-    c = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    heads = c.num_attention_heads
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    return c.num_hidden_layers, getattr(c, "num_key_value_heads", None) or heads, head_dim
 
 
 class CompressedLayer(CacheLayerMixin):
@@ -77,11 +76,12 @@ class CompressedLayer(CacheLayerMixin):
         setattr(key_states, _TAG, self)
         return key_states, value_states
 
-    def attend_and_commit(self, query: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+    def attend_and_commit(self, query: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+                          softcap: float | None = None) -> torch.Tensor:
         """query [B, Hq, Tq, d] -> attention output [B, Hq, Tq, d]; then the new tokens are appended."""
         k, v = self.pending
         self.pending = None
-        out = self.kv.attend(query, scale=scaling, mask=mask, k_new=k, v_new=v, causal=mask is None)
+        out = self.kv.attend(query, scale=scaling, mask=mask, k_new=k, v_new=v, causal=mask is None, softcap=softcap)
         self.kv.append(k, v)
         return out
 
@@ -128,39 +128,106 @@ class CompressedLayer(CacheLayerMixin):
         pass
 
 
-class CompressedCache(Cache):
-    """``past_key_values`` for a transformers causal LM: one :class:`CompressedLayer` per decoder layer.
+class NativeSlidingLayer(DynamicSlidingWindowLayer):
+    """A sliding-window (or chunked) attention layer kept native: transformers' own cache layer,
+    unchanged, whose held keys/values [B, Hkv, <= window - 1, d] are mirrored into ``kv`` (a
+    codec-free :class:`LayerKV`) after each update, so the cache's byte counts include them."""
 
-    ``cache.kv`` is the underlying :class:`CompressedKVCache` (byte counts, ``stats()``).
+    def __init__(self, kv: LayerKV, sliding_window: int):
+        super().__init__(sliding_window=sliding_window)
+        self.kv = kv
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        out = super().update(key_states, value_states, *args, **kwargs)
+        self._mirror()
+        return out
+
+    def load(self, other: DynamicSlidingWindowLayer) -> None:
+        """Take the state of ``other`` (a DynamicCache's layer after a shared prefill; tensors are shared,
+        never written in place)."""
+        self.__dict__.update({k: v for k, v in vars(other).items() if k != "kv"})
+        self._mirror()
+
+    def _mirror(self) -> None:
+        # what a native cache holds for this layer, so 'uncompressed' is the same bytes
+        self.kv.window_k, self.kv.window_v = self.keys, self.values
+        self.kv._uncompressed_bytes = sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+
+
+class CompressedCache(Cache):
+    """``past_key_values`` for a transformers causal LM: one :class:`CompressedLayer` per full-attention
+    decoder layer, a :class:`NativeSlidingLayer` per sliding-window one (:mod:`adapters.hf_arch`).
+
+    ``cache.kv`` is the underlying :class:`CompressedKVCache` (byte counts, ``stats()``); its
+    sliding-window layers are native layers (no codec) holding what the model's window keeps.
     """
 
     def __init__(self, model_config, cache_config: CacheConfig, device="cpu"):
+        self.arch = decoder_arch(model_config)  # first: refuses what one geometry cannot describe
         n_layers, n_kv, head_dim = geometry(model_config)
-        self.kv = CompressedKVCache(cache_config, n_layers, n_kv, head_dim, device=device)
-        super().__init__(layers=[CompressedLayer(self.kv[i], i) for i in range(n_layers)])
+        native = set(self.arch.native)
+        if native and len(native) == n_layers and cache_config.codec != "none":
+            raise UnservableModel(
+                f"every layer of this '{self.arch.model_type}' model attends through a sliding window "
+                f"({sorted(set(self.arch.windows))[0]} tokens), which stays native: there is nothing for codec "
+                f"'{cache_config.codec}' to compress")
+        kv_config = cache_config
+        if native:  # sliding layers get no codec: protected, like layers the run keeps native
+            kv_config = replace(cache_config, protect=sorted(cache_config.protected_layers(n_layers) | native))
+        self.kv = CompressedKVCache(kv_config, n_layers, n_kv, head_dim, device=device)
+        super().__init__(layers=[self._layer(i) for i in range(n_layers)])
         self.cache_config = cache_config
+
+    def _layer(self, i: int) -> CacheLayerMixin:
+        w = self.arch.windows[i]
+        return CompressedLayer(self.kv[i], i) if w is None else NativeSlidingLayer(self.kv[i], w)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key_states/value_states [B, Hkv, t, d] of layer ``layer_idx``, checked against the geometry
+        the cache was built for (read from the config) before they reach the layer."""
+        self._check_geometry(layer_idx, key_states, value_states)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def _check_geometry(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        want = (self.kv.num_kv_heads, self.kv.head_dim)
+        if (k.shape[1], k.shape[-1]) != want or v.shape[-1] != k.shape[-1]:
+            raise UnservableModel(
+                f"layer {layer_idx} caches keys {tuple(k.shape)} and values {tuple(v.shape)} ([B, Hkv, t, d]); its "
+                f"config gives {want[0]} KV heads of width {want[1]}, the geometry the compressed cache was built for")
 
     def fork(self) -> "CompressedCache":
         """An independent copy after, e.g., a shared prefill (codecs and encoded states are shared)."""
         other = CompressedCache.__new__(CompressedCache)
         other.__dict__.update(self.__dict__)
         other.kv = self.kv.fork()
-        other.layers = [CompressedLayer(other.kv[i], i) for i in range(len(self.layers))]
-        for new, old in zip(other.layers, self.layers):
-            new.is_initialized = old.is_initialized
-            if old.is_initialized:
-                new.dtype, new.device = old.dtype, old.device
+        other.layers = []
+        for i, old in enumerate(self.layers):
+            if isinstance(old, NativeSlidingLayer):  # its tensors are never written in place: share them
+                new = copy.copy(old)
+                new.kv = other.kv[i]
+            else:
+                new = CompressedLayer(other.kv[i], i)
+                new.is_initialized = old.is_initialized
+                if old.is_initialized:
+                    new.dtype, new.device = old.dtype, old.device
+            other.layers.append(new)
         return other
 
     def stats(self) -> dict:
         return self.kv.stats()
 
-    def replay(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Append a prefill's keys/values [B, Hkv, t, d], computed elsewhere by plain attention, to an
-        empty layer: what the ``kvcodec`` attention does after a live first prefill."""
+    def replay(self, layer_idx: int, native: CacheLayerMixin) -> None:
+        """Fill an empty layer from ``native``, a ``DynamicCache`` layer after a prefill computed
+        elsewhere by plain attention: a compressed layer appends its keys/values [B, Hkv, t, d] (what
+        the ``kvcodec`` attention does after a live first prefill), a sliding layer takes its state."""
         layer = self.layers[layer_idx]
-        if layer.kv.length or layer.pending is not None:
+        if layer.kv.length or getattr(layer, "pending", None) is not None:
             raise RuntimeError(f"layer {layer_idx}: replay needs an empty cache layer")
+        self._check_geometry(layer_idx, native.keys, native.values)
+        if isinstance(layer, NativeSlidingLayer):
+            layer.load(native)
+            return
+        k, v = native.keys, native.values
         if not layer.is_initialized:
             layer.lazy_initialization(k, v)
         layer.kv.append(k, v)
@@ -173,10 +240,9 @@ def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     tokens, tagged by :class:`CompressedLayer`, or a plain cache's full keys). Returns [B, Tq, Hq, d]."""
     layer: CompressedLayer | None = getattr(key, _TAG, None)
     native = _native_attention(module)
-    if layer is None:  # not our cache: plain attention, as the model would do it
+    if layer is None:  # not our cache, or a native sliding layer: plain attention, as the model would do it
         return native(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    if getattr(module, "sliding_window", None) is not None or kwargs.get("sliding_window") is not None:
-        raise NotImplementedError("sliding-window attention layers are not supported by the compressed cache")
+    softcap = attention_softcap(module, dropout, kwargs)  # raises on what the compressed attention cannot honour
     if layer.kv.codec is None:  # native layer: bit-identical to the model's own path
         k, v = layer.native_kv()
         return native(module, query, k, v, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
@@ -187,7 +253,7 @@ def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         raise ValueError(f"attention mask covers {attention_mask.shape[-1]} keys, the cache holds "
                          f"{layer.kv.length + key.shape[-2]}")
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    out = layer.attend_and_commit(query, attention_mask, scaling)
+    out = layer.attend_and_commit(query, attention_mask, scaling, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -222,8 +288,10 @@ def attach(model) -> Iterator[Callable[[CacheConfig], CompressedCache]]:
     """Route ``model``'s attention through the compressed cache; restore the model on exit.
 
     Yields ``new_cache(cache_config) -> CompressedCache``. Inside the block a plain
-    ``DynamicCache`` (or no cache) still runs the model's own attention, unchanged.
+    ``DynamicCache`` (or no cache) still runs the model's own attention, unchanged. A model the
+    cache cannot serve (:func:`adapters.hf_arch.servable`) raises ``UnservableModel`` first.
     """
+    servable(model)  # one line naming why not, before the model is touched
     _register()
     config = model.config
     original = config._attn_implementation

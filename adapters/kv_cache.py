@@ -255,14 +255,15 @@ class LayerKV:
 
     def attend(self, q: torch.Tensor, scale: float | None = None, mask: torch.Tensor | None = None,
                k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
-               causal: bool = False) -> torch.Tensor:
+               causal: bool = False, softcap: float | None = None) -> torch.Tensor:
         """softmax(q K^T * scale + mask) V over [committed, window, (k_new)] in token order.
 
         q: [B, Hq, Tq, d]; mask: additive or boolean, broadcastable to [B, Hq, Tq, T_total]
         (True = keep); k_new/v_new [B, Hkv, t, d]: extra native tokens attended but not stored
         (a prefill chunk, a video block in flight). ``causal``: the Tq queries are the last Tq
         positions of the T_total keys and see only keys up to their own position (applied on
-        top of ``mask``). Returns [B, Hq, Tq, d] in q's dtype.
+        top of ``mask``). ``softcap``: attention logit soft-capping (Gemma 2; see
+        :func:`kernels.attention.attend`). Returns [B, Hq, Tq, d] in q's dtype.
 
         A single-token step that masks nothing goes to :func:`kernels.attention.decode_attention`
         (the fused kernel where the backend asks for it and it covers the codec); everything else to
@@ -276,7 +277,7 @@ class LayerKV:
                 wk = k_new if wk is None else torch.cat([wk, k_new], -2)
                 wv = v_new if wv is None else torch.cat([wv, v_new], -2)
             return decode_attention(q, self.compressed_keys(), self.compressed_values(), self.codec, wk, wv,
-                                    scale=scale, backend=self.config.backend)
+                                    scale=scale, backend=self.config.backend, softcap=softcap)
         prefix = {}
         if self.compressed_keys() is not None:
             if self._uses_memo() or self.config.attend == "reconstruct":
@@ -285,7 +286,7 @@ class LayerKV:
                 prefix = {"codec": self.codec, "key_state": self.compressed_keys(),
                           "value_state": self.compressed_values()}
         return attend(q, **prefix, window_k=self.window_k, window_v=self.window_v, k_new=k_new, v_new=v_new,
-                      mask=mask, causal=causal, scale=scale)
+                      mask=mask, causal=causal, scale=scale, softcap=softcap)
 
     def _decode_step(self, q, mask) -> bool:
         """Whether this read is a single-token step over committed tokens that the fused kernel could

@@ -35,8 +35,8 @@ def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | Non
            window_k: torch.Tensor | None = None, window_v: torch.Tensor | None = None,
            k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None, *, lengths=None,
            window_lengths=None, mask: torch.Tensor | None = None, causal: bool = False,
-           scale: float | None = None) -> torch.Tensor:
-    """softmax(q K^T * scale + mask) V over [compressed prefix, window, k_new], float32 throughout.
+           scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
+    """softmax(cap(q K^T * scale) + mask) V over [compressed prefix, window, k_new], float32 throughout.
 
     q:            [B, Hq, Tq, d]; Hq a multiple of Hkv (query head h reads KV head h // (Hq // Hkv)).
     The compressed prefix, T tokens, one of:
@@ -51,6 +51,8 @@ def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | Non
     causal:       the Tq queries are the last Tq positions of all the keys and see only keys up to
                   their own position (on top of ``mask``).
     scale:        softmax scale, default 1/sqrt(d).
+    softcap:      attention logit soft-capping (Gemma 2): cap(s) = softcap * tanh(s / softcap) on the
+                  scaled scores, before the mask; None: no capping.
     Returns [B, Hq, Tq, d] in q's dtype; a query with nothing to attend gets zeros.
     """
     B, Hq, Tq, d = q.shape
@@ -83,6 +85,8 @@ def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | Non
     if not scores:
         return torch.zeros_like(q)
     s = torch.cat(scores, -1).reshape(B, Hq, Tq, -1) * scale
+    if softcap is not None:  # as the models' eager attention does it: on the scaled scores, before the mask
+        s = torch.tanh(s / softcap) * softcap
     T = s.shape[-1]
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.float()
@@ -97,10 +101,10 @@ def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | Non
 def decode_attention_torch(q: torch.Tensor, key_state: Encoded | None, value_state: Encoded | None,
                            codec: Codec, window_k: torch.Tensor | None = None,
                            window_v: torch.Tensor | None = None, lengths=None, scale: float | None = None,
-                           window_lengths=None) -> torch.Tensor:
+                           window_lengths=None, softcap: float | None = None) -> torch.Tensor:
     """PyTorch reference of :func:`decode_attention`: :func:`attend` on the codec's score estimator."""
     return attend(q, codec, key_state, value_state, window_k=window_k, window_v=window_v, lengths=lengths,
-                  window_lengths=window_lengths, scale=scale)
+                  window_lengths=window_lengths, scale=scale, softcap=softcap)
 
 
 def fused_unsupported(q: torch.Tensor, codec: Codec, device=None) -> str | None:
@@ -128,21 +132,23 @@ def lut_unsupported(q: torch.Tensor, codec: Codec, num_kv_heads: int, device=Non
 
 
 def decide_attention(q: torch.Tensor, codec: Codec, num_kv_heads: int, backend: str = "auto",
-                     device=None) -> Decision:
+                     device=None, softcap: float | None = None) -> Decision:
     """Which decode-attention path runs this call ('lut', 'triton' or 'torch'), and why each path
     passed over was refused (:func:`kernels.backend.decide` over :data:`ATTENTION_PATHS`, in that
-    order). ``device`` (default: q's) lets tests ask about a device this machine lacks."""
+    order). ``device`` (default: q's) lets tests ask about a device this machine lacks; a
+    ``softcap`` sends the call to the reference (the fused kernels do not cap logits)."""
     dev = torch.device(q.device if device is None else device)
-    why_not = {"lut": lambda: lut_unsupported(q, codec, num_kv_heads, dev),
-               "triton": lambda: fused_unsupported(q, codec, dev)}
+    capped = None if softcap is None else f"the fused kernels do not apply attention logit soft-capping ({softcap=})"
+    why_not = {"lut": lambda: capped or lut_unsupported(q, codec, num_kv_heads, dev),
+               "triton": lambda: capped or fused_unsupported(q, codec, dev)}
     return decide(backend, dev, [(p, why_not[p]) for p in ATTENTION_PATHS], "run this call")
 
 
 def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: Encoded | None, codec: Codec,
                      window_k: torch.Tensor | None = None, window_v: torch.Tensor | None = None,
                      lengths=None, scale: float | None = None, backend: str = "auto",
-                     window_lengths=None) -> torch.Tensor:
-    """softmax(q K^T * scale) V over [compressed prefix, native window], for one decode step.
+                     window_lengths=None, softcap: float | None = None) -> torch.Tensor:
+    """softmax(cap(q K^T * scale)) V over [compressed prefix, native window], for one decode step.
 
     q:            [B, Hq, 1, d] (bf16, fp16 or fp32); Hq a multiple of Hkv (query head h reads
                   KV head h // (Hq // Hkv)).
@@ -153,6 +159,8 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
     lengths:      int [B] or None: sequence b uses compressed tokens [0, lengths[b]) (right padding).
     window_lengths: int [B] or None: sequence b uses window tokens [0, window_lengths[b]).
     scale:        softmax scale, default 1/sqrt(d).
+    softcap:      attention logit soft-capping (see :func:`attend`): only the PyTorch reference applies
+                  it, so a call with one never takes a fused kernel ('lut' / 'triton' then raise).
     backend:      'auto' (on CUDA the table-lookup kernel, else the Triton kernel, where they apply;
                   env KVCODEC_BACKEND overrides 'auto'), 'lut' / 'triton' (that kernel or an error
                   saying why not) or 'torch' (reference). :func:`decide_attention` says which runs.
@@ -160,7 +168,7 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
     """
     resolve_backend(backend)  # an unknown backend fails even with nothing to fuse
     has_prefix = key_state is not None and key_state.num_tokens > 0
-    path = decide_attention(q, codec, key_state.shape[-3], backend).path if has_prefix else "torch"
+    path = decide_attention(q, codec, key_state.shape[-3], backend, softcap=softcap).path if has_prefix else "torch"
     if path == "lut":
         from .cuda import decode_lut
 
@@ -172,4 +180,4 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
         return fused.decode_attention_fused(q, key_state, value_state, codec, window_k, window_v, lengths,
                                             window_lengths, scale)
     return decode_attention_torch(q, key_state, value_state, codec, window_k, window_v, lengths, scale,
-                                  window_lengths)
+                                  window_lengths, softcap)

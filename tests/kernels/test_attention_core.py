@@ -10,7 +10,7 @@ import torch
 
 from adapters.kv_cache import CacheConfig, LayerKV
 from kernels import make_codec
-from kernels.attention import attend, decode_attention_torch
+from kernels.attention import attend, decide_attention, decode_attention, decode_attention_torch
 from kernels.backend import fused_wanted, use_fused
 
 D = 16
@@ -24,9 +24,10 @@ def _kv(B, Hkv, T, g):
     return torch.randn(B, Hkv, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g)
 
 
-def naive(q, parts, mask=None, causal=False, scale=None):
+def naive(q, parts, mask=None, causal=False, scale=None, softcap=None):
     """q [B, Hq, Tq, d]; parts: [(k, v, lengths or None)] in token order, k/v [B, Hkv, n, d].
-    Float64, one query row at a time; a row with nothing to attend gives zeros."""
+    Float64, one query row at a time; a row with nothing to attend gives zeros. ``softcap``: each
+    scaled score s becomes softcap * tanh(s / softcap) before the mask (Gemma 2)."""
     B, Hq, Tq, d = q.shape
     Hkv = parts[0][0].shape[1]
     scale = 1 / math.sqrt(d) if scale is None else scale
@@ -41,6 +42,8 @@ def naive(q, parts, mask=None, causal=False, scale=None):
             keep = [lens is None or t < int(lens[b]) for k, _, lens in parts for t in range(k.shape[-2])]
             for i in range(Tq):
                 s = (K @ q[b, h, i].double()) * scale
+                if softcap is not None:
+                    s = softcap * torch.tanh(s / softcap)
                 for t in range(T):
                     if m is not None:
                         if m.dtype == torch.bool:
@@ -173,3 +176,42 @@ def test_one_backend_decision(monkeypatch):
     assert not fused_wanted("auto", cuda) and fused_wanted("triton", cuda)
     with pytest.raises(ValueError, match="Unknown backend 'gpu'. Available: auto, lut, triton, torch"):
         fused_wanted("gpu", cpu)
+
+
+@pytest.mark.parametrize("softcap,Tq,mask_kind", [(0.5, 3, "additive"), (2.0, 1, None), (1.0, 4, "bool")])
+def test_softcap_matches_naive_and_matters(softcap, Tq, mask_kind):
+    """Logit soft-capping (Gemma 2): cap(s) = softcap * tanh(s / softcap) on the scaled scores, before
+    the mask, in the core and in the decode entry; the scores are large enough that the cap changes
+    the output, so dropping it fails."""
+    g = _gen(int(softcap * 10) + Tq)
+    codec = make_codec("turboquant-mse", 4, D, num_heads=2)
+    k, v = _kv(2, 2, 10, g)
+    ks, vs = codec.encode(k), codec.encode_values(v)
+    wk, wv = _kv(2, 2, 3, g)
+    q = 3 * torch.randn(2, 4, Tq, D, generator=g)
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(2, 1, Tq, 13, generator=g) > 0.3
+        mask[..., -1] = True
+    elif mask_kind == "additive":
+        mask = torch.randn(2, 4, 1, 13, generator=g)
+    got = attend(q, codec, ks, vs, window_k=wk, window_v=wv, mask=mask, causal=True, scale=0.5, softcap=softcap)
+    parts = [(codec.decode(ks), codec.decode_values(vs), None), (wk, wv, None)]
+    ref = naive(q, parts, mask, True, scale=0.5, softcap=softcap)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    uncapped = naive(q, parts, mask, True, scale=0.5)
+    assert (uncapped - ref).abs().max() > 0.1  # the cap matters here
+    if Tq == 1:  # the decode entry applies it too, on the PyTorch path
+        dec = decode_attention(q, ks, vs, codec, wk, wv, scale=0.5, backend="auto", softcap=softcap)
+        torch.testing.assert_close(dec.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_softcap_keeps_decode_off_the_fused_kernels():
+    """The fused decode kernels do not cap logits: with a softcap 'auto' takes the reference, saying
+    why, even on CUDA (asked for a device this machine may lack), and a named kernel refuses."""
+    codec = make_codec("octopus", 3, D, num_heads=2)
+    q = torch.randn(1, 4, 1, D)
+    d = decide_attention(q, codec, 2, "auto", device="cuda", softcap=50.0)
+    assert d.path == "torch" and all("soft-capping" in d.reason(p) for p in ("lut", "triton"))
+    with pytest.raises(RuntimeError, match="backend='triton' cannot run this call: .*soft-capping"):
+        decide_attention(q, codec, 2, "triton", device="cuda", softcap=50.0)
