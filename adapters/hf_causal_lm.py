@@ -154,20 +154,29 @@ class CausalLM(ModelAdapter):
 
     @torch.no_grad()
     def greedy(self, prompt: list[int], max_new_tokens: int, cache_config: CacheConfig | None,
-               force: list[int] | str | None = None) -> dict:
+               force: list[int] | str | None = None, prefill: int | None = None) -> dict:
         """Prefill ``prompt`` (its tokens attend to each other natively), then decode greedily one
         token at a time through the cache, stopping at EOS or after ``max_new_tokens``.
 
+        ``prefill``: prefill only the first ``prefill`` tokens; the rest of ``prompt`` then goes
+        through the cache as one chunk (attending to the compressed prefix, the native window and
+        itself), as kvpress compresses a context before its question arrives.
         ``force``: tokens to teacher-force, as one chunk, on a fork of the cache taken right after
-        the prefill ("self": the tokens this call generated); their logits say how this cache
+        the prompt ("self": the tokens this call generated); their logits say how this cache
         scores that continuation. Returns {'tokens': [...], 'logits': [n, V] float32 of the
         generated steps, 'forced_logits': [len(force), V] or None, 'cache': the cache after
         generation}.
         """
         eos = self.eos_ids()
+        n = len(prompt) if prefill is None else prefill
+        if not 0 < n <= len(prompt):
+            raise ValueError(f"greedy: prefill {prefill} must be in [1, {len(prompt)}] (the prompt's tokens)")
         with self._session(cache_config) as new_cache:
             cache = new_cache()
-            logits = [self._prefill(torch.tensor([prompt], device=self.device), cache)[0, -1]]
+            logits = [self._prefill(torch.tensor([prompt[:n]], device=self.device), cache)[0, -1]]
+            if n < len(prompt):
+                rest = torch.tensor([prompt[n:]], device=self.device)
+                logits = [self.model(rest, past_key_values=cache, use_cache=True).logits[0, -1].float()]
             branch = None
             if force is not None:
                 branch = cache.fork() if isinstance(cache, CompressedCache) else copy.deepcopy(cache)

@@ -146,7 +146,8 @@ def run_parser(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--preset", default="default", choices=tuple(PRESETS),
                    help="'default': the quick sweep (every codec; minutes on a CPU); 'full': the paper-sized "
-                        "sweep (perplexity at 1,024 tokens and needles, 5 codec seeds; hours on a CPU). "
+                        "sweep (perplexity at 1,024 tokens and needles, 5 codec seeds; hours on a CPU); 'ruler': the "
+                        "needle task with RULER's niah defaults (4 needles, 128 answer tokens, string_match_all). "
                         "Flags given replace the preset's values")
     add_config_arguments(p)
     p.add_argument("--out", type=Path, help="run folder (default reports/<model>-<config hash>; reruns resume)")

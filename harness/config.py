@@ -196,6 +196,11 @@ PRESETS: dict[str, dict] = {
             "needle": {"contexts": [1024, 2048], "repeats": 2},
         },
     },
+    # RULER's niah defaults (its scripts/synthetic.yaml and constants.py): 4 needles, 128 tokens to generate
+    "ruler": {
+        "tasks": ["needle"],
+        "task_options": {"needle": {"ruler": "multikey", "needles": 4, "max_new_tokens": 128}},
+    },
 }
 
 

@@ -36,7 +36,8 @@ def _task_metrics(task_name: str, rows: list[dict]) -> list[str]:
     try:
         from harness.tasks import get_task
 
-        names = list(get_task(task_name).metrics)
+        # a declared metric that no row carries (one a task option turns on) is left out
+        names = [m for m in get_task(task_name).metrics if any(m in r for r in rows)]
     except ValueError:
         names = []
     if not names:  # a task we cannot import here: every numeric column that is not a rate or id

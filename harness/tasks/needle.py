@@ -10,6 +10,12 @@ whether the whole output equals the baseline's, and, teacher-forcing the baselin
 fork of the cache taken after the prefill, the KL and top-1 agreement of the next-token
 distributions along that answer.
 
+``ruler``: RULER's own niah forms (its ``scripts/synthetic.yaml``) in RULER's wording, scored as
+RULER does, by ``string_match_all`` (the share of the asked values found in the answer):
+``multikey`` (niah_multikey_1: one key asked among ``needles``), ``multivalue`` (``needles``
+values of one key, all asked), ``multiquery`` (``needles`` keys, all asked). RULER's defaults (4
+needles, up to 128 answer tokens) are the run preset ``harness run --preset ruler``.
+
 Prompts sweep ``contexts`` (tokens) x ``depths`` (fraction of the haystack) x ``repeats``.
 """
 from __future__ import annotations
@@ -18,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from adapters.cache_stats import cache_row_stats
 from kernels import private_generator
-from metrics.text import first_number, topk_logprobs
+from metrics.text import first_number
 
 from .base import Prompt, Task, register_task
+from .generation import baseline_answer, graded_answer
 from .text_corpus import load_excerpts, text_hash
 
 ADJECTIVES = ("amber", "bold", "brisk", "calm", "clever", "crimson", "dusty", "eager", "faint", "gentle", "golden",
@@ -38,6 +44,18 @@ INSTRUCTION = ("Some special magic numbers are hidden within the following text.
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
 ANSWER_PREFIX = "The special magic number for {key} mentioned in the provided text is"
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
+RULER_VARIANTS = ("multikey", "multivalue", "multiquery")
+#: RULER's niah template (scripts/data/synthetic/constants.py): singular where one value is asked, else plural
+RULER_WORDING = {
+    False: ("A special magic number is hidden within the following text. Make sure to memorize it. "
+            "I will quiz you about the number afterwards.",
+            "What is the special magic number for {key} mentioned in the provided text?",
+            "The special magic number for {key} mentioned in the provided text is"),
+    True: ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+           "I will quiz you about the numbers afterwards.",
+           "What are all the special magic numbers for {key} mentioned in the provided text?",
+           "The special magic numbers for {key} mentioned in the provided text are"),
+}
 
 
 def _sentences(text: str) -> list[str]:
@@ -56,7 +74,7 @@ def _sentences(text: str) -> list[str]:
 @register_task("needle")
 class NeedleTask(Task):
     modality = "text"
-    metrics = ("exact_match", "output_match", "kl", "top1_agree")
+    metrics = ("exact_match", "string_match_all", "output_match", "kl", "top1_agree")
     headline = "kl"  # graded where exact match is all or nothing on a few prompts
     option_defaults = {
         "contexts": ((1024,), "prompt lengths in tokens (comma list)"),
@@ -65,6 +83,9 @@ class NeedleTask(Task):
         "needles": (2, "needles per prompt (1 queried + distractors; RULER uses 4, too hard for a 135M model)"),
         "max_new_tokens": (12, "greedy tokens generated per answer"),
         "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)"),
+        "ruler": ("", "RULER's niah form, wording and string_match_all scoring: multikey, multivalue (needles values "
+                      "of one key) or multiquery (needles keys, all asked); '' this task's own. RULER's 4 needles "
+                      "and 128 answer tokens: --preset ruler"),
     }
 
     def __init__(self, **options):
@@ -75,6 +96,7 @@ class NeedleTask(Task):
 
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         self._source = source
+        self._ruler()  # a bad value stops the run before the model loads
         out = []
         for ctx in self.opt("contexts"):
             for depth in self.opt("depths"):
@@ -86,6 +108,13 @@ class NeedleTask(Task):
                                       {"source": source or "default"}))
         return out[:limit] if limit else out
 
+    def _ruler(self) -> str:
+        variant = self.opt("ruler")
+        if variant not in ("",) + RULER_VARIANTS:
+            raise ValueError(f"needle: ruler={variant!r} is not a RULER niah form; use one of "
+                             f"{', '.join(RULER_VARIANTS)} (or leave it empty)")
+        return variant
+
     # --- building a prompt -----------------------------------------------------------------
     def _hay(self) -> list[str]:
         if self._haystack is None:
@@ -94,17 +123,22 @@ class NeedleTask(Task):
         return self._haystack
 
     def build(self, model, prompt: Prompt, seed: int) -> dict:
-        """{'ids': prompt token ids, 'key', 'value', 'needle_depths', 'text_sha'}; deterministic in (prompt, seed)."""
+        """{'ids': prompt token ids, 'key', 'value' (the first asked), 'expected' (every value asked),
+        'query', 'needle_depths', 'text_sha'}; deterministic in (prompt, seed)."""
         ctx, depth, rep = prompt.data["context"], prompt.data["depth"], prompt.data["repeat"]
         g = private_generator("needle", prompt.id, seed)
-        k = self.opt("needles")
-        picks = torch.randperm(len(ADJECTIVES) * len(NOUNS), generator=g)[:k].tolist()
+        k, variant = self.opt("needles"), self._ruler()
+        picks = torch.randperm(len(ADJECTIVES) * len(NOUNS), generator=g)[:1 if variant == "multivalue" else k].tolist()
         keys = [f"{ADJECTIVES[i // len(NOUNS)]}-{NOUNS[i % len(NOUNS)]}" for i in picks]
         values = [str(int(v)) for v in torch.randint(1_000_000, 10_000_000, (k,), generator=g)]
-        needles = [NEEDLE.format(key=a, value=b) for a, b in zip(keys, values)]
+        needles = [NEEDLE.format(key=a, value=b) for a, b in zip(keys * k if variant == "multivalue" else keys, values)]
+        asked = keys if variant == "multiquery" else keys[:1]
+        expected = values if variant in ("multivalue", "multiquery") else values[:1]
+        query = asked[0] if len(asked) == 1 else ", ".join(asked[:-1]) + ", and " + asked[-1]  # RULER's join
+        plural = len(expected) > 1
 
         hay = self._hay()
-        overhead = len(self._render(model, "", keys[0]))
+        overhead = len(self._render(model, "", query, plural))
         budget = ctx - overhead - sum(len(model.encode(" " + n)) for n in needles)
         if budget < 16:
             raise ValueError(f"needle: context {ctx} leaves no room for a haystack (the template takes {overhead} tokens)")
@@ -134,9 +168,9 @@ class NeedleTask(Task):
         for pos, needle in sorted(zip(where, needles), key=lambda t: -t[0]):
             body.insert(pos, needle)
         text = " ".join(body)
-        ids = self._render(model, text, keys[0])
-        return {"ids": ids, "key": keys[0], "value": values[0], "needle_depths": [w / max(slots, 1) for w in where],
-                "text_sha": text_hash(text)}
+        ids = self._render(model, text, query, plural)
+        return {"ids": ids, "key": keys[0], "value": values[0], "expected": expected, "query": query,
+                "needle_depths": [w / max(slots, 1) for w in where], "text_sha": text_hash(text)}
 
     def _count(self, model, sentence: str) -> int:
         n = self._sent_tokens.get(sentence)
@@ -144,43 +178,41 @@ class NeedleTask(Task):
             n = self._sent_tokens[sentence] = len(model.encode(" " + sentence))
         return n
 
-    @staticmethod
-    def _render(model, context: str, key: str) -> list[int]:
-        user = f"{INSTRUCTION}\n{context}\n{QUESTION.format(key=key)}"
+    def _render(self, model, context: str, key: str, plural: bool = False) -> list[int]:
+        instruction, question, answer_prefix = RULER_WORDING[plural] if self._ruler() else (INSTRUCTION, QUESTION,
+                                                                                            ANSWER_PREFIX)
+        user = f"{instruction}\n{context}\n{question.format(key=key)}"
         tok = model.tokenizer
         if getattr(tok, "chat_template", None):
             text = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                            add_generation_prompt=True)
-            return model.encode(text + ANSWER_PREFIX.format(key=key))
-        return model.encode(f"{user}\nAnswer: {ANSWER_PREFIX.format(key=key)}")
+            return model.encode(text + answer_prefix.format(key=key))
+        return model.encode(f"{user}\nAnswer: {answer_prefix.format(key=key)}")
 
     # --- the contract ------------------------------------------------------------------------
     def baseline(self, model, prompt: Prompt, seed: int) -> dict:
         p = self.build(model, prompt, seed)
         # the baseline's distributions along its own answer, computed exactly as a codec's are
-        r = model.greedy(p["ids"], self.opt("max_new_tokens"), None, force="self")
-        top_ids, top_logp = topk_logprobs(r["forced_logits"], self.opt("topk"))
-        answer = model.decode(r["tokens"])
-        return {"ids_sha": text_hash(repr(p["ids"])), "tokens": r["tokens"], "answer": answer,
-                "top_ids": top_ids, "top_logp": top_logp, "value": p["value"], "prompt_tokens": len(p["ids"])}
+        return {**baseline_answer(model, p["ids"], self.opt("max_new_tokens"), self.opt("topk")),
+                "value": p["value"], "prompt_tokens": len(p["ids"])}
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: dict, out_dir: Path) -> dict:
         p = self.build(model, prompt, seed)
-        if text_hash(repr(p["ids"])) != baseline["ids_sha"]:
-            raise RuntimeError(f"prompt '{prompt.id}': the stored baseline was made from another prompt "
-                               f"(another tokenizer or haystack?); start a fresh run")
-        r = model.greedy(p["ids"], self.opt("max_new_tokens"), cache_config, force=baseline["tokens"])
-        answer = model.decode(r["tokens"])
-        forced = r["forced_logits"]
-        exact_match = self.metric("exact_match")
-        row = {
-            "exact_match": exact_match(first_number(answer, 7), p["value"]),
-            "output_match": self.metric("output_match")(r["tokens"], baseline["tokens"]),
-            "kl": float(self.metric("kl")(baseline["top_ids"], baseline["top_logp"], forced).double().mean()),
-            "top1_agree": float(self.metric("top1_agree")(baseline["top_ids"][:, 0], forced).double().mean()),
-            "baseline_exact_match": exact_match(first_number(baseline["answer"], 7), p["value"]),
-            "answer": answer.strip(),
-            "tokens": len(p["ids"]),
-        }
-        row.update(cache_row_stats(r["cache"].kv))
-        return row
+        answer, graded = graded_answer(self, model, prompt.id, p["ids"], cache_config, baseline,
+                                       self.opt("max_new_tokens"))
+        return {**self._scores(answer, baseline["answer"], p), **graded, "answer": answer.strip(),
+                "tokens": len(p["ids"])}
+
+    def _scores(self, answer: str, base_answer: str, p: dict) -> dict:
+        """Exact match of the first 7-digit number where one value is asked; with ``ruler`` also
+        RULER's string_match_all over every value asked. Each for the answer and the baseline's."""
+        out = {}
+        if len(p["expected"]) == 1:
+            exact_match = self.metric("exact_match")
+            out["exact_match"] = exact_match(first_number(answer, 7), p["value"])
+            out["baseline_exact_match"] = exact_match(first_number(base_answer, 7), p["value"])
+        if self._ruler():
+            string_match = self.metric("string_match_all")
+            out["string_match_all"] = string_match(answer, p["expected"])
+            out["baseline_string_match_all"] = string_match(base_answer, p["expected"])
+        return out
