@@ -417,8 +417,39 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
 
   // ---- table copies and the rotated query ---------------------------------------------------
   {
-    // consecutive threads write consecutive entries of the interleaved copies (no bank conflicts);
-    // entry e's C copies read the same source word (cached)
+    // the C copies of an entry are adjacent: written in 16-byte chunks (the entry repeated), chunk q
+    // by thread q mod (NW * 32): no bank conflicts, all of a thread's loads in flight at once, and
+    // few stores (the 32 KB table of 4-bit TurboQuant: 8 loads and 8 STS.128 per thread)
+#if C * EB >= 16
+    constexpr int CPE = C * EB / 16;  // chunks per entry
+    constexpr int NCH = NE * CPE;
+    constexpr int NTC = (NCH + NW * 32 - 1) / (NW * 32);
+#if NLK == 1
+    uint2 tv[NTC];
+#pragma unroll
+    for (int k = 0; k < NTC; ++k) {
+      const int q = tid + k * NW * 32;
+      tv[k] = q < NCH ? __ldg((const uint2*)tab + q / CPE) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int k = 0; k < NTC; ++k) {
+      const int q = tid + k * NW * 32;
+      if (q < NCH) ((uint4*)smem)[q] = make_uint4(tv[k].x, tv[k].y, tv[k].x, tv[k].y);
+    }
+#else
+    u32 tv[NTC];
+#pragma unroll
+    for (int k = 0; k < NTC; ++k) {
+      const int q = tid + k * NW * 32;
+      tv[k] = q < NCH ? __ldg((const u32*)tab + q / CPE) : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < NTC; ++k) {
+      const int q = tid + k * NW * 32;
+      if (q < NCH) ((uint4*)smem)[q] = make_uint4(tv[k], tv[k], tv[k], tv[k]);
+    }
+#endif
+#else  // fewer than 16 bytes of copies per entry: one entry copy per store, consecutive over threads
 #if NLK == 1
     typedef u64 ent_t;
 #else
@@ -432,6 +463,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
       const int w = tid + k * NW * 32;
       if (w < NE * C) dst[w] = __ldg(src + (w >> LC));
     }
+#endif
 #if SB
     u32* rdst = (u32*)(smem + RHO_OFF);
     for (int e = tid; e < (1 << SB) * 32; e += NW * 32) rdst[e] = rhotab[e >> 5];
