@@ -13,18 +13,9 @@ and the codec's value quantizer, never its name or internals. The key codes are 
 layout's stream of group codes (:attr:`FusedLayout.groups`: OCTOPUS triplets, or groups of 4
 TurboQuant scalar codes), and a group code becomes the 4 tensor-core fragment slots it feeds by
 table lookups (:class:`Lookup`), the tables derived once per (codec, device) from the declared
-codebooks (:func:`lut_tables`):
-
-- octahedral keys, ``fused``: entry ``u | v << b_u | r << 2 b_u`` -- the triplet's code exactly
-  as the codes field stores it (:class:`kernels.fused_layout.TripletCodes`) -- holds
-  ``rho_c[r] * octa_decode(c[u], c[v])`` as fp16 (x, y, z, 0); unfused, entry ``u | v << b_u``
-  (the code's low 2 b_u bits) holds the direction and a second table rho_c[r]. No octahedral
-  arithmetic runs per token.
-- scalar keys, ``pairs`` (default): two lookups per group of 4 codes, entry ``i | j << b`` (two
-  adjacent codes as stored) = fp16 (c[i], c[j]); else one lookup of the whole group (4 b bits) =
-  fp16 (c[i], c[j], c[k], c[l]).
-
-Entries are ``TSCALE`` times the rotated unit key's coordinates (kept in fp16's normal range).
+codebooks (:mod:`kernels.cuda.lut_tables`: OCTOPUS's fused triplet code -> rho * direction, or
+(u, v) -> direction and a rho table; two adjacent TurboQuant codes -> their two centroids, or four).
+No octahedral arithmetic or centroid gather runs per token beyond these lookups.
 
 Needs CUDA, a Hopper GPU (``cp.async.bulk``, mbarriers; sm_90) and CuPy (NVRTC; the optional
 extra ``cuda``), imported only when a launch is asked for. :func:`supports` says why a call
