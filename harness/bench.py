@@ -2,13 +2,14 @@
 
 Per (shape, batch, context, codec, bits): one decode step of the fused Triton kernel
 (:func:`kernels.triton.decode_attention.decode_attention_fused`) and, where it covers the codec,
-the table-lookup CUDA kernel (:func:`kernels.cuda.decode_lut.decode_attention_lut`, OCTOPUS; the
-path 'auto' takes first) against, in the same process, (a) torch SDPA in bf16 on the uncompressed
+the table-lookup CUDA kernel (:func:`kernels.cuda.decode_lut.decode_attention_lut`, OCTOPUS and
+TurboQuant-MSE; the path 'auto' takes first) against, in the same process, (a) torch SDPA in bf16 on the uncompressed
 cache (flash backend) and (b) dequantize-then-SDPA (the codec's PyTorch decode of keys and
 values, then SDPA). Reported: latency per step, ratios, compulsory bytes per step (compressed
 states + native window + query), the bytes floor (those bytes / copy bandwidth), achieved
 bandwidth as a fraction of a device-to-device copy measured in the same run, the fixed cost (the
-time at the shortest context), the extra device memory one step allocates (vs the size of a
+time at the shortest context), codecs against the codec they must be as fast as
+(:data:`harness.bench_report.AS_FAST_AS`), the extra device memory one step allocates (vs the size of a
 full-precision key tensor), and encode throughput of the fused encoders vs the PyTorch reference.
 With ``--ncu``: warp instructions per token and KV head and the DRAM bytes of each decode path's
 kernels, read by Nsight Compute (:mod:`harness.bench_ncu`; "—" with a note where ncu cannot run).

@@ -60,12 +60,33 @@ def fixed_costs(rows: list[dict]) -> list[dict]:
     return list(first.values())
 
 
+#: codec -> the codec it must be at least as fast as at the same bits (issue #16), in the 'auto' path's time
+AS_FAST_AS = {"turboquant-mse": "octopus"}
+
+
+def as_fast_as(rows: list[dict]) -> list[dict]:
+    """Per row of a codec in AS_FAST_AS whose reference codec has the same (shape, batch, context,
+    bits) row: both 'auto' paths' times and their ratio (<= 1: the target is met)."""
+    t = {(r["shape"], r["batch"], r["context"], r["codec"], r["bits"]): r for r in rows}
+    out = []
+    for r in rows:
+        ref = t.get((r["shape"], r["batch"], r["context"], AS_FAST_AS.get(r["codec"]), r["bits"]))
+        if ref is None:
+            continue
+        mine, theirs = r["best_ratio_vs_sdpa"] * r["sdpa_us"], ref["best_ratio_vs_sdpa"] * ref["sdpa_us"]
+        out.append({"shape": r["shape"], "batch": r["batch"], "context": r["context"], "bits": r["bits"],
+                    "codec": r["codec"], "ref": ref["codec"], "us": mine, "ref_us": theirs, "ratio": mine / theirs,
+                    "x_sdpa": r["best_ratio_vs_sdpa"], "ref_x_sdpa": ref["best_ratio_vs_sdpa"],
+                    "path": r.get("auto_path"), "ref_path": ref.get("auto_path")})
+    return out
+
+
 def to_markdown(res: dict) -> str:
     lines = [f"# harness bench — {res['device']}", "",
              f"`{res['command']}`", "",
              f"torch {res['torch']}, triton {res['triton']}; copy bandwidth {res['copy_bandwidth_Bps'] / 1e9:.0f} GB/s "
              "(read + write). Latency per decode step (CUDA-graph replay, median); 'triton' = the fused Triton "
-             "kernel, 'lut' = the table-lookup CUDA kernel (OCTOPUS; what backend 'auto' runs where it applies); "
+             "kernel, 'lut' = the table-lookup CUDA kernel (OCTOPUS, TurboQuant-MSE; what backend 'auto' runs where it applies); "
              "'x sdpa' = that kernel / bf16 SDPA (flash) on the uncompressed cache; 'x deq' = the 'auto' path / "
              "(PyTorch decode + SDPA); MB/step = compulsory bytes (compressed states + native window + query); "
              "floor = MB/step / copy bandwidth; GB/s and 'of copy' = achieved bandwidth of the 'auto' path "
@@ -96,6 +117,15 @@ def to_markdown(res: dict) -> str:
             lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['bits']} | "
                          f"{r.get('auto_path', 'triton')} | {r.get('best_ratio_vs_sdpa', r['ratio_vs_sdpa']):.3f} | "
                          f"{'yes' if r['meets_ratio'] else 'no'} | {r['frac_of_copy_bw']:.2f} | {bw} |")
+    rel = as_fast_as(res["rows"])
+    if rel:
+        lines += ["", "## At least as fast as (same bits, the paths 'auto' takes): time / the other codec's time <= 1", "",
+                  "| shape | B | ctx | bits | codec (path) | us | x sdpa | vs (path) | us | x sdpa | ratio | meets |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for x in rel:
+            lines.append(f"| {x['shape']} | {x['batch']} | {x['context'] // 1024}k | {x['bits']} | {x['codec']} ({x['path']}) | "
+                         f"{x['us']:.1f} | {x['x_sdpa']:.3f} | {x['ref']} ({x['ref_path']}) | {x['ref_us']:.1f} | "
+                         f"{x['ref_x_sdpa']:.3f} | {x['ratio']:.3f} | {'yes' if x['ratio'] <= 1 else 'no'} |")
     cmp_rows = [r for r in res["rows"] if r.get("lut_compare_us") is not None]
     if cmp_rows:
         lines += ["", f"## Table-lookup kernel against the variant {res['config'].get('lut_compare')} (same rows, "

@@ -29,6 +29,12 @@ kernel feeds into one tensor-core fragment (triplets c * KS .. c * KS + KS - 1, 
 are one contiguous run of bits, read with a few word loads per token. Rows stay per token (a cache
 appends tokens one at a time), so a row starts at any byte: the kernels align each thread's run
 once per token with funnel shifts.
+
+Both kinds read as one stream of group codes (:attr:`FusedLayout.groups`, :class:`CodeGroups`): an
+octahedral triplet is a group of 3 coordinates; SCALAR codes, dense LSB first, are also the stream
+of groups of 4 adjacent coordinates (4 b bits each), which is what one thread of the table-lookup
+kernel feeds into one tensor-core fragment per token: the layout TurboQuant stores already puts a
+thread's codes in one contiguous run, so it needs no change for that kernel.
 """
 from __future__ import annotations
 
@@ -128,6 +134,18 @@ class TripletCodes:
         return code & m, (code >> self.b_u) & m, code >> (2 * self.b_u)
 
 
+@dataclass(frozen=True)
+class CodeGroups:
+    """The codes field of one token read as ``count`` group codes of ``width`` bits, group i at bits
+    [i width, (i + 1) width) of the row (LSB first), coding the rotated coordinates
+    [i coords, (i + 1) coords) (those < n; an octahedral triplet's 3, or 4 scalar codes, the first
+    at the group's low bits). Codes past ``count`` groups' bits are not read."""
+
+    count: int
+    width: int
+    coords: int
+
+
 @dataclass(frozen=True, eq=False)
 class FusedLayout:
     """A codec's key state as the fused kernels read and write it (see the module docstring)."""
@@ -164,3 +182,12 @@ class FusedLayout:
         if self.keys == KeyCodes.OCTAHEDRAL:
             return TripletCodes(self.triplets, *self.bits)
         return BitField(self.padded, self.bits[0])
+
+    @property
+    def groups(self) -> CodeGroups:
+        """The codes field as a stream of group codes: OCTAHEDRAL one group per triplet (its fused
+        code, 3 coordinates); SCALAR groups of 4 adjacent coordinates (n is a power of two >= 4; the
+        last group may reach past n where n < 4)."""
+        if self.keys == KeyCodes.OCTAHEDRAL:
+            return CodeGroups(self.triplets, TripletCodes(self.triplets, *self.bits).width, 3)
+        return CodeGroups(-(-self.padded // 4), 4 * self.bits[0], 4)

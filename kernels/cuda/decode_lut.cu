@@ -1,31 +1,39 @@
-/* Table-lookup OCTOPUS decode attention: CUDA C++ source, loaded by kernels/cuda/decode_lut.py.
+/* Table-lookup decode attention: CUDA C++ source, loaded by kernels/cuda/decode_lut.py.
 
 Compiled by NVRTC (CuPy) with a block of #define lines in front, one module per
-configuration. Constants: D (head dim, 64 or 128), G (query heads per KV head, <= 8), BU, BR
-(OCTOPUS direction / norm code bits), VB (value bits, 2..4; value groups of 32), UB (bytes per
-token of the fused triplet codes, kernels.fused_layout.TripletCodes), FUSED (table indexed by the
-stored code u | v << BU | r << 2 BU -> rho * direction; else (u, v) -> direction and a rho
-table), C (table copies, a power of two, interleaved so that lanes hit different banks), NW
-(warps per CTA), NSTAGE (pipeline stages per warp), MT (16-token tiles per stage), QT (query /
-window / output dtype: 0 fp32, 1 fp16, 2 bf16).
+configuration. Constants: D (head dim, 64 or 128), G (query heads per KV head, <= 8); the keys as
+the codec's layout declares them (kernels.fused_layout.CodeGroups: the token's codes row read as NG
+group codes of CW bits, group j coding the GW = 3 or 4 rotated coordinates GW j .. GW j + GW - 1;
+an OCTOPUS triplet, or 4 TurboQuant scalar codes) and how a group code becomes the 4 fragment
+slots (x, y, z, w) (decode_lut.Lookup): NLK = 1: one 8-byte table entry (x, y, z, w) indexed by the
+code's low IB bits, where SB > 0 times a half2 factor indexed by the SB bits above them (OCTOPUS's
+unfused (u, v) -> direction table and rho table); NLK = 2: two 4-byte entries, (x, y) by the low IB
+bits and (z, w) by the next IB (pairs of scalar codes). UB (bytes per token of the key codes; UALN:
+UB is a multiple of 16 and KS * CW of 32, so every thread's run of codes starts at a word), VB
+(value bits, 2..4; value groups of 32), C (table copies, a power of two <= 32, interleaved so that
+lanes hit different banks), NW (warps per CTA), NSTAGE (pipeline stages per warp), MT (16-token
+tiles per stage), QT (query / window / output dtype: 0 fp32, 1 fp16, 2 bf16). The kernel reads no
+codec's name: only these.
 
 Kernel 1 lut_split, grid (splits, B * Hkv), NW warps. Each warp owns every NW-th stage of
 16 * MT tokens of its CTA's chunk and runs its own pipeline: lanes 0-4 each copy one of the five
-per-token fields of a stage (norm, triplet codes, value codes, scales, zeros; contiguous over
+per-token fields of a stage (norm, key codes, value codes, scales, zeros; contiguous over
 tokens) with cp.async.bulk into shared memory, completing on an mbarrier, NSTAGE stages ahead;
 each lane keeps its field's source address and advances it by a constant per stage (a stage's
 bytes are a multiple of 16, so every field's misalignment is fixed per warp).
 
 Per 16-token tile (lane = 4 * r + c):
-  scores  S^T[16 tok x 8 heads] = K[16 x 4 KS] . Qf^T, mma m16n8k16, KS = ceil(ceil(D/3) / 4)
-          k-steps. Thread c supplies the slots (2c, 2c+1, 2c+8, 2c+9) = (x, y, z, 0) of triplet
-          j = c * KS + s of tokens r and r + 8: ONE 8-byte table load gives both A registers.
-          The codes of triplets c * KS .. c * KS + KS - 1 are one run of KS * CW bits of the
-          token's row (CW = 2 BU + BR): a few word loads and funnel shifts align it once per
-          token, then each triplet's table offset is one shift and one mask-or (the entry size
-          and the lane's copy folded in): the stored code is the table index.
-          The query side Qf (rotated once per CTA by a shared-memory Walsh-Hadamard butterfly)
-          stays in 2 * KS registers.
+  scores  S^T[16 tok x 8 heads] = K[16 x 4 KS] . Qf^T, mma m16n8k16, KS = ceil(NG / 4) k-steps.
+          Thread c supplies the slots (2c, 2c+1, 2c+8, 2c+9) = (x, y, z, w) of group
+          j = c * KS + s of tokens r and r + 8 (NLK = 1: ONE 8-byte table load gives both A
+          registers of a token; NLK = 2: two 4-byte loads, one per register).
+          The codes of groups c * KS .. c * KS + KS - 1 are one run of KS * CW bits of the
+          token's row: a few word loads and funnel shifts align it once per token, then each
+          table offset is one shift and one mask-or (the entry size and the lane's copy folded
+          in): the stored code is the table index.
+          The query side Qf (rotated once per CTA by a shared-memory Walsh-Hadamard butterfly,
+          coordinate GW j + t in slot t of group j, zero where t >= GW or past D) stays in
+          2 * KS registers.
   softmax per head in the log2 domain, rescaling the accumulators only when a running max grows;
           P^T goes from the accumulator layout to the B layout of the next product with
           movmatrix.trans (two per tile).
@@ -49,8 +57,7 @@ costs the main loop registers (128 against 119).
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-#define NT ((D + 2) / 3)
-#define KS ((NT + 3) / 4)
+#define KS ((NG + 3) / 4)
 #define NGRP (D / 32)
 #define NMT (D / 16)
 #define TOK (16 * MT)
@@ -66,14 +73,14 @@ typedef unsigned long long u64;
 #define OFF_S (OFF_V + SZ(XV))
 #define OFF_Z (OFF_S + SZ(XS))
 #define STAGE_BYTES (OFF_Z + SZ(XS))
-#if FUSED
-#define NE (1 << (2 * BU + BR))
-#define RHO_BYTES 0
+#define EB (8 / NLK)              /* bytes per table entry */
+#define NE (1 << IB)
+#if SB
+#define RHO_BYTES ((1 << SB) * 32 * 4)
 #else
-#define NE (1 << (2 * BU))
-#define RHO_BYTES ((1 << BR) * 32 * 4)
+#define RHO_BYTES 0
 #endif
-#define TAB_BYTES (NE * C * 8)
+#define TAB_BYTES (NE * C * EB)
 #define RHO_OFF TAB_BYTES
 #define MB_OFF (((RHO_OFF + RHO_BYTES) + 15) / 16 * 16)
 #define QB_OFF (MB_OFF + ((NW * NSTAGE * 8 + 15) / 16 * 16))
@@ -92,10 +99,9 @@ typedef unsigned long long u64;
 #define MERGE_BYTES (MERGE_BYTES0 > MSCR_BYTES ? MERGE_BYTES0 : MSCR_BYTES)
 #define STAGE_AREA (NW * NSTAGE * STAGE_BYTES)
 #define SMEM_BYTES (ST_OFF + (STAGE_AREA > MERGE_BYTES ? STAGE_AREA : MERGE_BYTES))
-#define CW (2 * BU + BR)         /* bits per fused triplet code */
 #define NWO ((KS * CW + 31) / 32)  /* words of a thread's run of codes */
-#define LC (C >= 16 ? 4 : C >= 8 ? 3 : C >= 4 ? 2 : C >= 2 ? 1 : 0)
-#define TSH (3 + LC)              /* log2 of the bytes per table entry and its C copies */
+#define LC (C >= 32 ? 5 : C >= 16 ? 4 : C >= 8 ? 3 : C >= 4 ? 2 : C >= 2 ? 1 : 0)
+#define TSH ((NLK == 1 ? 3 : 2) + LC)  /* log2 of the bytes per table entry and its C copies */
 #define NF 5                      /* per-token fields copied per stage */
 #define VM ((1u << VB) - 1u)
 #define NEG1024 0xE400E400u
@@ -139,15 +145,18 @@ __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u3
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-// Bits [o, o + n) of a thread's run of codes (U[0] holds its bits 0-31, ...), shifted left by shl:
-// one shift (a funnel shift where the field crosses a word) and one mask. o, n, shl are constants
-// after unrolling; n + shl <= 32.
-__device__ __forceinline__ u32 run_bits(const u32* U, int o, int n, int shl) {
+// Bits [o, o + n) of a thread's run of codes (U[0] holds its bits 0-31, ...), shifted left by shl
+// and OR-ed with orv (the lane's table copy): one shift (a funnel shift where the field crosses a
+// word) and one LOP3 (mask and OR: written as lop3, which the compiler otherwise splits in two for
+// some masks). o, n, shl are constants after unrolling; n + shl <= 32.
+__device__ __forceinline__ u32 run_bits(const u32* U, int o, int n, int shl, u32 orv) {
   const int wi = o >> 5, sh = o & 31;
   u32 x;
   if (sh + n <= 32) x = sh >= shl ? (U[wi] >> (sh - shl)) : (U[wi] << (shl - sh));
   else x = __funnelshift_r(U[wi], U[wi + 1], sh - shl);
-  return x & (((1u << n) - 1u) << shl);
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(x), "r"(((1u << n) - 1u) << shl), "r"(orv));  // (a & b) | c
+  return d;
 }
 __device__ __forceinline__ float ldq(const void* p, long long i) {
 #if QT == 0
@@ -408,23 +417,56 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
 
   // ---- table copies and the rotated query ---------------------------------------------------
   {
-    const u64* src = (const u64*)tab;
-    constexpr int NTE = (NE + NW * 32 - 1) / (NW * 32);
-    u64 tv[NTE];
+    // the C copies of an entry are adjacent: written in 16-byte chunks (the entry repeated), chunk q
+    // by thread q mod (NW * 32): no bank conflicts, all of a thread's loads in flight at once, and
+    // few stores (the 32 KB table of 4-bit TurboQuant: 8 loads and 8 STS.128 per thread)
+#if C * EB >= 16
+    constexpr int CPE = C * EB / 16;  // chunks per entry
+    constexpr int NCH = NE * CPE;
+    constexpr int NTC = (NCH + NW * 32 - 1) / (NW * 32);
+#if NLK == 1
+    uint2 tv[NTC];
 #pragma unroll
-    for (int k = 0; k < NTE; ++k) { const int e = tid + k * NW * 32; tv[k] = e < NE ? src[e] : 0ull; }
-#pragma unroll
-    for (int k = 0; k < NTE; ++k) {
-      const int e = tid + k * NW * 32;
-      if (e < NE) {
-        u64* dst = (u64*)smem;
-#pragma unroll
-        for (int cc = 0; cc < C; ++cc) dst[e * C + cc] = tv[k];
-      }
+    for (int k = 0; k < NTC; ++k) {
+      const int q = tid + k * NW * 32;
+      tv[k] = q < NCH ? __ldg((const uint2*)tab + q / CPE) : make_uint2(0u, 0u);
     }
-#if !FUSED
+#pragma unroll
+    for (int k = 0; k < NTC; ++k) {
+      const int q = tid + k * NW * 32;
+      if (q < NCH) ((uint4*)smem)[q] = make_uint4(tv[k].x, tv[k].y, tv[k].x, tv[k].y);
+    }
+#else
+    u32 tv[NTC];
+#pragma unroll
+    for (int k = 0; k < NTC; ++k) {
+      const int q = tid + k * NW * 32;
+      tv[k] = q < NCH ? __ldg((const u32*)tab + q / CPE) : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < NTC; ++k) {
+      const int q = tid + k * NW * 32;
+      if (q < NCH) ((uint4*)smem)[q] = make_uint4(tv[k], tv[k], tv[k], tv[k]);
+    }
+#endif
+#else  // fewer than 16 bytes of copies per entry: one entry copy per store, consecutive over threads
+#if NLK == 1
+    typedef u64 ent_t;
+#else
+    typedef u32 ent_t;
+#endif
+    const ent_t* src = (const ent_t*)tab;
+    ent_t* dst = (ent_t*)smem;
+    constexpr int NTE = (NE * C + NW * 32 - 1) / (NW * 32);
+#pragma unroll 8
+    for (int k = 0; k < NTE; ++k) {
+      const int w = tid + k * NW * 32;
+      if (w < NE * C) dst[w] = __ldg(src + (w >> LC));
+    }
+#endif
+#if SB
     u32* rdst = (u32*)(smem + RHO_OFF);
-    for (int e = tid; e < (1 << BR) * 32; e += NW * 32) rdst[e] = rhotab[e >> 5];
+    for (int e = tid; e < (1 << SB) * 32; e += NW * 32) rdst[e] = rhotab[e >> 5];
 #endif
   }
   float* qb = (float*)(smem + QB_OFF);
@@ -464,16 +506,16 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   u32 qf0[KS], qf1[KS];
 #pragma unroll
   for (int s = 0; s < KS; ++s) {
-    int j = c * KS + s;
-    float x = 0.f, y = 0.f, z = 0.f;
+    const int i0 = GW * (c * KS + s);  // the group's first coordinate
+    float x[4] = {0.f, 0.f, 0.f, 0.f};
     if (r < G) {
       const float* qr = qb + r * D;
-      if (3 * j < D) x = qr[3 * j] * qscale;
-      if (3 * j + 1 < D) y = qr[3 * j + 1] * qscale;
-      if (3 * j + 2 < D) z = qr[3 * j + 2] * qscale;
+#pragma unroll
+      for (int t = 0; t < GW; ++t)
+        if (i0 + t < D) x[t] = qr[i0 + t] * qscale;
     }
-    qf0[s] = pack_h2(x, y);
-    qf1[s] = pack_h2(z, 0.f);
+    qf0[s] = pack_h2(x[0], x[1]);
+    qf1[s] = pack_h2(x[2], x[3]);
   }
 
   // ---- main loop ------------------------------------------------------------------------------
@@ -483,7 +525,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   accz[0] = accz[1] = accz[2] = accz[3] = 0.f;
   float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
   const float NINF = __int_as_float(0xff800000);
-  const u32 laneoff = (u32)(lane & (C - 1)) * 8u;
+  const u32 laneoff = (u32)(lane & (C - 1)) * (u32)EB;
 #if VB == 4
   const u32 vsel = (r & 1) ? 0x7632u : 0x5410u;
 #elif VB == 2
@@ -499,13 +541,28 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
     for (int mt = 0; mt < MT; ++mt) {
       const int tb = 16 * mt;
       if (tstage + tb >= hi) break;
-      // ---------------- keys: one table lookup per triplet, straight into the A registers ----
+      // ---------------- keys: table lookups per group code, straight into the A registers -----
       float sc[4] = {0.f, 0.f, 0.f, 0.f};
       {
         u32 U[2][NWO + 1];  // per token: this thread's run of KS codes, aligned to bit 0
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int tt = tb + r + 8 * hh;
+#if UALN
+          // rows of a multiple of 16 bytes from a 16-byte aligned field (dU = 0) and runs of whole
+          // words: the run is read as it lies, in vector loads where it is 8 or 16 bytes
+          const u32* uw = (const u32*)(sb + OFF_U + tt * UB) + c * NWO;
+#if NWO == 4
+          const uint4 v = *(const uint4*)uw;
+          U[hh][0] = v.x; U[hh][1] = v.y; U[hh][2] = v.z; U[hh][3] = v.w;
+#elif NWO == 2
+          const uint2 v = *(const uint2*)uw;
+          U[hh][0] = v.x; U[hh][1] = v.y;
+#else
+#pragma unroll
+          for (int k = 0; k < NWO; ++k) U[hh][k] = uw[k];
+#endif
+#else
           const u32 ub = (dU + (u32)tt * UB) * 8u + (u32)(c * KS * CW);
           const u32* uw = (const u32*)(sb + OFF_U) + (ub >> 5);
           u32 w[NWO + 1];
@@ -513,6 +570,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
           for (int k = 0; k <= NWO; ++k) w[k] = uw[k];
 #pragma unroll
           for (int k = 0; k < NWO; ++k) U[hh][k] = __funnelshift_r(w[k], w[k + 1], ub & 31);
+#endif
           U[hh][NWO] = 0u;
         }
 #pragma unroll
@@ -520,22 +578,24 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
           u32 a[2][2];
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            // the code (FUSED; else its (u, v) bits) is the table index: its byte offset (entry *
-            // entry bytes * C) and the lane's copy
-            // (8-byte entries: one load gives both A registers of the token; the alternative, two
-            // tables of 4-byte entries loaded straight into the fragment's registers, saved the
-            // register moves but was 0-8 % slower on the H100: docs/decode_lut.md)
-#if FUSED
-            const u32 e_off = run_bits(U[hh], CW * s, CW, TSH) | laneoff;
-#else
-            const u32 e_off = run_bits(U[hh], CW * s, 2 * BU, TSH) | laneoff;
-#endif
+            // the code is the table index: its byte offset (entry * entry bytes * C) and the
+            // lane's copy (NLK = 1: 8-byte entries, one load gives both A registers of the token;
+            // the alternative, two tables of 4-byte entries loaded straight into the fragment's
+            // registers, saved the register moves but was 0-8 % slower on the H100 for OCTOPUS:
+            // docs/decode_lut.md. NLK = 2: the group is two independent halves, one 4-byte load each)
+            u32 ex, ey;
+#if NLK == 1
+            const u32 e_off = run_bits(U[hh], CW * s, IB, TSH, laneoff);
             const uint2 e = *(const uint2*)(smem + e_off);
-            u32 ex = e.x, ey = e.y;
-#if !FUSED
-            const u32 r_off = run_bits(U[hh], CW * s + 2 * BU, BR, 7) | ((u32)lane << 2);  // (rc * 32 + lane) * 4
+            ex = e.x; ey = e.y;
+#if SB
+            const u32 r_off = run_bits(U[hh], CW * s + IB, SB, 7, (u32)lane << 2);  // (rc * 32 + lane) * 4
             const u32 rho = *(const u32*)(smem + RHO_OFF + r_off);
             ex = hmul2(ex, rho); ey = hmul2(ey, rho);
+#endif
+#else
+            ex = *(const u32*)(smem + run_bits(U[hh], CW * s, IB, TSH, laneoff));
+            ey = *(const u32*)(smem + run_bits(U[hh], CW * s + IB, IB, TSH, laneoff));
 #endif
             a[hh][0] = ex; a[hh][1] = ey;
           }

@@ -1,4 +1,4 @@
-"""OCTOPUS decode attention with one table lookup per triplet (CUDA, compiled at run time).
+"""Decode attention with table lookups for the rotated keys (CUDA, compiled at run time).
 
 Same call as :func:`kernels.triton.decode_attention.decode_attention_fused` and the same stored
 state: ``decode_attention_lut(q, key_state, value_state, codec, window_k, window_v, lengths,
@@ -8,13 +8,14 @@ design are in ``decode_lut.cu`` beside this file, read and compiled (NVRTC throu
 first launch of each configuration.
 
 Like the Triton kernel, it reads what the codec declares in ``codec.fused_layout()``
-(:class:`kernels.fused_layout.FusedLayout`: octahedral keys, bits, codebooks, field names,
-rotation signs) and the codec's value quantizer, never its name or internals. The direction table
-is derived once per (codec, device) from the declared codebooks (:func:`lut_tables`): with
-``fused``, entry ``u | v << b_u | r << 2 b_u`` -- the triplet's code exactly as the codes field
-stores it (:class:`kernels.fused_layout.TripletCodes`) -- holds ``rho_c[r] * octa_decode(c[u], c[v])``
-as fp16 (x, y, z, 0), times ``TSCALE``; unfused, entry ``u | v << b_u`` (the code's low 2 b_u
-bits) holds the direction and a second table rho_c[r]. No octahedral arithmetic runs per token.
+(:class:`kernels.fused_layout.FusedLayout`: key kind, bits, codebooks, field names, rotation signs)
+and the codec's value quantizer, never its name or internals. The key codes are read as the
+layout's stream of group codes (:attr:`FusedLayout.groups`: OCTOPUS triplets, or groups of 4
+TurboQuant scalar codes), and a group code becomes the 4 tensor-core fragment slots it feeds by
+table lookups (:class:`Lookup`), the tables derived once per (codec, device) from the declared
+codebooks (:mod:`kernels.cuda.lut_tables`: OCTOPUS's fused triplet code -> rho * direction, or
+(u, v) -> direction and a rho table; two adjacent TurboQuant codes -> their two centroids, or four).
+No octahedral arithmetic or centroid gather runs per token beyond these lookups.
 
 Needs CUDA, a Hopper GPU (``cp.async.bulk``, mbarriers; sm_90) and CuPy (NVRTC; the optional
 extra ``cuda``), imported only when a launch is asked for. :func:`supports` says why a call
@@ -30,10 +31,9 @@ from pathlib import Path
 import torch
 
 from .._lengths import as_lengths
-from ..fused_layout import FusedLayout, KeyCodes
-from ..octahedral import octa_decode
+from ..fused_layout import KeyCodes
+from .lut_tables import TSCALE, Lookup, lookup_for, lut_tables, table_keys  # noqa: F401 (the tables' API)
 
-TSCALE = 8.0  #: table entries are TSCALE * rho * direction (kept in fp16's normal range)
 _LOG2E = 1.4426950408889634
 SOURCE_PATH = Path(__file__).with_name("decode_lut.cu")
 #: the latest launch's compiled functions and layout (for the benchmark's register report)
@@ -44,47 +44,6 @@ LAST_LAUNCH: dict = {}
 def source() -> str:
     """The kernel's CUDA C++ source (``decode_lut.cu``), read once."""
     return SOURCE_PATH.read_text()
-
-
-# ------------------------------------------------------------------------------------------------
-# tables (pure PyTorch: tested on the CPU)
-# ------------------------------------------------------------------------------------------------
-def lut_tables(layout: FusedLayout, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(table, rho) on the CPU, from the layout's codebooks (octahedral coordinate centroids c,
-    triplet lengths rho_c). table: fp16 [NE, 4] with NE = 2^(2 b_u (+ b_r when fused)); row
-    ``u | v << b_u (| r << 2 b_u)`` = TSCALE * (rho_c[r] *) octa_decode(c[u], c[v]), 4th entry 0.
-    rho: fp16 [2^b_r, 2] = (rho_c[r], rho_c[r]) (the unfused kernel multiplies half2 by it)."""
-    b_u, _ = layout.bits
-    c, rho = (cb.detach().cpu().float() for cb in layout.codebooks)
-    K = 1 << b_u
-    cu, cv = torch.meshgrid(c, c, indexing="ij")
-    grid = octa_decode(torch.stack((cu, cv), dim=-1)).reshape(-1, 3)  # row iu * K + iv, as the reference's
-    p = torch.arange(K * K)
-    u, v = p & (K - 1), p >> b_u
-    dirs = grid[u * K + v].double()  # [K*K, 3], row u | v << b_u
-    rho = rho.double()  # [2^b_r]
-    if fused:
-        ent = (rho[:, None, None] * dirs[None]).reshape(-1, 3)  # index r * K*K + p = p | r << 2 b_u
-    else:
-        ent = dirs
-    tab = torch.zeros(ent.shape[0], 4, dtype=torch.float64)
-    tab[:, :3] = ent * TSCALE
-    rho2 = torch.stack((rho, rho), -1)
-    return tab.to(torch.float16), rho2.to(torch.float16)
-
-
-def table_keys(layout: FusedLayout, fields: dict, fused: bool = True) -> torch.Tensor:
-    """Rotated-frame keys (unit norm, [..., T, n], float32) rebuilt from the stored fields with the
-    table alone, exactly as the kernel indexes it: the CPU test of the table and its index."""
-    b_u, _ = layout.bits
-    tab, rho2 = lut_tables(layout, fused)
-    code = layout.codes.fused(fields[layout.codes_field])  # [..., nt], as stored
-    if fused:
-        e = tab[code].float()  # the stored code is the index
-    else:
-        e = (tab[code & ((1 << 2 * b_u) - 1)].float() * rho2[code >> (2 * b_u)][..., :1].float())
-    t = e[..., :3] / TSCALE  # [..., nt, 3]
-    return t.flatten(-2)[..., : layout.padded]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -124,16 +83,17 @@ def _layout_unsupported(codec) -> str | None:
     layout = codec.fused_layout()
     if layout is None:
         return f"codec '{codec.name}' declares no fused layout"
-    if layout.keys != KeyCodes.OCTAHEDRAL:
-        return f"the table-lookup kernel reads octahedral keys; codec '{codec.name}' declares {layout.keys.value} keys"
     if layout.residual is not None:
         return f"the table-lookup kernel has no QJL residual stage (codec '{codec.name}')"
     D = codec.head_dim
     if D not in (64, 128) or layout.padded != D:
         return f"head_dim {D} not in (64, 128)"
-    b_u, b_r = layout.bits
-    if not (1 <= b_u <= 5 and 1 <= b_r <= 3):
-        return f"OCTOPUS split (b_u={b_u}, b_r={b_r}) outside b_u <= 5, 1 <= b_r <= 3"
+    if layout.keys == KeyCodes.OCTAHEDRAL:
+        b_u, b_r = layout.bits
+        if not (1 <= b_u <= 5 and 1 <= b_r <= 3):
+            return f"OCTOPUS split (b_u={b_u}, b_r={b_r}) outside b_u <= 5, 1 <= b_r <= 3"
+    elif not 1 <= layout.bits[0] <= 4:
+        return f"scalar key codes of {layout.bits[0]} bits (the kernel's pair table takes 1-4 bits)"
     vq = codec.value_quantizer
     if vq.bits not in (2, 3, 4) or vq.group != 32 or vq.padded != D:
         return f"value quantizer (bits={vq.bits}, group={vq.group}) not supported (bits 2-4, group 32)"
@@ -178,40 +138,76 @@ def cupy_missing() -> str | None:
 
 
 def default_config(codec) -> dict:
-    """Launch configuration per bit width: table fused with the norm code where 16 copies of it fit
-    in 32 KB (16 copies at 2 bits, 4 at 3 bits), else the (u, v) table alone (4 copies at 4 bits)."""
+    """Launch configuration per layout and bit width. Octahedral keys: the table fused with the norm
+    code where 16 copies of it fit in 32 KB (16 copies at 2 bits, 4 at 3 bits), else the (u, v)
+    table alone (4 copies at 4 bits). Scalar keys: two codes per lookup (4-byte entries; 32 copies,
+    one per lane, up to 32 KB at 4 bits)."""
     facts = _facts(codec)
     return dict(facts.config) if facts.config is not None else _default_config(codec)
 
 
+TABLE_BUDGET = 32 * 1024  #: shared memory for the table copies of the default configs
+
+
 def _default_config(codec) -> dict:
-    b_u, b_r = codec.fused_layout().bits
-    fused_entries = 1 << (2 * b_u + b_r)
-    if fused_entries * 8 * 4 <= 32 * 1024:
-        fused, copies = True, max(1, min(16, (32 * 1024) // (fused_entries * 8)))
-    else:
-        fused = False
-        copies = max(1, min(16, (32 * 1024) // ((1 << (2 * b_u)) * 8)))
+    layout = codec.fused_layout()
     # 8 warps share one table copy per CTA, 2 CTAs per SM (H100 sweep, scripts/gpu_bench_lut.py sweep)
     # merge "launch": the separate lut_combine kernel merges the splits and the window; "kernel":
     # the last CTA per (batch, KV head) does it inside lut_split (compiled in only then: MERGE_IN).
     # "launch" is faster in every row of the H100 benchmark (docs/decode_lut.md), so it is the default.
-    return {"fused": fused, "copies": copies, "num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch"}
+    cfg = {"num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch"}
+    if layout.keys == KeyCodes.OCTAHEDRAL:
+        b_u, b_r = layout.bits
+        fused_entries = 1 << (2 * b_u + b_r)
+        if fused_entries * 8 * 4 <= TABLE_BUDGET:
+            return cfg | {"fused": True, "copies": max(1, min(16, TABLE_BUDGET // (fused_entries * 8)))}
+        return cfg | {"fused": False, "copies": max(1, min(16, TABLE_BUDGET // ((1 << (2 * b_u)) * 8)))}
+    # scalar: 4-byte entries with one copy per lane: no bank conflicts (2^(2b) entries x 4 B x 32)
+    return cfg | {"pairs": True, "copies": max(1, min(32, TABLE_BUDGET // ((1 << (2 * layout.bits[0])) * 4)))}
+
+
+def launch_defs(codec, q_dtype, G: int, config: dict | None = None) -> tuple[dict, Lookup, dict]:
+    """(config, lookup, the kernel's #define constants but MERGE_IN) of a launch: the codec's default
+    config updated by ``config`` (checked), read from the declared layout alone. No device needed
+    (``scripts``/local SASS counts compile ``decode_lut.cu`` with these)."""
+    base = default_config(codec)
+    if set(config or {}) - set(base):
+        raise ValueError(f"config keys {sorted(set(config) - set(base))} do not apply to this codec's layout "
+                         f"(it takes {sorted(base)})")
+    cfg = base | (config or {})
+    layout = codec.fused_layout()
+    lookup = lookup_for(layout, cfg)
+    grp = layout.groups
+    ks = -(-grp.count // 4)
+    ub = layout.codes.nbytes
+    defs = {"D": codec.head_dim, "G": G, "NG": grp.count, "CW": grp.width, "GW": grp.coords,
+            "NLK": lookup.lookups, "IB": lookup.index_bits, "SB": lookup.scale_bits,
+            "VB": codec.value_quantizer.bits, "UB": ub,
+            # rows of whole 16-byte units (the field is 16-byte aligned: _aligned) and runs of whole words
+            "UALN": int(ub % 16 == 0 and (ks * grp.width) % 32 == 0),
+            "C": cfg["copies"], "NW": cfg["num_warps"],
+            "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q_dtype], "MINB": cfg["minb"]}
+    if cfg["copies"] not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"config copies must be a power of two <= 32, got {cfg['copies']!r}")
+    if lookup.entries * lookup.entry_bytes * cfg["copies"] > 64 * 1024:
+        raise ValueError(f"the table ({lookup.entries} entries x {lookup.entry_bytes} B x {cfg['copies']} copies) "
+                         "is over 64 KB of shared memory: fewer copies, or a lookup of fewer codes")
+    if cfg["merge"] not in ("kernel", "launch"):
+        raise ValueError(f"config merge must be 'kernel' or 'launch', got {cfg['merge']!r}")
+    return cfg, lookup, defs
 
 
 class _Plan:
-    """What the kernel needs from the codec's declared layout, on the device, per (codec, device, fused)."""
+    """What the kernel needs from the codec's declared layout, on the device, per (codec, device, lookup)."""
 
-    def __init__(self, codec, device, fused: bool):
+    def __init__(self, codec, device, lookup: Lookup):
         layout = codec.fused_layout()
         self.layout = layout
-        self.b_u, self.b_r = layout.bits
-        self.u_bytes = layout.codes.nbytes
         self.fields = (layout.norm_field, layout.codes_field)
         self.n = layout.padded
-        tab, rho2 = lut_tables(layout, fused)
+        tab, scale = lut_tables(layout, lookup)
         self.tab = tab.contiguous().to(device)
-        self.rho = rho2.contiguous().view(torch.int32).reshape(-1).contiguous().to(device)
+        self.rho = scale.contiguous().view(torch.int32).reshape(-1).contiguous().to(device)
         signs = layout.rotation.signs[:, 0, :].float()  # [heads, n]
         self.signs = signs.contiguous().to(device)
         self.sign_stride = 0 if signs.shape[0] == 1 else signs.shape[1]
@@ -235,11 +231,11 @@ def _counters(device, n: int) -> torch.Tensor:
     return t
 
 
-def _plan(codec, device, fused) -> _Plan:
+def _plan(codec, device, lookup: Lookup) -> _Plan:
     per = _PLANS.setdefault(codec, {})
-    key = (str(torch.device(device)), fused)
+    key = (str(torch.device(device)), lookup)
     if key not in per:
-        per[key] = _Plan(codec, device, fused)
+        per[key] = _Plan(codec, device, lookup)
     return per[key]
 
 
@@ -310,7 +306,7 @@ def _choose_splits(tiles: int, heads: int, slots: int) -> int:
 def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
                          window_lengths=None, scale=None, num_splits: int | None = None, return_lse: bool = False,
                          config: dict | None = None, _parts: str = "both"):
-    """Decode attention over an OCTOPUS-compressed prefix plus a native window (see the module doc).
+    """Decode attention over a table-lookup-coded prefix (OCTOPUS, TurboQuant-MSE) plus a native window (see the module doc).
     q [B, Hq, 1, D] (fp32/fp16/bf16); states [B, Hkv, T, ...]; window [B, Hkv, W, D].
     Returns out [B, Hq, 1, D] in q's dtype (and lse [B, Hq], natural log, with ``return_lse``)."""
     B, Hq, Tq, D = q.shape
@@ -322,16 +318,8 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     why = supports(codec, q.dtype, G, dev, Hkv)
     if why:
         raise RuntimeError(f"decode_attention_lut cannot run: {why}")
-    cfg = default_config(codec) | (config or {})
-    vq = codec.value_quantizer
-    plan = _plan(codec, dev, cfg["fused"])
-    defs = {"D": D, "G": G, "BU": plan.b_u, "BR": plan.b_r, "VB": vq.bits, "UB": plan.u_bytes,
-            "FUSED": int(cfg["fused"]), "C": cfg["copies"], "NW": cfg["num_warps"],
-            "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q.dtype], "MINB": cfg["minb"]}
-    if cfg["copies"] not in (1, 2, 4, 8, 16):
-        raise ValueError(f"config copies must be a power of two <= 16, got {cfg['copies']!r}")
-    if cfg["merge"] not in ("kernel", "launch"):
-        raise ValueError(f"config merge must be 'kernel' or 'launch', got {cfg['merge']!r}")
+    cfg, lookup, defs = launch_defs(codec, q.dtype, G, config)
+    plan = _plan(codec, dev, lookup)
     merge_in = cfg["merge"] == "kernel" and _parts == "both"
     defs["MERGE_IN"] = int(merge_in)
     split_fn, comb_fn, lay = _module(defs)

@@ -3,7 +3,7 @@ then the PyTorch reference, one decision (kernels.backend.decide) that keeps eac
 
 CPU: the decision itself (fake paths, and the real ones asked about a CUDA device with CuPy
 hidden). GPU (sm_90 and CuPy; skipped elsewhere): 'auto' runs the LUT kernel for OCTOPUS and
-matches the reference; what it does not cover falls back to the Triton kernel with the reason.
+TurboQuant-MSE and matches the reference; what it does not cover falls back to the Triton kernel with the reason.
 """
 from __future__ import annotations
 
@@ -68,8 +68,9 @@ def test_real_paths_without_cupy_fall_back_with_the_reason(monkeypatch):
 
 def test_real_paths_refuse_what_the_lut_kernel_does_not_cover(monkeypatch):
     monkeypatch.delenv("KVCODEC_BACKEND", raising=False)
-    cases = [(make_codec("turboquant-mse", 3, 128, num_heads=2), 4, "octahedral keys"),
+    cases = [(make_codec("turboquant-prod", 3, 128, num_heads=2), 4, "QJL residual"),
              (make_codec("octopus-qjl", 3, 128, num_heads=2), 4, "QJL residual"),
+             (make_codec("turboquant-mse", 5, 128, num_heads=2), 4, "scalar key codes of 5 bits"),
              (make_codec("octopus", 3, 128, num_heads=1), 16, "at most 8"),
              (make_codec("octopus", 3, 128, num_heads=2, value_group=64), 4, "value quantizer")]
     for codec, Hq, why in cases:
@@ -129,12 +130,23 @@ def _rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+def test_turboquant_mse_is_covered_on_cuda(monkeypatch):
+    """Asked about a CUDA device (CuPy present or not): TurboQuant-MSE's layout is one the LUT kernel
+    reads, so its refusal, if any, is about the machine, never the codec."""
+    monkeypatch.delenv("KVCODEC_BACKEND", raising=False)
+    codec = make_codec("turboquant-mse", 3, 128, num_heads=2)
+    d = decide_attention(_q(), codec, 2, device=CUDA)
+    why = d.reason("lut")
+    assert d.path == "lut" or any(w in why for w in ("cupy missing", "CUDA is not available", "sm_90")), why
+
+
 @gpu
+@pytest.mark.parametrize("name", ["octopus", "turboquant-mse"])
 @pytest.mark.parametrize("bits", [2, 3, 4])
-def test_auto_runs_the_lut_kernel_for_octopus(bits, monkeypatch):
+def test_auto_runs_the_lut_kernel(name, bits, monkeypatch):
     monkeypatch.delenv("KVCODEC_BACKEND", raising=False)
     calls = _spy(monkeypatch)
-    codec, q, ks, vs, wk, wv = _state("octopus", bits, 128, B=2, Hkv=2, G=7, T=700, W=16, seed=bits)
+    codec, q, ks, vs, wk, wv = _state(name, bits, 128, B=2, Hkv=2, G=7, T=700, W=16, seed=bits)
     lengths = torch.tensor([700, 431], device="cuda")
     assert decide_attention(q, codec, 2) == Decision("lut")
     out = decode_attention(q, ks, vs, codec, wk, wv, lengths, backend="auto")
@@ -148,7 +160,7 @@ def test_auto_runs_the_lut_kernel_for_octopus(bits, monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("name,G,why", [("turboquant-mse", 4, "octahedral keys"), ("octopus-qjl", 4, "QJL residual"),
+@pytest.mark.parametrize("name,G,why", [("turboquant-prod", 4, "QJL residual"), ("octopus-qjl", 4, "QJL residual"),
                                         ("octopus", 12, "at most 8")])
 def test_auto_falls_back_to_triton_with_the_reason(name, G, why, monkeypatch):
     monkeypatch.delenv("KVCODEC_BACKEND", raising=False)

@@ -73,3 +73,23 @@ def test_kernels_read_the_layout_not_the_name():
     plan = plan_for(prod, "cpu")
     assert not plan.octa and plan.qjl and plan.sketch_split
     assert "no fused layout" in supports(make_codec("kivi", 2, 64))
+
+
+@pytest.mark.parametrize("name,bits", [("octopus", 2), ("octopus", 3), ("octopus", 4), ("turboquant-mse", 2),
+                                       ("turboquant-mse", 3), ("turboquant-mse", 4)])
+def test_code_groups_are_the_stored_codes(name, bits):
+    """FusedLayout.groups reads the stored codes row as group codes: OCTOPUS's fused triplet codes,
+    TurboQuant's 4 adjacent scalar codes (code 4g + i at bits [i b, (i + 1) b) of group g)."""
+    from kernels.packing import BitField
+
+    codec = make_codec(name, bits, 128, num_heads=2, backend="torch")
+    layout = codec.fused_layout()
+    row = codec.encode(torch.randn(1, 2, 9, 128, generator=torch.Generator().manual_seed(bits))).tensors[layout.codes_field]
+    g = layout.groups
+    got = BitField(g.count, g.width).unpack(row)
+    if name == "octopus":
+        assert (g.count, g.coords) == (43, 3) and torch.equal(got, layout.codes.fused(row))
+    else:
+        codes = layout.codes.unpack(row).unflatten(-1, (-1, 4))  # [..., 32, 4]
+        want = sum(codes[..., i] << (bits * i) for i in range(4))
+        assert (g.count, g.width, g.coords) == (32, 4 * bits, 4) and torch.equal(got, want)
