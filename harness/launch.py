@@ -218,7 +218,7 @@ def run_local(out: Path, run_argv: list[str], devices: list[str], quiet: bool) -
             if i in done:
                 continue
             env = {k: v for k, v in os.environ.items() if k not in CHILD_UNSET}
-            env.update(CUDA_VISIBLE_DEVICES=dev, PYTHONPATH=os.pathsep.join([root, *filter(None, [
+            env.update(CUDA_VISIBLE_DEVICES=dev, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join([root, *filter(None, [
                 os.environ.get("PYTHONPATH")])]))
             shard = Shard(i, count)
             with open(logs / f"{shard.tag}.log", "a", encoding="utf-8") as log:
