@@ -160,14 +160,19 @@ def run_parser(p: argparse.ArgumentParser) -> None:
                    "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT where set, else the whole run)")
 
 
+def run_config(a: argparse.Namespace):
+    """The :class:`RunConfig` of ``harness run``'s parsed arguments (the preset under the flags given)."""
+    from harness.config import RunConfig, with_preset
+
+    return RunConfig(**with_preset(a.preset, config_kwargs(a, RunConfig)))
+
+
 def cmd_run(a) -> int:
     from harness.runner import run
     from harness.shard import Shard, pin_local_gpu
 
-    from harness.config import RunConfig, with_preset
-
     pin_local_gpu(os.environ)  # torchrun / accelerate: this process's GPU, before CUDA starts
-    config = RunConfig(**with_preset(a.preset, config_kwargs(a, RunConfig)))
+    config = run_config(a)
     shard = Shard.parse(a.shard) if a.shard else Shard.from_env(os.environ)
     out = run(config, out=a.out, fresh=a.fresh, progress=not a.quiet, shard=shard)
     print(f"report: {out / 'report.md'} and {out / 'report.html'}")

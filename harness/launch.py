@@ -1,15 +1,15 @@
-"""``harness launch``: one run as N shards (:mod:`harness.shard`), one process per shard.
+"""harness launch: one run as N shards (harness/shard.py), one process per shard.
 
   harness launch --gpus 0,1 -- --model hf --model-path DIR --codec octopus --bits 2 3 4
   harness launch --gpus 4 -- ...            the first 4 visible GPUs
   harness launch --procs 2 -- ...           2 processes on the CPU (no GPU is visible to them)
   harness launch --slurm --shards 8 --partition gpu --time-min 240 -- ...   a submitit job array
 
-Everything after ``--`` is ``harness run``'s arguments, checked here before anything starts. Each
-process is ``harness run ... --shard I/N``, pinned to its GPU with CUDA_VISIBLE_DEVICES, its output in
-``RUN/logs/shard-I-of-N.log``; one line shows every shard's rows. The last shard to end merges the
+Everything after -- is harness run's arguments, checked here before anything starts. Each
+process is harness run ... --shard I/N, pinned to its GPU with CUDA_VISIBLE_DEVICES, its output in
+RUN/logs/shard-I-of-N.log; one line shows every shard's rows. The last shard to end merges the
 rows (byte-identical to one process's run); the exit status is 1 if any shard failed (its log is
-named; the same command resumes it). ``--fresh`` after ``--`` starts the run over once, here,
+named; the same command resumes it). --fresh after -- starts the run over once, here,
 before the shards start. Shards already complete (by the run's plan.json) are not started again.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import RunConfig, RunError, with_preset
+from .config import RunConfig, RunError
 from .lock import RunLock
 from .merge import MERGE_WAIT_S, finish, states, stored_rows
 from .rows import row_key
@@ -236,13 +236,13 @@ def run_local(out: Path, run_argv: list[str], devices: list[str], quiet: bool) -
 
 
 def main(argv: list[str]) -> int:
-    from .cli import config_kwargs
+    from .cli import config_kwargs, run_config
     from .runner import plan, resolve
 
     own, run_argv = split(argv)
     a = parser().parse_args(own)
     ra = run_namespace(run_argv)
-    config = RunConfig(**with_preset(ra.preset, config_kwargs(ra, RunConfig)))
+    config = run_config(ra)
     config, _ = resolve(config)  # every run argument checked, and prompts read, before anything starts
     plan(config)
     out = Path(ra.out or config.default_out()).absolute()

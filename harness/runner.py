@@ -250,6 +250,11 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
     the_plan = Plan([(name, [[p.id for p in b] for b in batches]) for name, _, batches in batched],
                     [(c.label, c.seed) for c in runs])
     write_plan(out, the_plan, log)
+    for name, _, batches in batched if shard else ():
+        if len(batches) < shard.count < sum(map(len, batches)):
+            log(f"note: {name} runs as {len(batches)} batch(es) for {shard.count} shards, so some shards have none "
+                f"of it; a smaller batch option (e.g. --task-opt {name}.batch=1) spreads it (rows then differ by "
+                f"float rounding: it is another run)")
     mine = batched if shard is None else [
         (name, task, [b for b, o in zip(batches, owner) if o == shard.index])
         for (name, task, batches), owner in zip(batched, the_plan.owners(shard.count))]

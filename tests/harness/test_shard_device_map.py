@@ -62,3 +62,23 @@ def test_device_map_is_refused_where_it_cannot_apply(tmp_path):
     with pytest.raises(RunError, match="--device-map 'balanced' is not a placement"):
         run(RunConfig(model="hf", model_path="x", device_map="balanced"), out=tmp_path / "r", **QUIET)
     assert not (tmp_path / "r").exists()
+
+
+def test_the_memory_arithmetic_in_the_docs_is_the_codecs_true_bytes():
+    """docs/scale_out.md's Qwen2.5-7B-Instruct-1M table: OCTOPUS keys + values per token per head,
+    measured by encoding (4 KV heads, head dim 128), times 28 layers x 4 heads, at 128k and 1M."""
+    from pathlib import Path
+
+    from kernels import CodecConfig, make_codec
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "scale_out.md").read_text()
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(1, 4, 96, 128, generator=g), torch.randn(1, 4, 96, 128, generator=g)
+    for bits in (2, 3, 4):
+        codec = make_codec(CodecConfig("octopus", bits, 128, num_heads=4))
+        per_head = (codec.encode(k).nbytes() + codec.encode_values(v).nbytes()) / (4 * 96)
+        per_token = int(28 * 4 * per_head)
+        assert f"| OCTOPUS {bits} bits: 28 × 4 × {per_head:.0f} B | {per_token:,} B | " \
+               f"{per_token * 131072 / 1e9:.1f} GB |" in doc
+        assert f"{per_token * 1048576 / 1e9:.1f} GB |\n" in doc
+    assert f"| {2 * 28 * 4 * 128 * 2:,} B | {2 * 28 * 4 * 128 * 2 * 131072 / 1e9:.1f} GB |" in doc
