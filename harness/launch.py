@@ -186,7 +186,7 @@ def wait_all(out: Path, workers: dict[int, object], count: int, quiet: bool, pol
     if read_plan(out) is not None and (failed or shard_files(out)):
         # a shard failed (the report names what is missing), or the last merge did not run
         with RunLock(out, role="merge", wait=MERGE_WAIT_S):
-            complete = finish(out, log=lambda *_: None)
+            complete = finish(out)
     for i in failed:
         print(f"harness launch: {Shard(i, count)} failed: {failure(i, workers[i])}; rerun the same command to "
               f"resume it", file=sys.stderr)
@@ -228,6 +228,10 @@ def run_local(out: Path, run_argv: list[str], devices: list[str], quiet: bool) -
                     stdin=subprocess.DEVNULL)
         return wait_all(out, procs, count, quiet, lambda p: p.poll(),
                         lambda i, p: f"exit {p.returncode}: {last_line(logs / f'{Shard(i, count).tag}.log')}")
+    except KeyboardInterrupt:
+        print(f"harness launch: interrupted; the shards stop, their rows are kept: rerun the same command to "
+              f"resume ({out})", file=sys.stderr)
+        return 130
     finally:
         for p in procs.values():  # an interrupted launch stops its own children
             if p.poll() is None:

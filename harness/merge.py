@@ -120,7 +120,7 @@ def complete(out: Path) -> bool:
     return all(k in keys for k in plan.keys())
 
 
-def finish(out: Path, log=print) -> bool:
+def finish(out: Path) -> bool:
     """Merge the shard files into rows.jsonl (plan order) and write summary.json, report.md and
     report.html; the caller holds the folder's lock. Returns whether every planned row is stored
     (then the shard files whose shard is not running are removed)."""
@@ -144,10 +144,10 @@ def finish(out: Path, log=print) -> bool:
     return True
 
 
-def report(out: Path, log=print) -> bool:
+def report(out: Path) -> bool:
     """``harness report RUN``: ``finish`` under the folder's lock where shard files are to be merged
     (a single-process run folder is only read, as before)."""
     if not shard_files(out):
-        return finish(out, log)
+        return finish(out)
     with RunLock(out, role="report", wait=MERGE_WAIT_S):
-        return finish(out, log)
+        return finish(out)

@@ -173,7 +173,7 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
             if created and not started:  # ours, and still empty but for the lock: leave nothing behind
                 shutil.rmtree(out, ignore_errors=True)
         _loop(config, out, model, cache_configs, skipped, work, on_row, progress, log, None)
-        finish(out, log)
+        finish(out)
     return out
 
 
@@ -189,8 +189,12 @@ def _run_shard(config, spec, work, out: Path, model, on_row, progress, log, shar
         if who is not None:
             raise RunLocked(f"{shard} of {out} is already running ({describe(who)}); wait for it, or run "
                             f"another shard (lock {lock.path})")
+        try:  # claimed: shards of another configuration now find this one's config.json
+            write_config(config, out)
+        except BaseException:
+            lock.release()
+            raise
     try:
-        write_config(config, out)
         log(f"{shard}" + (f" (from {shard.source})" if shard.source != "--shard" else ""))
         model, cache_configs, skipped = _load(config, spec, model, log)
         _loop(config, out, model, cache_configs, skipped, work, on_row, progress, log, shard)
@@ -198,7 +202,7 @@ def _run_shard(config, spec, work, out: Path, model, on_row, progress, log, shar
         lock.release()
     with RunLock(out, role="merge", wait=MERGE_WAIT_S):
         if complete(out):  # the last shard to end merges; `harness report` shows a run still going
-            finish(out, log)
+            finish(out)
             return out
     log(f"{shard} is done; the last shard to end merges the rows and writes the report (harness report "
         f"{out} shows the run so far)")

@@ -24,7 +24,7 @@ TEXT = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nin
 # perplexity batch 2: three prompts make batches [p0, p1] and [p2] (a batch never straddles shards)
 OPTS = {"perplexity": {"context": 120, "prefix": 60, "chunk": 20, "batch": 2},
         "needle": {"contexts": [400], "depths": [0.2, 0.5, 0.8], "needles": 1, "max_new_tokens": 2}}
-FILES = ("rows.jsonl", "summary.json", "report.md")
+FILES = ("rows.jsonl", "summary.json", "report.md", "report.html")
 QUIET = dict(progress=False, log=lambda *_: None)
 
 
