@@ -192,6 +192,9 @@ def wait_all(out: Path, workers: dict[int, object], count: int, quiet: bool, pol
               f"resume it", file=sys.stderr)
     if not failed and complete:
         print(f"report: {out / 'report.md'} and {out / 'report.html'}")
+    elif not failed:  # every process ended well, yet rows are missing (e.g. shards of another count ran beside)
+        print(f"harness launch: every shard ended, yet rows are missing ({out / 'report.md'} names them); rerun "
+              f"the same command to run them", file=sys.stderr)
     return 1 if failed or not complete else 0
 
 
