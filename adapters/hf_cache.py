@@ -37,6 +37,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindo
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from kernels import make_codec
+
 from .hf_arch import UnservableModel, attention_softcap, decoder_arch, geometry, servable
 from .kv_cache import CacheConfig, CompressedKVCache, LayerKV
 
@@ -60,6 +62,11 @@ class CompressedLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
+        codec = self.kv.codec
+        if codec is not None and codec.device != key_states.device:
+            # a model spread over GPUs (device_map): this layer runs elsewhere than model.device, so its
+            # codec is built again where its keys are (the same tables: codecs draw on the CPU)
+            self.kv.codec = make_codec(codec.config, device=key_states.device)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):

@@ -7,6 +7,9 @@
   harness compare reports/RUN [reports/RUN2 ...]  each later run minus the first, paired, with 95% intervals
   harness compare reports/A reports/B --html cmp.html   ... also as a page with plots and sortable tables
   harness report reports/RUN                     rebuild summary.json, report.md + report.html from rows.jsonl
+                                                (merging the rows of shards first)
+  harness launch --gpus 0,1 -- --model hf ...   one run split over GPUs (--procs N on CPUs, --slurm on a
+                                                cluster); merged as one process would have written it
   harness list                                  models, codecs (with bits), tasks (with options), metrics
   harness probe ... / harness bench ...         the synthetic probe / kernel benchmarks
   harness lm-eval --model kvcodec --model_args pretrained=DIR,codec=octopus,bits=3 --tasks T
@@ -153,15 +156,26 @@ def run_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="run folder (default reports/<model>-<config hash>; reruns resume)")
     p.add_argument("--fresh", action="store_true", help="discard what --out holds and start over")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based) of the run's prompts, in the same "
+                   "--out as the other shards; the last to end merges (default: from RANK/WORLD_SIZE or "
+                   "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT where set, else the whole run)")
+
+
+def run_config(a: argparse.Namespace):
+    """The :class:`RunConfig` of ``harness run``'s parsed arguments (the preset under the flags given)."""
+    from harness.config import RunConfig, with_preset
+
+    return RunConfig(**with_preset(a.preset, config_kwargs(a, RunConfig)))
 
 
 def cmd_run(a) -> int:
     from harness.runner import run
+    from harness.shard import Shard, pin_local_gpu
 
-    from harness.config import RunConfig, with_preset
-
-    config = RunConfig(**with_preset(a.preset, config_kwargs(a, RunConfig)))
-    out = run(config, out=a.out, fresh=a.fresh, progress=not a.quiet)
+    pin_local_gpu(os.environ)  # torchrun / accelerate: this process's GPU, before CUDA starts
+    config = run_config(a)
+    shard = Shard.parse(a.shard) if a.shard else Shard.from_env(os.environ)
+    out = run(config, out=a.out, fresh=a.fresh, progress=not a.quiet, shard=shard)
     print(f"report: {out / 'report.md'} and {out / 'report.html'}")
     return 0
 
@@ -183,9 +197,9 @@ def cmd_compare(a) -> int:
 
 
 def cmd_report(a) -> int:
-    from harness.runner import finish
+    from harness.merge import report
 
-    finish(a.run)
+    report(a.run)
     print(f"report: {Path(a.run) / 'report.md'} and {Path(a.run) / 'report.html'}")
     return 0
 
@@ -262,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("probe", "bench"):  # their own argument parsers
         return _delegate(f"harness.{argv[0]}", argv[0], argv[1:])
+    if argv and argv[0] == "launch":  # its own options, then `--` and the run's
+        return _delegate("harness.launch", "launch", argv[1:])
     if argv and argv[0] == "lm-eval":  # lm-eval's own command line, with the kvcodec model registered
         return _delegate("harness.lm_eval_model", "lm-eval", argv[1:])
     parser = argparse.ArgumentParser(prog="harness", description=__doc__,
@@ -277,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("report", help="rebuild summary.json, report.md and report.html of a run")
     pr.add_argument("run", type=Path)
     sub.add_parser("list", help="models, codecs, tasks, metrics")
+    sub.add_parser("launch", help="one run as shards in several processes: --gpus 0,1 / --procs N / --slurm "
+                                  "(harness launch --help)")
     sub.add_parser("probe", help="the synthetic probe (harness probe --help)")
     sub.add_parser("bench", help="kernel benchmarks (harness bench --help)")
     sub.add_parser("lm-eval", help="lm-evaluation-harness with the 'kvcodec' model: harness lm-eval --model kvcodec "

@@ -85,6 +85,12 @@ class RunConfig:
     # also run codec 'none' through the cache path (a row per prompt; KL must be 0)
     baseline: bool = field(default=True, metadata=cli("do not add the codec 'none' rows", flag="--no-baseline-row"))
 
+    # --- scale (harness.shard, docs/scale_out.md) ---
+    # a text model larger than one GPU: its layers spread over the visible GPUs by accelerate
+    device_map: str | None = field(default=None, metadata=cli(
+        "'auto': spread a text model that does not fit one GPU over every visible GPU (accelerate)",
+        choices=("auto",)))
+
     def to_json(self) -> dict:
         return {"version": RUN_CONFIG_VERSION, **asdict(self)}
 
@@ -129,6 +135,8 @@ class RunConfig:
                                f"device(s); use cuda:0..cuda:{torch.cuda.device_count() - 1}")
         from adapters.loading import DTYPES
 
+        if self.device_map not in (None, "auto"):
+            raise RunError(f"--device-map '{self.device_map}' is not a placement; use auto, or leave it out")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise RunError(f"--dtype '{self.dtype}' is not a dtype; use auto, {', '.join(sorted(DTYPES))}")
         notes = []

@@ -107,7 +107,9 @@ def plot_metric(path: Path, task: str, m: dict, groups: list[dict]) -> bool:
 
 
 # --- the report ---------------------------------------------------------------------------------
-def write_report(out: Path) -> Path:
+def write_report(out: Path, notes: list[str] = ()) -> Path:
+    """report.md and report.html of run folder ``out``; ``notes``: markdown lines shown under the title
+    (what a run has not stored yet, :mod:`harness.merge`)."""
     out = Path(out)
     config = json.loads((out / "config.json").read_text())
     model = json.loads((out / "model.json").read_text()) if (out / "model.json").exists() else {}
@@ -115,7 +117,7 @@ def write_report(out: Path) -> Path:
     if not summary or summary.get("version") != SUMMARY_VERSION:  # none yet, or an older layout
         summary = summarize(out)
     rows = read_rows(out / "rows.jsonl")
-    md = [f"# KV-cache codec report: {config['model']}", ""]
+    md = [f"# KV-cache codec report: {config['model']}", "", *notes]
     md += _header(config, model.get("model", {}), summary)
     order = [t for t in config.get("tasks", []) if t in summary["tasks"]]
     for task in order + [t for t in summary["tasks"] if t not in order]:

@@ -123,6 +123,8 @@ def inside(root: Path, *parts) -> Path:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    """Write ``text`` to ``path`` whole or not at all (the temporary name is per process: shards of
+    one run write the same files)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

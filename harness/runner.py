@@ -18,6 +18,12 @@ otherwise):
                     one page with interactive plots and the rollouts' media side by side
 - ``timings.jsonl`` wall seconds per batch and configuration (the only file that differs between
                     identical runs)
+- ``plan.json``     the batches and cache configurations in the order one process runs them
+
+A run may be split over processes (``shard``; :mod:`harness.shard`): shard I of N runs its share of
+the batches and appends to ``rows.shard-I-of-N.jsonl`` and ``timings.shard-I-of-N.jsonl``; the last
+to end merges the rows into rows.jsonl in plan order (:mod:`harness.merge`), byte-identical to one
+process's.
 
 Rows and summary hold no timestamps, and floats are written with 7 significant digits, so the
 same command gives byte-identical rows.jsonl and summary.json. The configuration is in
@@ -25,6 +31,7 @@ same command gives byte-identical rows.jsonl and summary.json. The configuration
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -36,11 +43,12 @@ from adapters.kv_cache import CacheConfig
 from adapters.protocol import ModelAdapter
 
 from .config import DEFAULT_TASKS, RunConfig, RunError, seeded
-from .report import write_report
 from .environment import environment, environment_diff
-from .lock import LOCK_NAME, RunLock
-from .rows import append_line, atomic_write, dumps, inside, read_rows, row_key, safe_name
-from .summary import summarize
+from .lock import RunLock, RunLocked, describe
+from .merge import MERGE_WAIT_S, complete, finish, stored_rows
+from .rows import append_line, atomic_write, dumps, inside, row_key, safe_name
+from .run_folder import claim_out, make_out, refuse_live_shards, start_out, write_config
+from .shard import ROWS_NAME, Plan, Shard, write_plan
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -55,6 +63,9 @@ def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
     for note in config.validate():
         log(note)
     spec = get_model(config.model)
+    if config.device_map and "device_map" not in inspect.signature(spec.load).parameters:
+        raise RunError(f"--device-map {config.device_map}: model '{config.model}' ({spec.modality}) loads on one "
+                       f"device; leave --device-map out")
     if not config.tasks:
         config.tasks = list(DEFAULT_TASKS.get(spec.modality, (spec.default_task,) if spec.default_task else ()))
         if not config.tasks:
@@ -126,90 +137,34 @@ def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int]
     return ok, skipped
 
 
-RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "report.html", "plotly.min.js", "timings.jsonl", "model.json",
-             "config.json")
-RUN_DIRS = ("baselines", "video", "audio")
-
-
-def check_out(out: Path) -> None:
-    """``out`` is a folder, or can be created as one, and can be written."""
-    if out.exists() and not out.is_dir():
-        raise RunError(f"--out {out} is a file, not a folder; pass a folder path")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise RunError(f"--out {out}: {parent} is a file, not a folder; pass another --out")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RunError(f"--out {out}: {parent} is not writable; pass a folder you can write")
-
-
-def _run_config(path: Path) -> dict | None:
-    """The RunConfig JSON of a harness run folder's config.json; None where it is not one."""
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-        RunConfig.from_json(d)
-    except (OSError, UnicodeDecodeError, ValueError, TypeError):
-        return None
-    return d if isinstance(d, dict) and "version" in d else None
-
-
-def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
-    """Under the lock, before anything is written: ``out`` must be empty or a harness run folder
-    (by its config.json) of this configuration, or of any configuration with ``fresh``."""
-    entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
-    if not entries:
-        return
-    old = _run_config(out / "config.json")
-    if old is None:
-        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-        raise RunError(f"--out {out} holds files that are not a harness run ({shown}); pass a new or "
-                       f"empty folder (--fresh only starts over a harness run folder)")
-    try:  # a folder written before a field was added: that field takes its default
-        old = json.loads(dumps(RunConfig.from_json(old).to_json()))
-    except (TypeError, ValueError):
-        pass  # an unreadable config is reported as differing below
-    new = json.loads(dumps(config.to_json()))
-    if old != new and not fresh:
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        raise RunError(f"{out} holds a run with another configuration (differs in: {', '.join(diff)}); "
-                       f"pass another --out, or --fresh to start it over")
-
-
-def start_out(config: RunConfig, out: Path, fresh: bool) -> None:
-    """Once the model has loaded: with ``fresh`` delete the run files of ``out`` (claimed by
-    ``claim_out``), then write config.json."""
-    if fresh:
-        for name in RUN_FILES:
-            (out / name).unlink(missing_ok=True)
-        for name in RUN_DIRS:
-            shutil.rmtree(out / name, ignore_errors=True)
-        for f in [*out.glob("*.png"), *out.glob("*.tmp")]:
-            f.unlink(missing_ok=True)
-    atomic_write(out / "config.json", dumps(config.to_json(), indent=2) + "\n")
-
-
 def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=None,
-        on_row: Callable[[dict], None] | None = None, progress: bool = True, log=print) -> Path:
+        on_row: Callable[[dict], None] | None = None, progress: bool = True, log=print,
+        shard: Shard | None = None) -> Path:
     """Run (or resume) ``config``; returns the run folder. ``model``: an already loaded model
-    (tests); ``on_row(row)`` is called after each row is stored.
+    (tests); ``on_row(row)`` is called after each row is stored; ``shard``: run only that shard's
+    batches (:mod:`harness.shard`; None or a count of 1: the whole run in this process).
 
     Every argument is checked before the folder is touched or the model loads; the folder is
     locked (:class:`harness.lock.RunLock`) and claimed (``claim_out``); nothing in it changes
-    until the model has loaded and passed its checks. A folder this call created is removed
-    again if it fails before then."""
+    until the model has loaded and passed its checks (a shard writes config.json as it claims the
+    folder, so that shards of another configuration cannot start beside it). A folder this call
+    created is removed again if it fails before then (not by a shard: others may be using it)."""
     config, spec = resolve(config, log)
     work = plan(config, log)
     out = Path(out) if out else config.default_out()
-    check_out(out)
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RunError(f"--out {out}: cannot create it ({e.strerror}); pass another --out") from None
-    with RunLock(out):
+    if shard is not None and shard.count == 1:
+        shard = None
+    if shard is not None:
+        if fresh:
+            raise RunError(f"--fresh with {shard.source} would discard the other shards' rows: start over "
+                           f"with `harness launch ... -- ... --fresh`, or once with `harness run --fresh` "
+                           f"without shards")
+        return _run_shard(config, spec, work, out, model, on_row, progress, log, shard)
+    created = make_out(out)
+    with RunLock(out, wait=MERGE_WAIT_S):
         started = False
         try:
+            refuse_live_shards(out)
             claim_out(config, out, fresh)
             model, cache_configs, skipped = _load(config, spec, model, log)
             start_out(config, out, fresh)
@@ -217,7 +172,40 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
         finally:
             if created and not started:  # ours, and still empty but for the lock: leave nothing behind
                 shutil.rmtree(out, ignore_errors=True)
-        _loop(config, out, model, cache_configs, skipped, work, on_row, progress, log)
+        _loop(config, out, model, cache_configs, skipped, work, on_row, progress, log, None)
+        finish(out)
+    return out
+
+
+def _run_shard(config, spec, work, out: Path, model, on_row, progress, log, shard: Shard) -> Path:
+    """``run`` for one shard: claim the folder under its lock for a moment, hold the shard's own
+    lock while it runs, then merge if every planned row is stored (the last shard to end does)."""
+    make_out(out)
+    lock = RunLock(out, shard.lock_name, role="shard")
+    with RunLock(out, role="start", wait=MERGE_WAIT_S):
+        refuse_live_shards(out, allowed_count=shard.count)
+        claim_out(config, out, fresh=False)
+        who = lock.try_acquire()
+        if who is not None:
+            raise RunLocked(f"{shard} of {out} is already running ({describe(who)}); wait for it, or run "
+                            f"another shard (lock {lock.path})")
+        try:  # claimed: shards of another configuration now find this one's config.json
+            write_config(config, out)
+        except BaseException:
+            lock.release()
+            raise
+    try:
+        log(f"{shard}" + (f" (from {shard.source})" if shard.source != "--shard" else ""))
+        model, cache_configs, skipped = _load(config, spec, model, log)
+        _loop(config, out, model, cache_configs, skipped, work, on_row, progress, log, shard)
+    finally:
+        lock.release()
+    with RunLock(out, role="merge", wait=MERGE_WAIT_S):
+        if complete(out):  # the last shard to end merges; `harness report` shows a run still going
+            finish(out)
+            return out
+    log(f"{shard} is done; the last shard to end merges the rows and writes the report (harness report "
+        f"{out} shows the run so far)")
     return out
 
 
@@ -225,7 +213,8 @@ def _load(config: RunConfig, spec, model, log) -> tuple[ModelAdapter, list[Cache
     """The model (loaded unless given) and the cache configurations it can run, with the skipped."""
     if model is None:
         log(f"loading {config.model}" + (f" from {config.model_path}" if config.model_path else ""))
-        model = spec.load(config.model_path, config.device, config.dtype)
+        placed = {"device_map": config.device_map} if config.device_map else {}
+        model = spec.load(config.model_path, config.device, config.dtype, **placed)
     if not isinstance(model, ModelAdapter) or model.modality != spec.modality:
         raise RunError(f"model '{config.model}' must be a {spec.modality} adapters.protocol.ModelAdapter, "
                        f"got {type(model).__name__} ({getattr(model, 'modality', '?')})")
@@ -244,7 +233,8 @@ def plan(config: RunConfig, log=print) -> list[tuple[str, object, list]]:
     return out
 
 
-def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_row, progress: bool, log) -> None:
+def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_row, progress: bool, log,
+          shard: Shard | None) -> None:
     from tqdm.auto import tqdm
 
     for s in skipped:
@@ -259,14 +249,29 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
     _note_other_environment(out / "model.json", env, log)
     atomic_write(out / "model.json", dumps({"model": model.describe(), "skipped": skipped, "environment": env},
                                            indent=2) + "\n")
+    # the batches one process runs, in its order; a shard runs those the plan assigns it
+    batched = [(name, task, task.batches(model, prompts)) for name, task, prompts in work]
+    the_plan = Plan([(name, [[p.id for p in b] for b in batches]) for name, _, batches in batched],
+                    [(c.label, c.seed) for c in runs])
+    write_plan(out, the_plan, log)
+    for name, _, batches in batched if shard else ():
+        if len(batches) < shard.count < sum(map(len, batches)):
+            log(f"note: {name} runs as {len(batches)} batch(es) for {shard.count} shards, so some shards have none "
+                f"of it; a smaller batch option (e.g. --task-opt {name}.batch=1) spreads it (rows then differ by "
+                f"float rounding: it is another run)")
+    mine = batched if shard is None else [
+        (name, task, [b for b, o in zip(batches, owner) if o == shard.index])
+        for (name, task, batches), owner in zip(batched, the_plan.owners(shard.count))]
 
-    rows_path = out / "rows.jsonl"
-    done = {row_key(r) for r in read_rows(rows_path, repair=True)}
-    total = sum(len(p) for _, _, p in work) * len(runs)
-    bar = tqdm(total=total, initial=len(done), desc="rows", disable=not progress, unit="row", dynamic_ncols=True)
+    rows_path = out / (shard.rows_name if shard else ROWS_NAME)
+    timings_path = out / (shard.timings_name if shard else "timings.jsonl")
+    done = {row_key(r) for r in stored_rows(out, repair=rows_path)}
+    planned = [(name, p.id, c.label, c.seed) for name, _, batches in mine for b in batches for c in runs for p in b]
+    bar = tqdm(total=len(planned), initial=sum(k in done for k in planned), desc=str(shard or "rows"),
+               disable=not progress, unit="row", dynamic_ncols=True)
     try:
-        for name, task, prompts in work:
-            for batch in task.batches(model, prompts):
+        for name, task, batches in mine:
+            for batch in batches:
                 keys = [[(name, p.id, c.label, c.seed) for p in batch] for c in runs]
                 todo = [(c, k) for c, k in zip(runs, keys) if any(key not in done for key in k)]
                 if not todo:
@@ -278,7 +283,7 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
                     bar.set_postfix_str(f"{name}/{shown} {c.label} seed {c.seed}")
                     t0 = time.perf_counter()
                     results = task.evaluate_batch(model, batch, c, config.seed, baselines, out)
-                    append_line(out / "timings.jsonl", json.dumps(
+                    append_line(timings_path, json.dumps(
                         {"task": name, "prompts": [p.id for p in batch], "label": c.label, "codec_seed": c.seed,
                          "seconds": round(time.perf_counter() - t0, 3)}))
                     for prompt, key, result in zip(batch, batch_keys, results):
@@ -297,7 +302,6 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
                             on_row(row)
     finally:
         bar.close()
-    finish(out)
 
 
 def _note_other_environment(path: Path, env: dict, log) -> None:
@@ -343,14 +347,7 @@ def _baselines(task, name: str, model, batch: list, seed: int, out: Path) -> lis
     baselines = task.baseline_batch(model, batch, seed)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     for path, baseline in zip(paths, baselines):
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         task.save_baseline(baseline, tmp)
         os.replace(tmp, path)
     return baselines
-
-
-def finish(out: Path) -> None:
-    """Write summary.json and report.md from the rows on disk."""
-    out = Path(out)
-    atomic_write(out / "summary.json", dumps(summarize(out), indent=2) + "\n")
-    write_report(out)

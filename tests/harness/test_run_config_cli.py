@@ -47,6 +47,7 @@ ARGV = {
     "codec_options": (["--codec-opt", "octopus.split=3,3,3", "--codec-opt", "qjl.sketch=64"],
                       {"octopus": {"split": "3,3,3"}, "qjl": {"sketch": "64"}}),
     "baseline": (["--no-baseline-row"], False),
+    "device_map": (["--device-map", "auto"], "auto"),
 }
 
 

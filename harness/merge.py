@@ -1,0 +1,153 @@
+"""Merging a run's rows files and writing its summary and report.
+
+A run folder's rows are the union of ``rows.jsonl`` and the shard files ``rows.shard-I-of-N.jsonl``
+(:mod:`harness.shard`), deduplicated by row key (the same key gives the same row, whoever
+computed it). ``finish`` writes them back to rows.jsonl in plan order, the order one process
+writes them, so the merged rows.jsonl, summary.json and report.md are byte-identical to a
+single-process run's; once every planned row is there the shard files go. Rows a run planned but
+does not hold are named in report.md, per shard, with how to resume them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .lock import LOCK_NAME, RunLock, holder
+from .report import write_report
+from .rows import atomic_write, dumps, read_rows, row_key
+from .shard import ROWS_NAME, Plan, Shard, read_plan, shard_files
+from .summary import summarize
+
+#: seconds a process waits for another's brief hold of the folder's lock (a shard starting, a merge)
+MERGE_WAIT_S = 600.0
+
+
+def stored_rows(out: Path, repair: Path | None = None) -> list[dict]:
+    """Every complete row of rows.jsonl and the shard files, first occurrence of each key kept.
+    ``repair``: the one file this process writes, whose torn last line (a crash) is cut off; the
+    others may be mid-append by their own process, and their partial last line is only skipped."""
+    out = Path(out)
+    seen, rows = set(), []
+    for path in [out / ROWS_NAME, *shard_files(out).values()]:
+        for r in read_rows(path, repair=path == repair):
+            key = row_key(r)
+            if key not in seen:
+                seen.add(key)
+                rows.append(r)
+    return rows
+
+
+def in_plan_order(rows: list[dict], plan: Plan | None) -> list[dict]:
+    """``rows`` sorted into plan order; rows the plan does not name keep their order, at the end."""
+    if plan is None:
+        return rows
+    pos = {k: i for i, k in enumerate(plan.keys())}
+    end = len(pos)
+    return [r for _, _, r in sorted((pos.get(row_key(r), end), i, r) for i, r in enumerate(rows))]
+
+
+@dataclass
+class ShardState:
+    shard: Shard | None  # None: the single-process view of the run
+    planned: int
+    done: int
+    running: bool
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.planned
+
+
+def shard_counts(out: Path) -> list[int]:
+    """Shard counts seen in ``out`` (rows files and locks), the most recently written first."""
+    seen: dict[int, float] = {}
+    for pattern in ("rows.shard-*-of-*.jsonl", f"{LOCK_NAME}.shard-*-of-*"):
+        for p in Path(out).glob(pattern):
+            tail = p.name.removesuffix(".jsonl").rpartition("-of-")[2]
+            if tail.isdigit() and int(tail) > 0:
+                try:
+                    seen[int(tail)] = max(seen.get(int(tail), 0.0), p.stat().st_mtime)
+                except FileNotFoundError:
+                    continue
+    return sorted(seen, key=lambda n: -seen[n])
+
+
+def states(out: Path, plan: Plan, keys: set, count: int | None = None) -> list[ShardState]:
+    """Per shard of ``count`` (default: the latest count seen, else one process): rows planned,
+    rows stored (in any file), and whether its process is alive."""
+    counts = shard_counts(out)
+    count = count or (counts[0] if counts else 1)
+    if count == 1:
+        planned = plan.keys()
+        return [ShardState(None, len(planned), sum(k in keys for k in planned),
+                           holder(Path(out) / LOCK_NAME) is not None)]
+    found = []
+    for i in range(count):
+        shard = Shard(i, count)
+        planned = plan.shard_keys(shard)
+        found.append(ShardState(shard, len(planned), sum(k in keys for k in planned),
+                                holder(Path(out) / shard.lock_name) is not None))
+    return found
+
+
+def incomplete_note(out: Path, plan: Plan | None, rows: list[dict]) -> list[str]:
+    """report.md's lines naming what is missing and how to resume it; none when complete."""
+    if plan is None:
+        return []
+    keys = {row_key(r) for r in rows}
+    planned = plan.keys()
+    have = sum(k in keys for k in planned)
+    if have == len(planned):
+        return []
+    parts = []
+    for s in states(out, plan, keys):
+        if s.complete or s.shard is None:
+            continue
+        what = "running" if s.running else ("not started" if s.done == 0 else "stopped")
+        parts.append(f"{s.shard} has {s.done} of {s.planned} rows ({what})")
+    head = f"**Incomplete**: {have} of {len(planned)} planned rows are stored"
+    how = ("rerun the same `harness launch` / `harness run --shard I/N` command to resume them" if parts else
+           "rerun the same `harness run` command to resume")
+    return [head + ("; " + "; ".join(parts) if parts else "") + f"; {how} (rows already stored are kept).", ""]
+
+
+def complete(out: Path) -> bool:
+    """Whether every row of the run's plan is stored (in any rows file)."""
+    plan = read_plan(out)
+    if plan is None:
+        return False
+    keys = {row_key(r) for r in stored_rows(out)}
+    return all(k in keys for k in plan.keys())
+
+
+def finish(out: Path) -> bool:
+    """Merge the shard files into rows.jsonl (plan order) and write summary.json, report.md and
+    report.html; the caller holds the folder's lock. Returns whether every planned row is stored
+    (then the shard files whose shard is not running are removed)."""
+    out = Path(out)
+    plan, files = read_plan(out), shard_files(out)
+    rows = stored_rows(out)
+    if files:
+        atomic_write(out / ROWS_NAME, "".join(dumps(r) + "\n" for r in in_plan_order(rows, plan)))
+    note = incomplete_note(out, plan, rows)
+    atomic_write(out / "summary.json", dumps(summarize(out), indent=2) + "\n")
+    write_report(out, note)
+    if note:
+        return False
+    for shard, path in files.items():
+        lock = RunLock(out, shard.lock_name, role="merge")
+        if lock.try_acquire() is None:  # its process is gone: rows.jsonl holds its rows now
+            try:
+                path.unlink(missing_ok=True)
+            finally:
+                lock.release()
+    return True
+
+
+def report(out: Path) -> bool:
+    """``harness report RUN``: ``finish`` under the folder's lock where shard files are to be merged
+    (a single-process run folder is only read, as before)."""
+    if not shard_files(out):
+        return finish(out)
+    with RunLock(out, role="report", wait=MERGE_WAIT_S):
+        return finish(out)

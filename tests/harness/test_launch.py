@@ -1,0 +1,128 @@
+"""harness/launch.py with real processes on the CPU: `harness launch --procs 2` runs two shards and
+merges to the single process's bytes; a shard killed midway fails the launch (exit 1, the shard and
+its log named, the report naming what is missing) and the same command resumes it; torchrun's
+RANK/WORLD_SIZE shard `harness run` the same way; bad launches stop with one line."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny_lm import save_tiny_checkpoint
+
+from harness.cli import main
+from harness.launch import gpu_list, split
+from harness.config import RunError
+from harness.lock import owner
+from harness.rows import read_rows
+from harness.shard import Shard
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = ("rows.jsonl", "summary.json", "report.md", "config.json")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def args(ckpt, tmp_path_factory):
+    text = tmp_path_factory.mktemp("text") / "t.txt"
+    text.write_text("The cat sat on the mat and looked at the dog. " * 100)
+    # 4 perplexity prompts one by one (4 batches, 2 a shard) x 3 configurations: a shard runs for seconds
+    return ["--model", "hf", "--model-path", str(ckpt), "--task", "perplexity", "--prompts", str(text), "--limit", "4",
+            "--codec", "octopus", "--bits", "2", "3", "--codec-seeds", "0", "--residual", "8",
+            *(x for o in ("context=100", "prefix=40", "chunk=20", "batch=1") for x in ("--task-opt", f"perplexity.{o}"))]
+
+
+@pytest.fixture(scope="module")
+def single(args, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "run"
+    assert main(["run", *args, "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+def _bytes(out):
+    return {n: (out / n).read_bytes() for n in FILES}
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _launch(*argv) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness.cli", "launch", *argv], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_processes_merge_and_a_killed_shard_resumes(args, single, tmp_path, capsys):
+    out = tmp_path / "run"
+    first = _launch("--procs", "2", "--quiet", "--", *args, "--out", str(out))
+    victim = Shard(1, 2)
+    deadline = time.monotonic() + 240
+    while not read_rows(out / victim.rows_name):  # shard 1 has stored a row: kill it mid-run
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)
+    pid = owner(out / victim.lock_name)[0]
+    os.kill(pid, signal.SIGKILL)
+    _, err = first.communicate(timeout=240)
+    assert first.returncode == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("harness launch: shard 1 of 2 failed: exit -9") and \
+        f"log: {out / 'logs' / 'shard-1-of-2.log'}" in lines[0] and "rerun the same command" in lines[0], err
+    md = (out / "report.md").read_text()
+    assert "**Incomplete**" in md and "shard 1 of 2 has" in md and "(stopped)" in md
+    assert (out / victim.lock_name).exists()  # left by the killed process, stale: taken over below
+
+    assert main(["launch", "--procs", "2", "--quiet", "--", *args, "--out", str(out)]) == 0  # the same command
+    assert f"report: {out / 'report.md'}" in capsys.readouterr().out
+    assert _bytes(out) == _bytes(single)
+    assert sorted(p.name for p in out.glob("rows*")) == ["rows.jsonl"] and not list(out.glob(".lock*"))
+    # the complete shard 0 was not started again; shard 1 resumed (its log holds both attempts)
+    assert (out / "logs" / "shard-0-of-2.log").read_text().count("loading hf") == 1
+    assert (out / "logs" / "shard-1-of-2.log").read_text().count("loading hf") == 2
+
+
+def test_torchrun_shards_harness_run(args, single, tmp_path):
+    """The documented `torchrun --nproc-per-node 2 -m harness.cli run ...`: RANK/WORLD_SIZE pick the shards."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "harness.cli", "run", *args, "--quiet", "--out", str(out)], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _bytes(out) == _bytes(single)
+
+
+def test_bad_launches_stop_with_one_line(args, tmp_path, capsys):
+    for argv, message in (
+        (["--procs", "2"], "needs the run's arguments after '--'"),
+        (["--procs", "2", "--", *args, "--shard", "0/2"], "--shard is set per process by harness launch"),
+        (["--procs", "0", "--", *args], "--procs must be >= 1"),
+        (["--procs", "2", "--", *args, "--device", "cuda"], "CUDA is not available|--procs runs on the CPU"),
+        (["--procs", "2", "--shards", "3", "--", *args], "--shards and --detach go with --slurm"),
+        (["--slurm", "--", *args], "--slurm needs --shards N"),
+        (["--procs", "2", "--", *args, "--codec", "nope"], "Unknown codec 'nope'"),
+    ):
+        assert main(["launch", *argv, "--out", str(tmp_path / "x")]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("harness launch: error:") and re.search(message, err[0]), err
+    assert not (tmp_path / "x").exists()  # nothing started, nothing written
+
+
+def test_gpu_lists():
+    env = {"CUDA_VISIBLE_DEVICES": "3,5,7"}
+    assert gpu_list("2", env) == ["3", "5"] and gpu_list("0,2", env) == ["3", "7"] and gpu_list("1,", env) == ["5"]
+    for spec, message in (("4", "3 GPU\\(s\\) are visible"), ("0,0", "each used once"), ("a", "indices"),
+                          ("0", "no GPU named")):
+        with pytest.raises(RunError, match=message):
+            gpu_list(spec, env)
+    with pytest.raises(RunError, match="no CUDA device is visible here; use --procs"):
+        gpu_list("1", {"CUDA_VISIBLE_DEVICES": ""})
+    assert split(["--procs", "2", "--", "--model", "hf", "--", "x"]) == (["--procs", "2"], ["--model", "hf", "--", "x"])
