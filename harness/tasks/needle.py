@@ -156,20 +156,46 @@ class NeedleTask(Task):
 
     # --- the contract ------------------------------------------------------------------------
     def baseline(self, model, prompt: Prompt, seed: int) -> dict:
-        p = self.build(model, prompt, seed)
-        # the baseline's distributions along its own answer, computed exactly as a codec's are
-        r = model.greedy(p["ids"], self.opt("max_new_tokens"), None, force="self")
-        top_ids, top_logp = topk_logprobs(r["forced_logits"], self.opt("topk"))
-        answer = model.decode(r["tokens"])
-        return {"ids_sha": text_hash(repr(p["ids"])), "tokens": r["tokens"], "answer": answer,
-                "top_ids": top_ids, "top_logp": top_logp, "value": p["value"], "prompt_tokens": len(p["ids"])}
+        return self.baseline_batch(model, [prompt], seed)[0]
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: dict, out_dir: Path) -> dict:
-        p = self.build(model, prompt, seed)
-        if text_hash(repr(p["ids"])) != baseline["ids_sha"]:
-            raise RuntimeError(f"prompt '{prompt.id}': the stored baseline was made from another prompt "
-                               f"(another tokenizer or haystack?); start a fresh run")
-        r = model.greedy(p["ids"], self.opt("max_new_tokens"), cache_config, force=baseline["tokens"])
+        return self.evaluate_batch(model, [prompt], cache_config, seed, [baseline], out_dir)[0]
+
+    def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
+        """Runs of up to ``--batch-size`` consecutive prompts of one context size (a batch is padded
+        to its longest prompt; a row does not depend on its batch beyond float rounding)."""
+        size, out = self.prompts_per_batch(model), []
+        for p in prompts:
+            if out and len(out[-1]) < size and out[-1][0].data["context"] == p.data["context"]:
+                out[-1].append(p)
+            else:
+                out.append([p])
+        return out
+
+    def baseline_batch(self, model, prompts: list[Prompt], seed: int) -> list[dict]:
+        built = [self.build(model, p, seed) for p in prompts]
+        # the baseline's distributions along its own answer, computed exactly as a codec's are
+        results = model.greedy([p["ids"] for p in built], self.opt("max_new_tokens"), None, force="self")
+        out = []
+        for p, r in zip(built, results):
+            top_ids, top_logp = topk_logprobs(r["forced_logits"], self.opt("topk"))
+            out.append({"ids_sha": text_hash(repr(p["ids"])), "tokens": r["tokens"], "answer": model.decode(r["tokens"]),
+                        "top_ids": top_ids, "top_logp": top_logp, "value": p["value"], "prompt_tokens": len(p["ids"])})
+        return out
+
+    def evaluate_batch(self, model, prompts: list[Prompt], cache_config, seed: int, baselines: list[dict],
+                       out_dir: Path) -> list[dict]:
+        built = [self.build(model, p, seed) for p in prompts]
+        for prompt, p, baseline in zip(prompts, built, baselines):
+            if text_hash(repr(p["ids"])) != baseline["ids_sha"]:
+                raise RuntimeError(f"prompt '{prompt.id}': the stored baseline was made from another prompt "
+                                   f"(another tokenizer or haystack?); start a fresh run")
+        results = model.greedy([p["ids"] for p in built], self.opt("max_new_tokens"), cache_config,
+                               force=[b["tokens"] for b in baselines])
+        return [self._row(model, p, r, baseline) for p, r, baseline in zip(built, results, baselines)]
+
+    def _row(self, model, p: dict, r: dict, baseline: dict) -> dict:
+        """One prompt's row from its built prompt ``p``, its greedy result ``r`` and its baseline."""
         answer = model.decode(r["tokens"])
         forced = r["forced_logits"]
         exact_match = self.metric("exact_match")
@@ -182,5 +208,5 @@ class NeedleTask(Task):
             "answer": answer.strip(),
             "tokens": len(p["ids"]),
         }
-        row.update(cache_row_stats(r["cache"].kv))
+        row.update(cache_row_stats(r["cache"].kv, r["sequence"]))  # the prompt's own tokens, as if alone
         return row
