@@ -306,3 +306,17 @@ def test_incremental_decode_memo_equals_full_decode(codec):
     # a product of 50 rows differently from one of 170 (seen with torch 2.11's CPU BLAS)
     torch.testing.assert_close(dk, layer.codec.decode(layer.compressed_keys()), rtol=1e-5, atol=1e-6)
     assert torch.equal(dv, layer.codec.decode_values(layer.compressed_values()))
+
+
+def test_repeat_batch_makes_copies_of_each_sequence():
+    """A batch-1 cache repeated to 3 sequences: each reads and counts as the original (throughput scripts)."""
+    codec = "kivi" if "kivi" in CODECS else CODECS[0]
+    cache = CompressedKVCache(CacheConfig(codec=codec, bits=_bits(codec), residual=8), 2, HKV, D)
+    k, v = _kv(100)
+    for layer in cache.layers:
+        layer.append(k, v)
+    q = torch.randn(1, HQ, 1, D, generator=torch.Generator().manual_seed(5))
+    want, stats = cache[0].attend(q), cache.stats()
+    cache.repeat_batch(3)
+    assert cache.batch_size() == 3 and all(cache.stats(b) == stats for b in range(3))
+    torch.testing.assert_close(cache[0].attend(q.expand(3, -1, -1, -1)), want.expand(3, -1, -1, -1), rtol=0, atol=1e-6)
