@@ -22,6 +22,18 @@ Two pieces, used together:
 ``with attach(model) as new_cache:`` switches the model's attention implementation to
 ``kvcodec`` and restores it on exit; ``new_cache(cache_config)`` builds a cache to pass as
 ``past_key_values=`` to ``model(...)`` or ``model.generate(...)``.
+
+Left-padded batches (sequences of different lengths): the caller passes the model a 2-D
+attention mask over every column fed so far and position ids counted from each sequence's
+first real token, and tells the cache before each forward which new tokens are padding
+(:meth:`CompressedCache.set_padding`; inside ``attach`` a call that passes a 2-D mask and no
+padding, as ``model.generate`` on a left-padded batch does, gets it from the mask's new
+columns). Codec layers drop the pads and keep every sequence
+left-aligned, committing exactly as for that sequence alone, so no pad enters a codec state
+(nor a per-channel group of KIVI); once a batch has held pads, they read it by per-sequence
+lengths, causally, and check only the size of transformers' mask (its columns are the padded
+ones). Native layers keep the padded columns and the model's own masked attention, as a
+``DynamicCache`` of the same batch does.
 """
 from __future__ import annotations
 
@@ -59,6 +71,8 @@ class CompressedLayer(CacheLayerMixin):
         self.kv = kv
         self.layer_idx = layer_idx
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.next_pads: list[int] | None = None  # set by CompressedCache.set_padding for the next update
+        self._pads: list[int] | None = None  # the pending tokens' padding
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -80,6 +94,10 @@ class CompressedLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.pending = (key_states, value_states)
+        self._pads, self.next_pads = self.next_pads, None
+        if self._pads is not None and len(self._pads) != key_states.shape[0]:
+            raise ValueError(f"layer {self.layer_idx}: padding given for {len(self._pads)} sequences, "
+                             f"the batch has {key_states.shape[0]}")
         setattr(key_states, _TAG, self)
         return key_states, value_states
 
@@ -88,8 +106,13 @@ class CompressedLayer(CacheLayerMixin):
         """query [B, Hq, Tq, d] -> attention output [B, Hq, Tq, d]; then the new tokens are appended."""
         k, v = self.pending
         self.pending = None
-        out = self.kv.attend(query, scale=scaling, mask=mask, k_new=k, v_new=v, causal=mask is None, softcap=softcap)
-        self.kv.append(k, v)
+        if self.kv.padded or (self._pads is not None and any(self._pads)):  # by lengths, not the padded mask
+            out = self.kv.attend(query, scale=scaling, k_new=k, v_new=v, causal=True, pads=self._pads,
+                                 softcap=softcap)
+        else:
+            out = self.kv.attend(query, scale=scaling, mask=mask, k_new=k, v_new=v, causal=mask is None,
+                                 softcap=softcap)
+        self.kv.append(k, v, self._pads)
         return out
 
     def native_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,7 +121,7 @@ class CompressedLayer(CacheLayerMixin):
         layer's first prefill the new tokens themselves (the codec commits after the append)."""
         k, v = self.pending
         self.pending = None
-        self.kv.append(k, v)
+        self.kv.append(k, v, self._pads)
         if self.kv.codec is not None:  # the first prefill of a codec layer (which has just committed)
             return k, v
         return self.kv.window_k, self.kv.window_v  # no codec: nothing commits, the window is the history
@@ -107,7 +130,7 @@ class CompressedLayer(CacheLayerMixin):
         return self.get_seq_length() + query_length, 0
 
     def get_seq_length(self) -> int:
-        return self.kv.length
+        return self.kv.columns  # pads included: what the model's masks and positions count
 
     def get_max_length(self) -> int:
         return -1
@@ -223,12 +246,20 @@ class CompressedCache(Cache):
     def stats(self) -> dict:
         return self.kv.stats()
 
-    def replay(self, layer_idx: int, native: CacheLayerMixin) -> None:
+    def set_padding(self, pads: list[int] | None) -> None:
+        """For the next forward only: sequence b's first ``pads[b]`` new tokens are padding (a
+        left-padded batch; None: every token is real). Codec layers drop them (module docstring);
+        sliding layers, native, keep the padded columns under the model's own mask."""
+        for layer in self.layers:
+            layer.next_pads = None if pads is None else [int(p) for p in pads]
+
+    def replay(self, layer_idx: int, native: CacheLayerMixin, pads: list[int] | None = None) -> None:
         """Fill an empty layer from ``native``, a ``DynamicCache`` layer after a prefill computed
         elsewhere by plain attention: a compressed layer appends its keys/values [B, Hkv, t, d] (what
-        the ``kvcodec`` attention does after a live first prefill), a sliding layer takes its state."""
+        the ``kvcodec`` attention does after a live first prefill; ``pads`` as :meth:`set_padding`
+        takes them), a sliding layer takes its state."""
         layer = self.layers[layer_idx]
-        if layer.kv.length or getattr(layer, "pending", None) is not None:
+        if layer.kv.columns or getattr(layer, "pending", None) is not None:
             raise RuntimeError(f"layer {layer_idx}: replay needs an empty cache layer")
         self._check_geometry(layer_idx, native.keys, native.values)
         if isinstance(layer, NativeSlidingLayer):
@@ -237,7 +268,7 @@ class CompressedCache(Cache):
         k, v = native.keys, native.values
         if not layer.is_initialized:
             layer.lazy_initialization(k, v)
-        layer.kv.append(k, v)
+        layer.kv.append(k, v, pads)
 
 
 def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -253,12 +284,12 @@ def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if layer.kv.codec is None:  # native layer: bit-identical to the model's own path
         k, v = layer.native_kv()
         return native(module, query, k, v, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    if layer.kv.length == 0:  # the first prefill: nothing cached yet, so it is plain (native) attention
+    if layer.kv.columns == 0:  # the first prefill: nothing cached yet, so it is plain (native) attention
         k, v = layer.native_kv()
         return native(module, query, k, v, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] != layer.kv.length + key.shape[-2]:
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] != layer.kv.columns + key.shape[-2]:
         raise ValueError(f"attention mask covers {attention_mask.shape[-1]} keys, the cache holds "
-                         f"{layer.kv.length + key.shape[-2]}")
+                         f"{layer.kv.columns + key.shape[-2]} columns")
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     out = layer.attend_and_commit(query, attention_mask, scaling, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
@@ -308,13 +339,40 @@ def attach(model) -> Iterator[Callable[[CacheConfig], CompressedCache]]:
     model.set_attn_implementation(ATTN_NAME)
     for sub in _configs(model):
         setattr(sub, _NATIVE_ATTR, native)
+    hook = model.register_forward_pre_hook(_padding_from_mask, with_kwargs=True)
     try:
         yield lambda cache_config: CompressedCache(model.config, cache_config, device=model.device)
     finally:
+        hook.remove()
         for sub in _configs(model):
             if hasattr(sub, _NATIVE_ATTR):
                 delattr(sub, _NATIVE_ATTR)
         model.set_attn_implementation(original)
+
+
+def _padding_from_mask(module, args, kwargs) -> None:
+    """Forward pre-hook while attached: a call with a :class:`CompressedCache`, a 2-D attention mask
+    and no padding given (``model.generate`` on a left-padded batch) tells the cache the new tokens'
+    padding, read from the mask's last t columns (which must be zeros, then ones)."""
+    cache, mask = kwargs.get("past_key_values"), kwargs.get("attention_mask")
+    if not isinstance(cache, CompressedCache) or mask is None or mask.dim() != 2:
+        return
+    if any(layer.next_pads is not None for layer in cache.layers):
+        return  # the caller said it
+    tokens = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
+    if tokens is None and args:
+        tokens = args[0]
+    if tokens is None:
+        return
+    t = tokens.shape[1]
+    new = mask[:, -t:].bool()
+    pads = (t - new.sum(-1)).tolist()
+    if not any(pads):
+        return
+    if not bool((new == (torch.arange(t, device=new.device) >= new.new_tensor(pads, dtype=torch.long)[:, None])).all()):
+        raise ValueError("the compressed cache takes left-padded batches: each row's new tokens must be its "
+                         "pads, then its tokens (tokenize with padding_side='left')")
+    cache.set_padding(pads)
 
 
 def _configs(model) -> list:

@@ -9,9 +9,10 @@ Which decoders are served (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3 and the lik
 transformers' attention interface; sliding-window layers kept native) is :mod:`adapters.hf_arch`'s
 decision, checked on the checkpoint's config before its weights are read.
 
-The loaders return a :class:`CausalLM`, which is what the text tasks drive: ``forward`` for
-chunked teacher forcing and ``greedy`` for generation, each either native (``cache_config``
-None: a plain ``DynamicCache``, the model untouched) or through a :class:`CompressedCache`.
+The loaders return a :class:`CausalLM`, which is what the text tasks drive: ``teacher_force``
+for chunked teacher forcing and ``greedy`` for generation, each either native (``cache_config``
+None: a plain ``DynamicCache``, the model untouched) or through a :class:`CompressedCache`, for
+one sequence or a batch of any lengths (left-padded: :mod:`adapters.padded_batch`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .hf_cache import CompressedCache, attach
 from .kv_cache import CacheConfig
 from .loading import cache_root, resolve
 from .model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2
+from .padded_batch import LeftPadded
 from .protocol import CachePolicy, Geometry, ModelAdapter
 from .registry import register_model
 
@@ -95,21 +97,38 @@ class CausalLM(ModelAdapter):
         return ids
 
     # --- rollouts --------------------------------------------------------------------------
-    def _prefill(self, x: torch.Tensor, cache) -> torch.Tensor:
-        """x [B, t] into an empty ``cache``; returns the logits [B, t, V] float32."""
+    def _feed(self, batch: int) -> LeftPadded:
+        pad = self.tokenizer.pad_token_id
+        return LeftPadded(batch, 0 if pad is None else pad, self.device)
+
+    def _forward(self, feed: LeftPadded, pieces: list[list[int]], cache) -> torch.Tensor:
+        """One step of ``feed`` (sequence b's next tokens ``pieces[b]``) through ``cache``; returns
+        the logits [B, t, V] float32 (the first step, into an empty cache, is the prefill)."""
+        x, padding, pads = feed.step(pieces)
+        if feed.columns == x.shape[1]:
+            return self._prefill(x, cache, padding, pads)
+        if pads is not None and isinstance(cache, CompressedCache):
+            cache.set_padding(pads)
+        return self.model(x, past_key_values=cache, use_cache=True, **padding).logits.float()
+
+    def _prefill(self, x: torch.Tensor, cache, padding: dict, pads: list[int] | None) -> torch.Tensor:
+        """x [B, t] into an empty ``cache`` (``padding``, ``pads``: :meth:`LeftPadded.step`'s);
+        returns the logits [B, t, V] float32."""
         if not self.share_prefill:
-            return self.model(x, past_key_values=cache, use_cache=True).logits.float()
-        key = tuple(map(tuple, x.tolist()))
+            if pads is not None and isinstance(cache, CompressedCache):
+                cache.set_padding(pads)
+            return self.model(x, past_key_values=cache, use_cache=True, **padding).logits.float()
+        key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads))
         if self._memo is None or self._memo[0] != key:
             from transformers import DynamicCache
 
             native = DynamicCache(config=self.model.config)
-            logits = self.model(x, past_key_values=native, use_cache=True).logits.float()
+            logits = self.model(x, past_key_values=native, use_cache=True, **padding).logits.float()
             self._memo = (key, list(native.layers), logits)
         _, layers, logits = self._memo
         for i, layer in enumerate(layers):  # layers are never written in place: a copy shares their tensors
             if isinstance(cache, CompressedCache):
-                cache.replay(i, layer)
+                cache.replay(i, layer, pads)
             else:
                 cache.layers[i] = copy.copy(layer)
         return logits
@@ -123,42 +142,53 @@ class CausalLM(ModelAdapter):
         return _Attached(self.model, self.cache_config(cache_config))
 
     @torch.no_grad()
-    def teacher_force(self, ids: list[int] | list[list[int]], chunks: list[int], cache_config: CacheConfig | None,
-                      on_chunk: Callable[[int, torch.Tensor], None]) -> object:
+    def teacher_force(self, ids: list[int] | list[list[int]], chunks: list[int] | list[list[int]],
+                      cache_config: CacheConfig | None, on_chunk: Callable) -> object:
         """Chunked teacher forcing: feed ``ids`` in pieces of the given sizes (summing to its length).
 
-        ``ids``: one sequence, or a batch of B sequences of one length (they share the chunk plan,
-        so no padding is needed and every sequence's cache holds the same number of tokens).
-        Each chunk attends to the cache (compressed past + native window) and to itself,
-        causally; then it is appended. ``on_chunk(start, logits)`` is called per chunk with the
-        logits [t, V] float32 of one sequence, or [B, t, V] of a batch (so the logits of a long
-        context never pile up). Returns the cache.
+        ``ids``: one sequence, or a batch: a list of sequences of any lengths. ``chunks``: the
+        chunk sizes, one plan for every sequence or (a batch) one plan per sequence. Step i feeds
+        every sequence's i-th chunk, left-padded to the longest (a sequence whose plan has ended
+        gives padding; see :mod:`adapters.padded_batch`). Each chunk attends to its sequence's
+        cache (compressed past + native window) and to itself, causally; then it is appended.
+        Every sequence gets the numbers it gets alone, to float rounding (batched matmuls sum in
+        another order); no pad enters a cache. ``on_chunk(start, logits)`` is called per chunk
+        with the logits [t, V] float32 of one sequence; for a batch ``on_chunk(b, start, logits)``
+        per sequence b and chunk, logits [t_b, V] (so the logits of a long context never pile up).
+        Returns the cache.
         """
         batched = bool(ids) and isinstance(ids[0], (list, tuple))
         rows = [list(r) for r in ids] if batched else [list(ids)]
-        if len({len(r) for r in rows}) != 1:
-            raise ValueError(f"a batch of sequences must share one length, got {sorted({len(r) for r in rows})}")
-        if sum(chunks) != len(rows[0]):
-            raise ValueError(f"chunk sizes sum to {sum(chunks)}, not to the {len(rows[0])} tokens")
-        x = torch.tensor(rows, device=self.device)
-        emit = on_chunk if batched else (lambda start, logits: on_chunk(start, logits[0]))
+        per_row = batched and bool(chunks) and isinstance(chunks[0], (list, tuple))
+        plans = [list(c) for c in chunks] if per_row else [list(chunks)] * len(rows)
+        if len(plans) != len(rows):
+            raise ValueError(f"{len(plans)} chunk plans for {len(rows)} sequences")
+        for b, (row, plan) in enumerate(zip(rows, plans)):
+            if sum(plan) != len(row) or not plan or min(plan) < 1:
+                raise ValueError(f"chunk sizes {plan} must be >= 1 and sum to the {len(row)} tokens"
+                                 + (f" of sequence {b}" if batched else ""))
+        emit = on_chunk if batched else (lambda b, start, logits: on_chunk(start, logits))
         with self._session(cache_config) as new_cache:
             cache = new_cache()
-            emit(0, self._prefill(x[:, : chunks[0]], cache))
-            start = chunks[0]
-            for n in chunks[1:]:
-                out = self.model(x[:, start:start + n], past_key_values=cache, use_cache=True)
-                emit(start, out.logits.float())
-                start += n
+            feed, starts = self._feed(len(rows)), [0] * len(rows)
+            for i in range(max(map(len, plans))):
+                pieces = [row[s:s + plan[i]] if i < len(plan) else [] for row, plan, s in zip(rows, plans, starts)]
+                logits = self._forward(feed, pieces, cache)
+                for b, piece in enumerate(pieces):
+                    if piece:
+                        emit(b, starts[b], logits[b, logits.shape[1] - len(piece):])
+                        starts[b] += len(piece)
         return cache
 
     @torch.no_grad()
-    def greedy(self, prompt: list[int], max_new_tokens: int, cache_config: CacheConfig | None,
-               force: list[int] | str | None = None, prefill: int | None = None) -> dict:
+    def greedy(self, prompt: list[int] | list[list[int]], max_new_tokens: int, cache_config: CacheConfig | None,
+               force: list[int] | list[list[int]] | str | None = None,
+               prefill: int | list[int] | None = None) -> dict | list[dict]:
         """Prefill ``prompt`` (its tokens attend to each other natively), then decode greedily one
         token at a time through the cache, stopping at EOS or after ``max_new_tokens``.
 
-        ``prefill``: prefill only the first ``prefill`` tokens; the rest of ``prompt`` then goes
+        ``prefill``: prefill only the first ``prefill`` tokens (a batch: one count for all, or one per
+        prompt); the rest of ``prompt`` then goes
         through the cache as one chunk (attending to the compressed prefix, the native window and
         itself), as kvpress compresses a context before its question arrives.
         ``force``: tokens to teacher-force, as one chunk, on a fork of the cache taken right after
@@ -166,37 +196,64 @@ class CausalLM(ModelAdapter):
         scores that continuation. Returns {'tokens': [...], 'logits': [n, V] float32 of the
         generated steps, 'forced_logits': [len(force), V] or None, 'cache': the cache after
         generation}.
+
+        A batch: ``prompt`` a list of prompts (any lengths: left-padded, see
+        :mod:`adapters.padded_batch`) and ``force`` None, "self" or one list per prompt. A finished
+        sequence is fed padding until the last one finishes, so its cache holds what it holds
+        alone. Returns one dict per prompt, each with the shared 'cache' and its 'sequence' index
+        in it; every prompt's numbers are those it gets alone, to float rounding.
         """
+        batched = bool(prompt) and isinstance(prompt[0], (list, tuple))
+        prompts = [list(p) for p in prompt] if batched else [list(prompt)]
+        B = len(prompts)
+        if force is None or isinstance(force, str):
+            if force not in (None, "self"):
+                raise ValueError(f"force takes token ids or 'self', got '{force}'")
+            forces = [force] * B
+        else:
+            forces = [list(f) for f in force] if batched else [list(force)]
         eos = self.eos_ids()
-        n = len(prompt) if prefill is None else prefill
-        if not 0 < n <= len(prompt):
-            raise ValueError(f"greedy: prefill {prefill} must be in [1, {len(prompt)}] (the prompt's tokens)")
+        ns = [len(p) for p in prompts] if prefill is None else (
+            [prefill] * B if isinstance(prefill, int) else [int(n) for n in prefill])
+        if len(ns) != B or not all(0 < n <= len(p) for n, p in zip(ns, prompts)):
+            raise ValueError(f"greedy: prefill {prefill} must give each prompt a count in [1, its length] "
+                             f"(lengths {[len(p) for p in prompts]})")
         with self._session(cache_config) as new_cache:
             cache = new_cache()
-            logits = [self._prefill(torch.tensor([prompt[:n]], device=self.device), cache)[0, -1]]
-            if n < len(prompt):
-                rest = torch.tensor([prompt[n:]], device=self.device)
-                logits = [self.model(rest, past_key_values=cache, use_cache=True).logits[0, -1].float()]
+            feed = self._feed(B)
+            out = self._forward(feed, [p[:n] for p, n in zip(prompts, ns)], cache)
+            last = [out[b, -1] for b in range(B)]
+            rest = [p[n:] for p, n in zip(prompts, ns)]
+            if any(rest):  # the prompt's tail goes through the cache as one chunk (kvpress: the question)
+                out = self._forward(feed, rest, cache)
+                last = [out[b, -1] if rest[b] else last[b] for b in range(B)]
+            logits = [[last[b]] for b in range(B)]
             branch = None
             if force is not None:
-                branch = cache.fork() if isinstance(cache, CompressedCache) else copy.deepcopy(cache)
-            tokens = []
+                branch = (cache.fork() if isinstance(cache, CompressedCache) else copy.deepcopy(cache), feed.fork())
+            tokens: list[list[int]] = [[] for _ in range(B)]
+            live = list(range(B))
             for step in range(max_new_tokens):
-                t = int(logits[-1].argmax())
-                tokens.append(t)
-                if t in eos or step == max_new_tokens - 1:
+                picks = torch.stack([logits[b][-1] for b in live]).argmax(-1).tolist()
+                for b, t in zip(live, picks):
+                    tokens[b].append(t)
+                live = [b for b in live if tokens[b][-1] not in eos and step < max_new_tokens - 1]
+                if not live:
                     break
-                out = self.model(torch.tensor([[t]], device=self.device), past_key_values=cache, use_cache=True)
-                logits.append(out.logits[0, -1].float())
-            forced = None
+                out = self._forward(feed, [tokens[b][-1:] if b in live else [] for b in range(B)], cache)
+                for b in live:
+                    logits[b].append(out[b, -1])
+            forced = [None] * B
             if force is not None:
-                force = tokens if isinstance(force, str) and force == "self" else list(force)
-                forced = logits[0][None]
-                if len(force) > 1:
-                    f = self.model(torch.tensor([force[:-1]], device=self.device), past_key_values=branch,
-                                   use_cache=True).logits[0].float()
-                    forced = torch.cat([forced, f], 0)
-        return {"tokens": tokens, "logits": torch.stack(logits[:len(tokens)]), "forced_logits": forced, "cache": cache}
+                pieces = [(tokens[b] if forces[b] == "self" else forces[b])[:-1] for b in range(B)]
+                f = self._forward(branch[1], pieces, branch[0]) if any(pieces) else None
+                for b, piece in enumerate(pieces):
+                    forced[b] = logits[b][0][None]
+                    if piece:
+                        forced[b] = torch.cat([forced[b], f[b, f.shape[1] - len(piece):]], 0)
+        out = [{"tokens": tokens[b], "logits": torch.stack(logits[b][:len(tokens[b])]), "forced_logits": forced[b],
+                "cache": cache, "sequence": b} for b in range(B)]
+        return out if batched else {k: v for k, v in out[0].items() if k != "sequence"}
 
 
 class _Attached:

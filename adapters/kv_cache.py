@@ -17,100 +17,16 @@ chunk, a video block) that are attended but not stored; the adapter appends them
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from kernels import Codec, CodecConfig, Encoded, codec_class, make_codec
+from kernels import Codec, Encoded, make_codec
 from kernels.attention import attend, decode_attention
-from kernels.backend import BACKENDS, fused_wanted
-from kernels.config import check_options
+from kernels.backend import fused_wanted
 
-#: Default residual window, in tokens (text). KIVI and the OCTOPUS paper keep a small
-#: full-precision window of recent tokens; 32 is small next to the contexts we score.
-DEFAULT_RESIDUAL = 32
-CACHE_CONFIG_VERSION = 2
-ATTENDS = ("score", "reconstruct")
-RESIDUAL_UNITS = ("token", "append")
-PROTECTS = ("none", "boundary-1")
-
-
-@dataclass
-class CacheConfig:
-    """How a rollout's KV cache is compressed; round-trips to JSON."""
-
-    codec: str = "none"
-    bits: int = 16
-    residual: int = DEFAULT_RESIDUAL  # native window size
-    residual_unit: str = "token"  # "token": the last `residual` tokens; "append": the last `residual` appends (a frame, a scale)
-    protect: str | list[int] = "none"  # PROTECTS: "none", "boundary-1" (first and last layer native), or layer indices
-    value_bits: int | None = None  # default: the key bit width
-    value_group: int = 32
-    seed: int = 0
-    attend: str = "score"  # ATTENDS: "score": codec score path; "reconstruct": decode keys then attend
-    backend: str = "auto"  # BACKENDS: "auto" (fused kernels on CUDA), "lut", "triton", "torch"
-    options: dict = field(default_factory=dict)  # the codec's options (its Options fields), checked
-    #: keep the decoded committed keys/values of non-estimator codecs between reads (speed only:
-    #: decoding is deterministic, so results are identical; not counted as cache bytes)
-    memo_decoded: bool = True
-
-    def __post_init__(self):
-        for name, allowed in (("attend", ATTENDS), ("residual_unit", RESIDUAL_UNITS), ("backend", BACKENDS)):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"Unknown {name} '{value}'. Available: {', '.join(allowed)}")
-        if isinstance(self.protect, str) or self.protect is None:
-            if self.protect not in (*PROTECTS, None):
-                raise ValueError(f"Unknown protect '{self.protect}'. Available: {', '.join(PROTECTS)} "
-                                 f"or a list of layer indices")
-        elif not all(isinstance(i, int) and not isinstance(i, bool) for i in self.protect):
-            raise ValueError(f"protect must be {', '.join(PROTECTS)} or a list of layer indices, got {self.protect!r}")
-        # the options belong to the codec: checked against its Options (unknown codec -> its list)
-        self.options = check_options(self.codec, codec_class(self.codec).Options, dict(self.options))
-
-    def codec_config(self, head_dim: int, num_heads: int, layer: int = 0) -> CodecConfig:
-        """The config of layer ``layer``'s codec for KV heads ``[B, num_heads, T, head_dim]``, every
-        option resolved (what a report row embeds)."""
-        return CodecConfig(self.codec, self.bits, head_dim, seed=self.seed, layer=layer, num_heads=num_heads,
-                           value_bits=self.value_bits, value_group=self.value_group, backend=self.backend,
-                           options=self.options).resolved()
-
-    def to_json(self) -> dict:
-        return {"version": CACHE_CONFIG_VERSION, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "CacheConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known - {"version"}
-        if unknown:
-            raise ValueError(f"unknown CacheConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    @property
-    def label(self) -> str:
-        return "none" if self.codec == "none" else f"{self.codec}@{self.bits}"
-
-    def protected_layers(self, num_layers: int) -> set[int]:
-        if self.protect in ("none", None, []):
-            return set()
-        if self.protect == "boundary-1":
-            return {0, num_layers - 1}
-        return {int(i) % num_layers for i in self.protect}
-
-
-def _tail(state: Encoded, start: int) -> Encoded:
-    """The tokens [start:] of a state (``start`` a multiple of the codec's token block): every field
-    is [..., T, k] or, for token groups, [..., T // G, k], so rows are cut in proportion."""
-    T = state.num_tokens
-    if start == 0:
-        return state
-    tensors = {}
-    for name, t in state.tensors.items():
-        rows = t.shape[-2]
-        if (start * rows) % T:
-            raise ValueError(f"field '{name}' ({rows} rows for {T} tokens) cannot be cut at token {start}")
-        tensors[name] = t[..., start * rows // T:, :]
-    return Encoded(tensors, (*state.shape[:-2], T - start, state.shape[-1]), state.dtype)
+from . import ragged
+from .cache_config import CacheConfig, DEFAULT_RESIDUAL  # noqa: F401  (re-exported: the cache's config)
+from .encoded_store import EncodedStore, tail
 
 
 def _keeps_everything(mask: torch.Tensor) -> bool:
@@ -126,73 +42,113 @@ def _keeps_everything(mask: torch.Tensor) -> bool:
     return keeps
 
 
-def _tensor_bytes(*ts) -> int:
-    return sum(t.numel() * t.element_size() for t in ts if t is not None)
-
-
 class LayerKV:
     """One layer's cache: compressed committed tokens + a native window.
 
     ``codec`` None means this layer is native (codec 'none' or a protected layer): it never
     commits, the window holds every token.
+
+    Batches of different lengths (a left-padded batch, :meth:`append` with ``pads``): a codec
+    layer drops the pads and keeps each sequence left-aligned, its committed tokens in the store
+    (``seq_committed[b]`` each) and its window in ``window_k[b, :, :seq_window[b]]``; every commit
+    decision is made per sequence exactly as for that sequence alone. A native layer keeps the
+    padded columns as the model's own cache would (it is read with the model's padding mask) and
+    counts only real tokens. ``columns``: the columns appended, pads included (what the model's
+    masks and positions count).
     """
 
     def __init__(self, codec: Codec | None, config: CacheConfig):
         self.codec = codec
         self.config = config
-        self.key_states: list[Encoded] = []  # committed, encoded once, in token order
-        self.value_states: list[Encoded] = []
+        self.store_k: EncodedStore | None = None  # committed, encoded once, in token order
+        self.store_v: EncodedStore | None = None
         self.window_k: torch.Tensor | None = None  # [B, Hkv, W, d] native
         self.window_v: torch.Tensor | None = None
         self._append_sizes: list[int] = []  # sizes of the appends still in the window
-        self.committed = 0
-        self._uncompressed_bytes = 0  # what the native cache would hold
-        # decoded committed tokens (memo_decoded): [B, Hkv, n, d] for the first n committed tokens
+        self.seq_committed: list[int] = []  # per sequence (empty until the first append)
+        self.seq_window: list[int] = []  # real tokens in the window, per sequence
+        self._seen: list[int] = []  # real tokens appended, per sequence (the native cache's size)
+        self._token_bytes = 0  # bytes of one token's native key + value
+        self.columns = 0
+        self.padded = False  # some append carried padding: sequences may differ in length
+        # decoded committed tokens (memo_decoded): [B, Hkv, n, d]; rows [0, _dec_valid) of every
+        # sequence are current as long as the store's version is _dec_version
         self._dec_k: torch.Tensor | None = None
         self._dec_v: torch.Tensor | None = None
+        self._dec_valid, self._dec_version = 0, -1
 
     def fork(self) -> "LayerKV":
-        """An independent copy that shares the codec and the (immutable) encoded states."""
+        """An independent copy that shares the codec and the encoded states (copied on write)."""
         other = LayerKV.__new__(LayerKV)
         other.__dict__.update(self.__dict__)
-        other.key_states, other.value_states = list(self.key_states), list(self.value_states)
-        other._append_sizes = list(self._append_sizes)
+        if self.store_k is not None:
+            other.store_k, other.store_v = self.store_k.fork(), self.store_v.fork()
+        for name in ("_append_sizes", "seq_committed", "seq_window", "_seen"):
+            setattr(other, name, list(getattr(self, name)))
         return other
 
     # --- writing --------------------------------------------------------------------------
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Add new tokens k, v [B, Hkv, t, d] (native), then commit what leaves the window."""
-        self._uncompressed_bytes += _tensor_bytes(k, v)
-        if self.window_k is None:
-            self.window_k, self.window_v = k, v
+    def append(self, k: torch.Tensor, v: torch.Tensor, pads: list[int] | None = None) -> None:
+        """Add new tokens k, v [B, Hkv, t, d] (native), then commit what leaves the window.
+
+        ``pads``: sequence b's first ``pads[b]`` tokens are padding (left padding), dropped by a
+        codec layer; None: every token is real."""
+        B, t = k.shape[0], k.shape[-2]
+        if pads is not None and (len(pads) != B or any(not 0 <= p <= t for p in pads)):
+            raise ValueError(f"pads must give 0..{t} pad tokens for each of the {B} sequences, got {pads}")
+        pads = pads if pads is not None and any(pads) else None
+        if not self.seq_window:
+            self.seq_committed, self.seq_window, self._seen = [0] * B, [0] * B, [0] * B
+            self._token_bytes = (k[0, ..., 0, :].numel() * k.element_size() + v[0, ..., 0, :].numel() * v.element_size())
+        elif B != len(self.seq_window):
+            raise ValueError(f"{B} sequences appended to a cache of {len(self.seq_window)}")
+        if pads is not None:
+            self.padded = True
+            if self.config.residual_unit == "append" and self.codec is not None:
+                raise NotImplementedError("residual_unit='append' keeps whole appends native; a padded batch "
+                                          "needs residual_unit='token'")
+        self.columns += t
+        real = [t - p for p in pads] if pads else [t] * B
+        self._seen = [s + n for s, n in zip(self._seen, real)]
+        if self.codec is None:  # native: every column, as the model's own cache holds it
+            self.window_k = k if self.window_k is None else torch.cat([self.window_k, k], dim=-2)
+            self.window_v = v if self.window_v is None else torch.cat([self.window_v, v], dim=-2)
+            self.seq_window = [w + n for w, n in zip(self.seq_window, real)]
         else:
-            self.window_k = torch.cat([self.window_k, k], dim=-2)
-            self.window_v = torch.cat([self.window_v, v], dim=-2)
-        self._append_sizes.append(k.shape[-2])
+            lens = self.seq_window
+            self.window_k, self.seq_window = ragged.append(self.window_k, lens, k, pads)
+            self.window_v, _ = ragged.append(self.window_v, lens, v, pads)
+        self._append_sizes.append(t)
         self._flush()
 
     def _flush(self) -> None:
         if self.codec is None or self.window_k is None:
             return
-        W = self.window_k.shape[-2]
         if self.config.residual_unit == "append":
             keep_appends = self._append_sizes[-self.config.residual:] if self.config.residual > 0 else []
             keep = sum(keep_appends)
         else:
             keep = self.config.residual
         block = self.codec.token_block
-        n = max(W - keep, 0) // block * block
-        if n == 0:
+        counts = [max(w - keep, 0) // block * block for w in self.seq_window]  # per sequence, as alone
+        if not any(counts):
             return
-        k_old, v_old = self.window_k[..., :n, :], self.window_v[..., :n, :]
-        ks, vs = self.codec.encode(k_old), self.codec.encode_values(v_old)
-        self.key_states.append(ks)
-        self.value_states.append(vs)
-        self.window_k = self.window_k[..., n:, :].clone()  # clone: drop the native storage of committed tokens
-        self.window_v = self.window_v[..., n:, :].clone()
-        self.committed += n
+        if self.store_k is None:
+            self.store_k, self.store_v = EncodedStore(len(counts)), EncodedStore(len(counts))
+        for n in sorted(set(counts) - {0}):  # sequences that commit the same count are encoded together
+            seqs = [b for b, c in enumerate(counts) if c == n]
+            every = len(seqs) == len(counts)
+            k_old = self.window_k[..., :n, :] if every else self.window_k[seqs, :, :n]
+            v_old = self.window_v[..., :n, :] if every else self.window_v[seqs, :, :n]
+            self.store_k.append(self.codec.encode(k_old), None if every else seqs)
+            self.store_v.append(self.codec.encode_values(v_old), None if every else seqs)
+        # drop the committed tokens (a copy: their native storage is released)
+        lens = self.seq_window
+        self.window_k, self.seq_window = ragged.drop_front(self.window_k, lens, counts)
+        self.window_v, _ = ragged.drop_front(self.window_v, lens, counts)
+        self.seq_committed = [c + n for c, n in zip(self.seq_committed, counts)]
         # keep the append bookkeeping consistent with what is left
-        left, sizes = self.window_k.shape[-2], []
+        left, sizes = max(self.seq_window), []
         for s in reversed(self._append_sizes):
             if left <= 0:
                 break
@@ -200,23 +156,54 @@ class LayerKV:
             left -= s
         self._append_sizes = sizes[::-1]
 
+    def repeat_batch(self, n: int) -> None:
+        """Each sequence repeated ``n`` times in place (b -> b*n .. b*n + n-1): a batch-1 cache made a batch."""
+        def rep(xs):
+            return [x for x in xs for _ in range(n)]
+
+        if self.store_k is not None:
+            self.store_k.repeat_batch(n)
+            self.store_v.repeat_batch(n)
+        if self.window_k is not None:
+            self.window_k, self.window_v = (t.repeat_interleave(n, 0) for t in (self.window_k, self.window_v))
+        self.seq_committed, self.seq_window, self._seen = rep(self.seq_committed), rep(self.seq_window), rep(self._seen)
+        self._dec_k = self._dec_v = None
+        self._dec_valid, self._dec_version = 0, -1
+
     # --- reading --------------------------------------------------------------------------
     @property
+    def committed(self) -> int:
+        """Committed tokens (of the longest sequence, where a padded batch's sequences differ)."""
+        return max(self.seq_committed, default=0)
+
+    @property
+    def seq_lengths(self) -> list[int]:
+        """Real tokens held per sequence (committed + window)."""
+        return [c + w for c, w in zip(self.seq_committed, self.seq_window)]
+
+    @property
     def length(self) -> int:
-        w = 0 if self.window_k is None else self.window_k.shape[-2]
-        return self.committed + w
+        """Tokens held (of the longest sequence, where a padded batch's sequences differ)."""
+        return max(self.seq_lengths, default=0)
+
+    @property
+    def key_states(self) -> list[Encoded]:
+        """The committed key states as one state (a list, empty while nothing is committed)."""
+        state = self.compressed_keys()
+        return [] if state is None else [state]
+
+    @property
+    def value_states(self) -> list[Encoded]:
+        state = self.compressed_values()
+        return [] if state is None else [state]
 
     def compressed_keys(self) -> Encoded | None:
-        if not self.key_states:
-            return None
-        if len(self.key_states) > 1:  # merge once so later reads are one state
-            self.key_states = [Encoded.cat(self.key_states)]
-            self.value_states = [Encoded.cat(self.value_states)]
-        return self.key_states[0]
+        """Every sequence's committed keys: fields [B, Hkv, rows(T), k] (views of the store; a
+        sequence's first ``seq_committed[b]`` tokens are its own), or None."""
+        return None if self.store_k is None else self.store_k.view()
 
     def compressed_values(self) -> Encoded | None:
-        self.compressed_keys()
-        return self.value_states[0] if self.value_states else None
+        return None if self.store_v is None else self.store_v.view()
 
     def _uses_memo(self) -> bool:
         return (self.config.memo_decoded and self.codec is not None
@@ -225,23 +212,28 @@ class LayerKV:
     def decoded(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Committed keys and values decoded, [B, Hkv, committed, d] each (input dtype), or None.
 
-        With ``memo_decoded`` each encoded state is decoded once and kept; otherwise every call decodes.
+        With ``memo_decoded`` each encoded token is decoded once and kept (where a padded batch's
+        sequences differ, the tokens after the shortest sequence's are decoded again when the
+        longer ones commit); otherwise every call decodes.
         """
         if self.codec is None or self.committed == 0:
             return None
         if not self.config.memo_decoded:
             return self.codec.decode(self.compressed_keys()), self.codec.decode_values(self.compressed_values())
-        done = 0 if self._dec_k is None else self._dec_k.shape[-2]
-        if done < self.committed:  # decode only the tokens committed since the last read
-            k = self.codec.decode(_tail(self.compressed_keys(), done))
-            v = self.codec.decode_values(_tail(self.compressed_values(), done))
-            if self._dec_k is not None:
-                k, v = torch.cat([self._dec_k, k], -2), torch.cat([self._dec_v, v], -2)
+        if self._dec_version != self.store_k.version:  # decode only what changed since the last read
+            done = self._dec_valid
+            k = self.codec.decode(tail(self.compressed_keys(), done))
+            v = self.codec.decode_values(tail(self.compressed_values(), done))
+            if done:
+                k = torch.cat([self._dec_k[..., :done, :], k], -2)
+                v = torch.cat([self._dec_v[..., :done, :], v], -2)
             self._dec_k, self._dec_v = k, v
+            self._dec_valid, self._dec_version = min(self.seq_committed), self.store_k.version
         return self._dec_k, self._dec_v
 
     def reconstruct(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All keys and values [B, Hkv, T, d], committed ones decoded (reconstruct-then-attend)."""
+        self._check_even("reconstruct")
         ks, vs = [], []
         dec = self.decoded()
         if dec is not None:
@@ -253,9 +245,20 @@ class LayerKV:
         dtype = ks[-1].dtype
         return torch.cat([k.to(dtype) for k in ks], -2), torch.cat([v.to(dtype) for v in vs], -2)
 
+    def _check_even(self, what: str) -> None:
+        if self.padded and len(set(self.seq_lengths)) > 1:
+            raise NotImplementedError(f"{what} needs sequences of one length; this padded batch's differ "
+                                      f"({self.seq_lengths})")
+
+    @staticmethod
+    def _lengths(counts: list[int], width: int, device) -> torch.Tensor | None:
+        """Per-sequence lengths for the attention kernels (int32 [B] on ``device``), or None where
+        every sequence fills ``width``."""
+        return None if all(c == width for c in counts) else ragged.as_tensor(tuple(counts), str(device))
+
     def attend(self, q: torch.Tensor, scale: float | None = None, mask: torch.Tensor | None = None,
                k_new: torch.Tensor | None = None, v_new: torch.Tensor | None = None,
-               causal: bool = False, softcap: float | None = None) -> torch.Tensor:
+               causal: bool = False, softcap: float | None = None, pads: list[int] | None = None) -> torch.Tensor:
         """softmax(q K^T * scale + mask) V over [committed, window, (k_new)] in token order.
 
         q: [B, Hq, Tq, d]; mask: additive or boolean, broadcastable to [B, Hq, Tq, T_total]
@@ -265,19 +268,39 @@ class LayerKV:
         top of ``mask``). ``softcap``: attention logit soft-capping (Gemma 2; see
         :func:`kernels.attention.attend`). Returns [B, Hq, Tq, d] in q's dtype.
 
+        Sequences of different lengths (a padded batch, or ``pads``: sequence b's first
+        ``pads[b]`` new tokens are padding) are read by per-sequence lengths, causally, with no
+        ``mask`` (one over padded columns cannot address left-aligned storage); a pad query's
+        output is meaningless.
+
         A single-token step that masks nothing goes to :func:`kernels.attention.decode_attention`
         (the fused kernel where the backend asks for it and it covers the codec); everything else to
         the PyTorch core :func:`kernels.attention.attend`, with the committed tokens decoded once
         (``memo_decoded``, ``attend='reconstruct'``) or scored by the codec's estimator.
         """
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        ragged_read = self.padded or (pads is not None and any(pads))
+        if ragged_read:
+            if self.codec is None:
+                raise NotImplementedError("a native layer of a padded batch holds its pads: read it with the "
+                                          "model's own attention and padding mask")
+            if mask is not None:
+                raise ValueError("a padded batch is read by per-sequence lengths; pass pads, not a mask")
+            causal = True
+        lengths = window_lengths = None
+        if self.seq_window:
+            lengths = self._lengths(self.seq_committed, self.committed, q.device)
+            window_lengths = self._lengths(self.seq_window, 0 if self.window_k is None else self.window_k.shape[-2],
+                                           q.device)
         if self._decode_step(q, mask):
             wk, wv = self.window_k, self.window_v
-            if k_new is not None:
-                wk = k_new if wk is None else torch.cat([wk, k_new], -2)
-                wv = v_new if wv is None else torch.cat([wv, v_new], -2)
+            if k_new is not None:  # each sequence's new token right after its own window
+                wk, wl = ragged.append(wk, self.seq_window, k_new, None)
+                wv, _ = ragged.append(wv, self.seq_window, v_new, None)
+                window_lengths = self._lengths(wl, wk.shape[-2], q.device)
             return decode_attention(q, self.compressed_keys(), self.compressed_values(), self.codec, wk, wv,
-                                    scale=scale, backend=self.config.backend, softcap=softcap)
+                                    scale=scale, backend=self.config.backend, lengths=lengths,
+                                    window_lengths=window_lengths, softcap=softcap)
         prefix = {}
         if self.compressed_keys() is not None:
             if self._uses_memo() or self.config.attend == "reconstruct":
@@ -285,8 +308,13 @@ class LayerKV:
             else:
                 prefix = {"codec": self.codec, "key_state": self.compressed_keys(),
                           "value_state": self.compressed_values()}
+        if ragged_read and pads is not None and any(pads) and k_new is not None:  # the new pads are not keys
+            keep_new = ragged.keep_after_pads(tuple(pads), k_new.shape[-2], str(q.device))
+            old = (self.committed if prefix else 0) + (0 if self.window_k is None else self.window_k.shape[-2])
+            mask = torch.cat([torch.ones(q.shape[0], old, dtype=torch.bool, device=q.device), keep_new], -1)[:, None, None]
         return attend(q, **prefix, window_k=self.window_k, window_v=self.window_v, k_new=k_new, v_new=v_new,
-                      mask=mask, causal=causal, scale=scale, softcap=softcap)
+                      lengths=lengths, window_lengths=window_lengths, mask=mask, causal=causal, scale=scale,
+                      softcap=softcap)
 
     def _decode_step(self, q, mask) -> bool:
         """Whether this read is a single-token step over committed tokens that the fused kernel could
@@ -296,14 +324,18 @@ class LayerKV:
                 and (mask is None or _keeps_everything(mask)) and self.committed > 0)
 
     # --- accounting -----------------------------------------------------------------------
-    def nbytes(self) -> dict[str, int]:
-        kb = sum(s.nbytes() for s in self.key_states)
-        vb = sum(s.nbytes() for s in self.value_states)
-        win = _tensor_bytes(self.window_k, self.window_v)
+    def nbytes(self, seq: int | None = None) -> dict[str, int]:
+        """Bytes held for sequence ``seq`` (default: every sequence), from real tokens only."""
+        def count(xs):
+            return sum(xs) if seq is None else (xs[seq] if xs else 0)
+
+        kb = 0 if self.store_k is None else self.store_k.nbytes(seq)
+        vb = 0 if self.store_v is None else self.store_v.nbytes(seq)
+        win = count(self.seq_window) * self._token_bytes
         native = win if self.codec is None else 0
         return {"compressed": kb + vb, "compressed_keys": kb, "compressed_values": vb,
                 "window": 0 if self.codec is None else win, "native_layers": native,
-                "uncompressed": self._uncompressed_bytes}
+                "uncompressed": count(self._seen) * self._token_bytes}
 
 
 class CompressedKVCache:
@@ -336,35 +368,42 @@ class CompressedKVCache:
         other.layers = [layer.fork() for layer in self.layers]
         return other
 
-    def nbytes(self) -> dict[str, int]:
+    def nbytes(self, seq: int | None = None) -> dict[str, int]:
+        """Bytes held for sequence ``seq`` (default: the whole batch), by kind, and their ``total``."""
         tot: dict[str, int] = {}
         for layer in self.layers:
-            for k, v in layer.nbytes().items():
+            for k, v in layer.nbytes(seq).items():
                 tot[k] = tot.get(k, 0) + v
         tot["total"] = tot["compressed"] + tot["window"] + tot["native_layers"]
         return tot
 
-    def stats(self) -> dict[str, float | int]:
-        """Rate figures for a report row, all from stored bytes.
+    def stats(self, seq: int | None = None) -> dict[str, float | int]:
+        """Rate figures for a report row, all from stored bytes: sequence ``seq``'s, or (default)
+        the whole batch's (byte counts summed; ``committed_tokens`` the mean per sequence).
 
         ``cache_bytes``: everything the cache holds (codec states + native windows + native
         layers); ``uncompressed_bytes``: what a native cache of the same tokens holds;
         ``bits_per_coord``: true bits per key coordinate of the committed (codec) tokens;
         ``value_bits_per_coord`` likewise for values; ``cache_bits_per_coord``: 8 * cache_bytes
         over every cached key and value coordinate (window and protected layers included).
-        Codec 'none' reports the native dtype's bits.
+        Codec 'none' reports the native dtype's bits. Padding is never counted.
         """
-        b = self.nbytes()
-        committed = sum(layer.committed for layer in self.layers if layer.codec is not None)
-        tokens = sum(layer.length for layer in self.layers)
-        coords = committed * self.num_kv_heads * self.head_dim * self.batch_size()
-        all_coords = 2 * tokens * self.num_kv_heads * self.head_dim * self.batch_size()
+        def count(xs: list[int]) -> int:
+            return sum(xs) if seq is None else (xs[seq] if xs else 0)
+
+        b = self.nbytes(seq)
+        codec_layers = [layer for layer in self.layers if layer.codec is not None]
+        committed = sum(count(layer.seq_committed) for layer in codec_layers)
+        tokens = sum(count(layer.seq_lengths) for layer in self.layers)
+        coords = committed * self.num_kv_heads * self.head_dim
+        all_coords = 2 * tokens * self.num_kv_heads * self.head_dim
         native_bits = 8.0 * b["uncompressed"] / max(all_coords, 1)
+        sequences = self.batch_size() if seq is None else 1
         return {
             "cache_bytes": b["total"],
             "uncompressed_bytes": b["uncompressed"],
             "compressed_bytes": b["compressed"],
-            "committed_tokens": committed // max(1, sum(1 for l in self.layers if l.codec is not None)),
+            "committed_tokens": committed // max(1, len(codec_layers) * sequences),
             "bits_per_coord": 8.0 * b["compressed_keys"] / coords if coords else native_bits,
             "value_bits_per_coord": 8.0 * b["compressed_values"] / coords if coords else native_bits,
             "cache_bits_per_coord": 8.0 * b["total"] / max(all_coords, 1),
@@ -372,19 +411,21 @@ class CompressedKVCache:
 
     def batch_size(self) -> int:
         """B of the cached [B, Hkv, T, d] (1 while empty)."""
-        for layer in self.layers:
-            if layer.window_k is not None:
-                return layer.window_k.shape[0]
-            if layer.key_states:
-                return layer.key_states[0].shape[0]
-        return 1
+        return max((len(layer.seq_window) for layer in self.layers), default=1) or 1
 
-    def assert_compressed(self) -> None:
-        """Fail loudly if a compressing codec did not actually shrink what the cache holds."""
+    def repeat_batch(self, n: int) -> None:
+        """Each sequence repeated ``n`` times in place: a batch-1 cache made a batch of n."""
+        for layer in self.layers:
+            layer.repeat_batch(n)
+
+    def assert_compressed(self, seq: int | None = None) -> None:
+        """Fail loudly if a compressing codec did not actually shrink what the cache holds (for
+        sequence ``seq``, or the whole batch)."""
         if self.config.codec == "none":
             return
-        b = self.nbytes()
-        if not any(layer.committed for layer in self.layers if layer.codec is not None):
+        b = self.nbytes(seq)
+        if not any(layer.committed if seq is None else layer.seq_committed[seq]
+                   for layer in self.layers if layer.codec is not None and layer.seq_committed):
             raise RuntimeError(
                 f"cache for {self.config.label} committed no token to the codec (window {self.config.residual} "
                 f"{self.config.residual_unit}s covers the whole sequence): lower --residual or use a longer context"

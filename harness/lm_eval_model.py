@@ -11,12 +11,17 @@
   codec_seed   the codec's own seed (rotations, projections)
   chunk        tokens per teacher-forced chunk after the prefill (default 64)
   device, dtype  as ``harness run`` takes them (auto: cuda + bfloat16 where available, else cpu + float32)
+  batch_size   (lm-eval's ``--batch_size``) requests run together through one cache, left-padded
+               (:mod:`adapters.padded_batch`): every answer is the one it gets alone, to float
+               rounding; a number ('auto' is not supported)
 
-How each request type meets the cache (one request at a time: batch_size 1 only, for now):
+How each request type meets the cache:
 
 - ``generate_until``: the context is prefilled (plain attention: nothing is cached yet), then
   ``model.generate`` decodes through the :class:`~adapters.hf_cache.CompressedCache`; tokens are
   encoded as they leave the native window, so every decode step reads the compressed context.
+  In a batch, ``model.generate`` keeps feeding a finished request (its pad token, unmasked) until
+  the batch is done, so that request's cache statistics count those tokens too.
 - ``loglikelihood``: the context is prefilled into the cache, then the continuation is
   teacher-forced in chunks of ``chunk`` tokens, each attending to the compressed past + the
   native window + itself (:meth:`~adapters.hf_causal_lm.CausalLM.teacher_force`). The first
@@ -89,8 +94,13 @@ class KVCodecLM(HFLM):
                  residual: int = DEFAULT_RESIDUAL, protect="none", codec_seed: int = 0, chunk: int = 64,
                  device: str | None = "auto", dtype="auto", batch_size=1, **kwargs):
         codec = codec or "none"  # lm-eval's argument parser reads "none" as None
-        if str(batch_size) != "1":
-            raise ValueError(f"model '{MODEL_NAME}' runs one request at a time: batch_size must be 1, got {batch_size}")
+        try:
+            batch = int(batch_size)
+        except (TypeError, ValueError):
+            batch = 0
+        if batch < 1:
+            raise ValueError(f"model '{MODEL_NAME}': batch_size must be a positive number of requests "
+                             f"('auto' is not supported), got {batch_size!r}")
         if bits is None:
             if codec != "none":
                 raise ValueError(f"model '{MODEL_NAME}': codec={codec} needs bits=")
@@ -98,7 +108,7 @@ class KVCodecLM(HFLM):
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             device = "auto"  # lm-eval's CLI default is cuda:0; --model hf falls back to the CPU too
         self.lm = load_checkpoint(pretrained, MODEL_NAME, device or "auto", dtype)
-        super().__init__(pretrained=self.lm.model, tokenizer=self.lm.tokenizer, batch_size=1, **kwargs)
+        super().__init__(pretrained=self.lm.model, tokenizer=self.lm.tokenizer, batch_size=batch, **kwargs)
         self.pretrained_path = str(pretrained)
         self.chunk = int(chunk)
         chunk_plan(1, 1, self.chunk)  # checks chunk
@@ -116,13 +126,15 @@ class KVCodecLM(HFLM):
         self.uncommitted = 0  # rollouts whose tokens all stayed in the native window
 
     # --- the cache's statistics ---------------------------------------------------------------------
-    def _record(self, kind: str, cache) -> None:
+    def _record(self, kind: str, cache, sequence: int = 0) -> None:
+        """The statistics of request ``sequence`` of the batch that ``cache`` ran."""
         self.rollouts[kind] += 1
         kv = cache.kv
-        if self.cache_cfg.codec != "none" and not any(layer.committed for layer in kv.layers if layer.codec is not None):
+        if self.cache_cfg.codec != "none" and not any(layer.seq_committed[sequence] for layer in kv.layers
+                                                      if layer.codec is not None):
             self.uncommitted += 1
             return
-        self.rollout_stats.append(cache_row_stats(kv))
+        self.rollout_stats.append(cache_row_stats(kv, sequence))
 
     def kvcodec_summary(self) -> dict:
         """The cache configuration and the mean cache statistics over the rollouts that committed tokens."""
@@ -138,48 +150,57 @@ class KVCodecLM(HFLM):
 
     # --- loglikelihood and loglikelihood_rolling ------------------------------------------------------
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None) -> list[tuple[float, bool]]:
-        """requests: (cache key or None, context ids, continuation ids) -> (sum of log p, is_greedy)."""
+        """requests: (cache key or None, context ids, continuation ids) -> (sum of log p, is_greedy),
+        ``batch_size`` requests at a time in the order given."""
         res = []
-        for request_str, context, continuation in tqdm(requests, disable=disable_tqdm or self.rank != 0,
-                                                       desc="Running loglikelihood requests (kvcodec)"):
-            answer = self._score(context, continuation)
-            res.append(answer)
-            if request_str is not None:  # rolling windows are cached per document by loglikelihood_rolling
-                self.cache_hook.add_partial("loglikelihood", request_str, answer)
+        bar = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0,
+                   desc="Running loglikelihood requests (kvcodec)")
+        for i in range(0, len(requests), self.batch_size):
+            batch = requests[i:i + self.batch_size]
+            for (request_str, _, _), answer in zip(batch, self._score([(c, x) for _, c, x in batch])):
+                res.append(answer)
+                if request_str is not None:  # rolling windows are cached per document by loglikelihood_rolling
+                    self.cache_hook.add_partial("loglikelihood", request_str, answer)
+            bar.update(len(batch))
+        bar.close()
         return res
 
-    def _score(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
-        """Prefill the context, teacher-force continuation[:-1] in chunks; the logits from the
-        context's last token on predict the continuation (truncated from the left as HFLM does)."""
-        if not context or not continuation or len(continuation) > self.max_length:
-            raise ValueError(f"loglikelihood needs a context and a continuation of 1..{self.max_length} tokens")
-        ids = (context + continuation)[-(self.max_length + 1):][:-1]
-        n_ctx = len(ids) - (len(continuation) - 1)
-        target = torch.tensor(continuation, device=self.device)
-        logp, greedy = [], []
+    def _score(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """Per (context, continuation): prefill the context, teacher-force continuation[:-1] in chunks;
+        the logits from the context's last token on predict the continuation (truncated from the left
+        as HFLM does). The requests run as one left-padded batch, each on its own chunk plan."""
+        ids, plans, targets = [], [], []
+        for context, continuation in requests:
+            if not context or not continuation or len(continuation) > self.max_length:
+                raise ValueError(f"loglikelihood needs a context and a continuation of 1..{self.max_length} tokens")
+            x = (context + continuation)[-(self.max_length + 1):][:-1]
+            ids.append(x)
+            plans.append(chunk_plan(len(x) - (len(continuation) - 1), len(continuation) - 1, self.chunk))
+            targets.append(torch.tensor(continuation, device=self.device))
+        logp, greedy = [[] for _ in requests], [[] for _ in requests]
 
-        def on_chunk(start: int, logits: torch.Tensor) -> None:  # logits [t, V] of ids[start:start + t]
+        def on_chunk(b: int, start: int, logits: torch.Tensor) -> None:  # logits [t, V] of ids[b][start:start + t]
             if start == 0:
                 logits = logits[-1:]  # the context's last token predicts continuation[0]
             lp = F.log_softmax(logits.float(), dim=-1)
-            tgt = target[len(logp):len(logp) + lp.shape[0]]
-            logp.extend(lp.gather(-1, tgt[:, None])[:, 0].tolist())
-            greedy.extend((lp.argmax(-1) == tgt).tolist())
+            tgt = targets[b][len(logp[b]):len(logp[b]) + lp.shape[0]]
+            logp[b].extend(lp.gather(-1, tgt[:, None])[:, 0].tolist())
+            greedy[b].extend((lp.argmax(-1) == tgt).tolist())
 
-        cache = self.lm.teacher_force(ids, chunk_plan(n_ctx, len(continuation) - 1, self.chunk), self.cache_cfg,
-                                      on_chunk)
-        self._record("loglikelihood", cache)
-        return float(sum(logp)), all(greedy)
+        cache = self.lm.teacher_force(ids, plans, self.cache_cfg, on_chunk)
+        for b in range(len(requests)):
+            self._record("loglikelihood", cache, b)
+        return [(float(sum(lp)), all(g)) for lp, g in zip(logp, greedy)]
 
     # --- generate_until -------------------------------------------------------------------------------
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs):
-        """context [1, T]: prefilled, then decoded by ``model.generate`` through a compressed cache."""
-        if context.shape[0] != 1:
-            raise NotImplementedError(f"model '{MODEL_NAME}' generates one request at a time (batch_size=1)")
+        """context [B, T] (left-padded, its attention_mask in ``generation_kwargs``): prefilled, then
+        decoded by ``model.generate`` through a compressed cache (which reads the padding from the mask)."""
         with attach(self.model) as new_cache:
             cache = new_cache(self.cache_cfg)
             out = super()._model_generate(context, max_length, stop, past_key_values=cache, **generation_kwargs)
-        self._record("generate_until", cache)
+        for b in range(context.shape[0]):
+            self._record("generate_until", cache, b)
         return out
 
 

@@ -229,6 +229,7 @@ def plan(config: RunConfig, log=print) -> list[tuple[str, object, list]]:
     out = []
     for name in config.tasks:
         task = get_task(name)(**config.task_options.get(name, {}))
+        task.batch_size = config.batch_size
         out.append((name, task, unique_prompts(name, task.prompts(config.prompts, config.limit), log)))
     return out
 

@@ -80,22 +80,7 @@ def repeat_batch(cache, batch: int) -> None:
     if kv is None:  # a transformers cache
         cache.batch_repeat_interleave(batch)
         return
-    from kernels import Encoded
-
-    def rep(t):
-        return None if t is None else t.repeat_interleave(batch, 0)
-
-    def rep_state(s):
-        return Encoded({k: rep(t) for k, t in s.tensors.items()}, (batch, *s.shape[1:]), s.dtype)
-
-    for layer in kv.layers:
-        if layer.key_states:
-            layer.compressed_keys()  # one state per layer
-            layer.key_states = [rep_state(s) for s in layer.key_states]
-            layer.value_states = [rep_state(s) for s in layer.value_states]
-        layer.window_k, layer.window_v = rep(layer.window_k), rep(layer.window_v)
-        layer._dec_k = layer._dec_v = None
-        layer._uncompressed_bytes *= batch
+    kv.repeat_batch(batch)
 
 
 def prefilled(model, ids, make_cache, batch: int, device):

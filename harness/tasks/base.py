@@ -79,6 +79,15 @@ class Task:
         raise NotImplementedError
 
     # --- batches: a task that runs prompts together overrides these --------------------------
+    #: the run's ``--batch-size`` (None: chosen for the model's device); the runner sets it
+    batch_size: int | None = None
+
+    def prompts_per_batch(self, model) -> int:
+        """How many prompts a batch holds: ``batch_size``, or the model's device's default."""
+        from harness.config import batch_size_for
+
+        return batch_size_for(self.batch_size, getattr(model, "device", "cpu"))
+
     def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
         """The prompts grouped as the runner should run them, in order (default: one by one)."""
         return [[p] for p in prompts]

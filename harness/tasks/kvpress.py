@@ -40,7 +40,7 @@ from pathlib import Path
 from metrics.kvpress_scores import SCORERS, kvpress_score, paragraph_id, scorer_for
 
 from .base import Prompt, Task, register_task
-from .generation import baseline_answer, graded_answer
+from .generation import baseline_answers, graded_answers
 from .text_corpus import text_hash
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -236,12 +236,12 @@ class KvpressTask(Task):
     # --- the contract ------------------------------------------------------------------------
     def baseline(self, model, prompt: Prompt, seed: int) -> dict:
         b = self.build(model, prompt)
-        return baseline_answer(model, b["ids"], b["max_new_tokens"], self.opt("topk"), prefill=b["prefill"])
+        return baseline_answers(model, [b["ids"]], b["max_new_tokens"], self.opt("topk"), prefill=[b["prefill"]])[0]
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: dict, out_dir: Path) -> dict:
         b = self.build(model, prompt)
-        answer, graded = graded_answer(self, model, prompt.id, b["ids"], cache_config, baseline, b["max_new_tokens"],
-                                       prefill=b["prefill"])
+        (answer, graded), = graded_answers(self, model, [prompt.id], [b["ids"]], cache_config, [baseline],
+                                           b["max_new_tokens"], prefill=[b["prefill"]])
         return {"kvpress_score": self._score(prompt, answer),
                 "baseline_kvpress_score": self._score(prompt, baseline["answer"]), **graded,
                 "answer": answer.strip(), "scorer": prompt.data["scorer"], "tokens": len(b["ids"]),

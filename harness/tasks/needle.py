@@ -28,7 +28,7 @@ from kernels import private_generator
 from metrics.text import first_number
 
 from .base import Prompt, Task, register_task
-from .generation import baseline_answer, graded_answer
+from .generation import baseline_answers, graded_answers
 from .text_corpus import load_excerpts, text_hash
 
 ADJECTIVES = ("amber", "bold", "brisk", "calm", "clever", "crimson", "dusty", "eager", "faint", "gentle", "golden",
@@ -191,17 +191,35 @@ class NeedleTask(Task):
 
     # --- the contract ------------------------------------------------------------------------
     def baseline(self, model, prompt: Prompt, seed: int) -> dict:
-        p = self.build(model, prompt, seed)
-        # the baseline's distributions along its own answer, computed exactly as a codec's are
-        return {**baseline_answer(model, p["ids"], self.opt("max_new_tokens"), self.opt("topk")),
-                "value": p["value"], "prompt_tokens": len(p["ids"])}
+        return self.baseline_batch(model, [prompt], seed)[0]
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: dict, out_dir: Path) -> dict:
-        p = self.build(model, prompt, seed)
-        answer, graded = graded_answer(self, model, prompt.id, p["ids"], cache_config, baseline,
-                                       self.opt("max_new_tokens"))
-        return {**self._scores(answer, baseline["answer"], p), **graded, "answer": answer.strip(),
-                "tokens": len(p["ids"])}
+        return self.evaluate_batch(model, [prompt], cache_config, seed, [baseline], out_dir)[0]
+
+    def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
+        """Runs of up to ``--batch-size`` consecutive prompts of one context size (a batch is padded
+        to its longest prompt; a row does not depend on its batch beyond float rounding)."""
+        size, out = self.prompts_per_batch(model), []
+        for p in prompts:
+            if out and len(out[-1]) < size and out[-1][0].data["context"] == p.data["context"]:
+                out[-1].append(p)
+            else:
+                out.append([p])
+        return out
+
+    def baseline_batch(self, model, prompts: list[Prompt], seed: int) -> list[dict]:
+        built = [self.build(model, p, seed) for p in prompts]
+        # the baseline's distributions along its own answer, computed exactly as a codec's are
+        answers = baseline_answers(model, [p["ids"] for p in built], self.opt("max_new_tokens"), self.opt("topk"))
+        return [{**a, "value": p["value"], "prompt_tokens": len(p["ids"])} for a, p in zip(answers, built)]
+
+    def evaluate_batch(self, model, prompts: list[Prompt], cache_config, seed: int, baselines: list[dict],
+                       out_dir: Path) -> list[dict]:
+        built = [self.build(model, p, seed) for p in prompts]
+        graded = graded_answers(self, model, [p.id for p in prompts], [p["ids"] for p in built], cache_config,
+                                baselines, self.opt("max_new_tokens"))
+        return [{**self._scores(answer, baseline["answer"], p), **row, "answer": answer.strip(), "tokens": len(p["ids"])}
+                for (answer, row), p, baseline in zip(graded, built, baselines)]
 
     def _scores(self, answer: str, base_answer: str, p: dict) -> dict:
         """Exact match of the first 7-digit number where one value is asked; with ``ruler`` also

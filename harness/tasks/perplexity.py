@@ -33,8 +33,8 @@ class PerplexityTask(Task):
         "chunk": (64, "tokens per later chunk; each attends to compressed past + window + itself"),
         "count": (4, "prompts taken from the default corpus (--limit also cuts)"),
         "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)"),
-        "batch": (8, "prompts of one length run together through one cache (rows do not depend on it "
-                     "beyond float rounding)"),
+        "batch": (0, "prompts run together through one cache; 0: the run's --batch-size (rows do not "
+                     "depend on it beyond float rounding)"),
     }
 
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
@@ -69,37 +69,29 @@ class PerplexityTask(Task):
         return slice(start - prefix, start - prefix + n), torch.tensor(ids[start + 1: start + 1 + n])
 
     def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
-        """Runs of up to ``batch`` consecutive prompts of one token length (so one chunk plan)."""
-        size = self.opt("batch")
+        """Runs of up to ``batch`` (else ``--batch-size``) consecutive prompts; prompts of other
+        token lengths run together left-padded, each on its own chunk plan. Every prompt's plan is
+        checked here, before the first batch runs."""
+        size = self.opt("batch") or self.prompts_per_batch(model)
         if size < 1:
             raise ValueError(f"perplexity: batch must be >= 1, got {size}")
-        out: list[list[Prompt]] = []
-        last = None
         for p in prompts:
-            n = len(self._plan(model, p)[0])
-            if out and n == last and len(out[-1]) < size:
-                out[-1].append(p)
-            else:
-                out.append([p])
-            last = n
-        return out
+            self._plan(model, p)
+        return [prompts[i:i + size] for i in range(0, len(prompts), size)]
 
     def _rollout(self, model, plans: list[tuple[list[int], list[int]]], cache_config, on_scored
                  ) -> tuple[list[list[int]], object]:
         """Teacher-force the batch of ``_plan``s; ``on_scored(b, rows, targets, logits [n, V])`` per
         sequence and scored chunk. Returns (token ids per prompt, the cache)."""
-        if len({len(ids) for ids, _ in plans}) != 1:
-            raise ValueError("perplexity: a batch needs prompts of one token length (use batches())")
-        ids, sizes = [ids for ids, _ in plans], plans[0][1]
+        ids = [ids for ids, _ in plans]
 
-        def on_chunk(start, logits):  # logits [B, t, V]
-            for b in range(len(ids)):
-                s = self._scored(ids[b], start, logits[b])
-                if s is not None:
-                    rows, tgt = s
-                    on_scored(b, rows, tgt, logits[b, : tgt.shape[0]])
+        def on_chunk(b, start, logits):  # logits [t, V] of sequence b
+            s = self._scored(ids[b], start, logits)
+            if s is not None:
+                rows, tgt = s
+                on_scored(b, rows, tgt, logits[: tgt.shape[0]])
 
-        cache = model.teacher_force(ids, sizes, cache_config, on_chunk)
+        cache = model.teacher_force(ids, [sizes for _, sizes in plans], cache_config, on_chunk)
         return ids, cache
 
     # --- the contract --------------------------------------------------------------------
@@ -139,7 +131,6 @@ class PerplexityTask(Task):
             acc[b]["agree"].append(agree_fn(base["top_ids"][rows, 0], lg).float())
 
         ids, cache = self._rollout(model, plans, cache_config, on_scored)
-        stats = cache_row_stats(cache.kv)  # every sequence of the batch holds the same bytes
         out = []
         for b, a in enumerate(acc):
             nll_t = torch.cat(a["nll"])
@@ -150,6 +141,6 @@ class PerplexityTask(Task):
                 "baseline_perplexity": self.metric("perplexity")(baselines[b]["nll"]),
                 "tokens": len(ids[b]),
                 "scored_tokens": int(nll_t.numel()),
-                **stats,
+                **cache_row_stats(cache.kv, b),  # the sequence's own tokens: as if it ran alone
             })
         return out

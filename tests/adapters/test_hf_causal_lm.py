@@ -277,9 +277,9 @@ def test_a_batch_gives_each_sequence_what_it_gets_alone(lm, codec):
     seqs = torch.randint(0, 256, (3, 72), generator=torch.Generator().manual_seed(5))
     sizes = [40, 16, 16]
     cfg = None if codec == "none" else CacheConfig(codec=codec, bits=_bits(codec), residual=8)
-    batched = []
-    cache = lm.teacher_force(seqs.tolist(), sizes, cfg, lambda s, lg: batched.append(lg))
-    batched = torch.cat(batched, 1)
+    batched = [[] for _ in range(3)]
+    cache = lm.teacher_force(seqs.tolist(), sizes, cfg, lambda b, s, lg: batched[b].append(lg))
+    batched = torch.stack([torch.cat(lg) for lg in batched])
     assert batched.shape == (3, 72, lm.model.config.vocab_size)
     for b in range(3):
         alone = []
@@ -290,5 +290,5 @@ def test_a_batch_gives_each_sequence_what_it_gets_alone(lm, codec):
         assert torch.equal(batched, native.float())
     else:
         assert all(layer.committed == 72 - 8 - (72 - 8) % layer.codec.token_block for layer in cache.kv.layers)
-    with pytest.raises(ValueError, match="share one length"):
-        lm.teacher_force([[1, 2, 3], [1, 2]], [2, 1], cfg, lambda s, lg: None)
+    with pytest.raises(ValueError, match="sum to the 2 tokens of sequence 1"):
+        lm.teacher_force([[1, 2, 3], [1, 2]], [2, 1], cfg, lambda b, s, lg: None)

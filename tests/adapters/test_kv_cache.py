@@ -194,13 +194,30 @@ def test_estimator_codecs_use_their_score(codec):
 
 
 def test_fork_is_independent():
-    layer = _layer(_plain(), residual=4)
+    """A fork shares the encoded rows (nothing is re-encoded) and each side's later commits are its
+    own: both equal a layer that saw only their own appends (the store copies on write)."""
     k, v = _kv(40)
-    layer.append(k[..., :30, :], v[..., :30, :])
+
+    def fed(*spans):
+        layer = _layer(_plain(), residual=4)
+        for a, b in spans:
+            layer.append(k[..., a:b, :], v[..., a:b, :])
+        return layer
+
+    layer = fed((0, 30))
     other = layer.fork()
+    seen = []
+    encode = layer.codec.encode
+    layer.codec.encode = lambda x: seen.append(x.shape[-2]) or encode(x)  # the codec is shared too
     other.append(k[..., 30:, :], v[..., 30:, :])
-    assert layer.length == 30 and other.length == 40
-    assert layer.key_states[0] is other.key_states[0]  # shared, never re-encoded
+    layer.append(k[..., 30:35, :], v[..., 30:35, :])  # both commit after the fork point
+    assert seen == [10, 5]  # only the new tokens were encoded
+    assert layer.length == 35 and other.length == 40
+    for got, want in ((layer, fed((0, 30), (30, 35))), (other, fed((0, 30), (30, 40)))):
+        assert got.committed == want.committed
+        for name, t in want.compressed_keys().tensors.items():
+            assert torch.equal(got.compressed_keys().tensors[name], t)
+        assert torch.equal(got.window_k, want.window_k)
 
 
 def test_cache_config_json_round_trip():
@@ -289,3 +306,17 @@ def test_incremental_decode_memo_equals_full_decode(codec):
     # a product of 50 rows differently from one of 170 (seen with torch 2.11's CPU BLAS)
     torch.testing.assert_close(dk, layer.codec.decode(layer.compressed_keys()), rtol=1e-5, atol=1e-6)
     assert torch.equal(dv, layer.codec.decode_values(layer.compressed_values()))
+
+
+def test_repeat_batch_makes_copies_of_each_sequence():
+    """A batch-1 cache repeated to 3 sequences: each reads and counts as the original (throughput scripts)."""
+    codec = "kivi" if "kivi" in CODECS else CODECS[0]
+    cache = CompressedKVCache(CacheConfig(codec=codec, bits=_bits(codec), residual=8), 2, HKV, D)
+    k, v = _kv(100)
+    for layer in cache.layers:
+        layer.append(k, v)
+    q = torch.randn(1, HQ, 1, D, generator=torch.Generator().manual_seed(5))
+    want, stats = cache[0].attend(q), cache.stats()
+    cache.repeat_batch(3)
+    assert cache.batch_size() == 3 and all(cache.stats(b) == stats for b in range(3))
+    torch.testing.assert_close(cache[0].attend(q.expand(3, -1, -1, -1)), want.expand(3, -1, -1, -1), rtol=0, atol=1e-6)

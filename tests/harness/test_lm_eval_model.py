@@ -82,14 +82,14 @@ def tasks_dir(tmp_path_factory) -> Path:
     return d
 
 
-def evaluate(model: str, model_args: str, tasks_dir: Path) -> dict:
+def evaluate(model: str, model_args: str, tasks_dir: Path, batch_size: int = 1) -> dict:
     """lm-eval's simple_evaluate on the three local tasks; returns the results with samples."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     import harness.lm_eval_model  # noqa: F401  (registers 'kvcodec')
 
-    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(TASKS), batch_size=1,
+    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(TASKS), batch_size=batch_size,
                                    device="cpu", log_samples=True,
                                    task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False))
 
@@ -117,6 +117,25 @@ def none_results(ckpt, tasks_dir) -> dict:
 @pytest.fixture(scope="module")
 def octopus_results(ckpt, tasks_dir) -> dict:
     return evaluate("kvcodec", f"pretrained={ckpt},codec=octopus,bits=2,residual=4,chunk=32", tasks_dir)
+
+
+def test_a_batch_gives_every_request_its_own_answer(ckpt, tasks_dir, octopus_results):
+    """batch_size=3: requests of different lengths run left-padded through one cache; every
+    log-likelihood is the one of batch 1 to float32 rounding, is_greedy and generations are equal."""
+    batched = evaluate("kvcodec", f"pretrained={ckpt},codec=octopus,bits=2,residual=4,chunk=32", tasks_dir,
+                       batch_size=3)
+    one, three = responses(octopus_results), responses(batched)
+    assert three["kv_gen"] == one["kv_gen"]
+    for task in ("kv_mc", "kv_roll"):
+        for a_doc, b_doc in zip(three[task], one[task], strict=True):
+            for a, b in zip(a_doc, b_doc, strict=True):
+                a_ll, b_ll = (a[0], b[0]) if task == "kv_mc" else (a, b)
+                assert a_ll == pytest.approx(b_ll, rel=1e-5, abs=1e-5), task
+                if task == "kv_mc":
+                    assert a[1] == b[1]
+    info, ref = batched["config"]["kvcodec"], octopus_results["config"]["kvcodec"]
+    assert info["rollouts"] == ref["rollouts"]
+    assert info["rollouts_with_committed_tokens"] == ref["rollouts_with_committed_tokens"]
 
 
 def test_codec_none_equals_lm_eval_hf(hf_results, none_results):
@@ -167,8 +186,8 @@ def test_bad_model_args_fail_before_any_request(ckpt):
 
     with pytest.raises(ValueError, match="needs bits="):
         KVCodecLM(pretrained=str(ckpt), codec="octopus", device="cpu")
-    with pytest.raises(ValueError, match="batch_size must be 1"):
-        KVCodecLM(pretrained=str(ckpt), device="cpu", batch_size=4)
+    with pytest.raises(ValueError, match="batch_size must be a positive number of requests"):
+        KVCodecLM(pretrained=str(ckpt), device="cpu", batch_size="auto")
     with pytest.raises(ValueError, match="bits"):
         KVCodecLM(pretrained=str(ckpt), codec="octopus", bits=9, device="cpu")
 

@@ -42,6 +42,7 @@ ARGV = {
     "backend": (["--backend", "torch"], "torch"),
     "device": (["--device", "cpu"], "cpu"),
     "dtype": (["--dtype", "float32"], "float32"),
+    "batch_size": (["--batch-size", "3"], 3),
     "task_options": (["--task-opt", "needle.contexts=512,1024", "--task-opt", "needle.depths=0.5"],
                      {"needle": {"contexts": "512,1024", "depths": "0.5"}}),
     "codec_options": (["--codec-opt", "octopus.split=3,3,3", "--codec-opt", "qjl.sketch=64"],
@@ -141,3 +142,16 @@ def test_codec_options_for_a_codec_the_run_does_not_have(capsys, tmp_path):
     assert main(["run", "--codec", "octopus", "--codec-opt", "kivi.group=64", "--quiet",
                  "--out", str(tmp_path / "x")]) == 2
     assert "options given for codec(s) ['kivi']" in capsys.readouterr().err
+
+
+def test_batch_size_left_out_is_chosen_for_the_device_and_old_configs_load():
+    from harness.config import AUTO_BATCH_SIZE, batch_size_for
+
+    assert batch_size_for(None, "cpu") == AUTO_BATCH_SIZE["cpu"]
+    assert batch_size_for(None, "cuda:1") == AUTO_BATCH_SIZE["cuda"]
+    assert batch_size_for(5, "cuda") == 5
+    # a config.json from before --batch-size, when perplexity's own batch option held the size
+    old = {k: v for k, v in RunConfig().to_json().items() if k != "batch_size"}
+    old["task_options"] = {"perplexity": {"batch": 8}}
+    c = RunConfig.from_json(json.loads(json.dumps(old)))
+    assert c.batch_size is None and c.task_options == {"perplexity": {"batch": 8}}

@@ -84,6 +84,30 @@ def test_perplexity_task(lm, textfile, tmp_path):
     assert row["baseline_perplexity"] == pytest.approx(want["baseline_perplexity"], rel=1e-6)
 
 
+def test_perplexity_prompts_of_different_lengths_run_together(lm, tmp_path):
+    """Prompts of different token lengths run as one left-padded batch, each on its own chunk plan:
+    every row is the row it gets alone (the KL to 1e-3 of itself: a difference of nearly equal
+    log-probabilities that float32 rounding of batched matmuls moves; the rest to float rounding)."""
+    from harness.tasks.base import Prompt
+
+    task = get_task("perplexity")(context=160, prefix=64, chunk=16)
+    prompts = [Prompt(f"p{i}", TEXT[:n]) for i, n in enumerate((160, 131, 97))]  # one token per byte
+    assert task.batches(lm, prompts) == [prompts]  # --batch-size left out: 8 on the CPU
+    task.batch_size = 2
+    assert task.batches(lm, prompts) == [prompts[:2], prompts[2:]]
+    cfg = CacheConfig(codec="kivi", bits=2, residual=8)
+    rows = task.evaluate_batch(lm, prompts, cfg, 0, task.baseline_batch(lm, prompts, 0), tmp_path)
+    for p, row in zip(prompts, rows):
+        alone = task.evaluate(lm, p, cfg, 0, task.baseline(lm, p, 0), tmp_path)
+        assert row["tokens"] == len(p.data) and row["scored_tokens"] == len(p.data) - 64 - 1
+        exact = ("tokens", "scored_tokens", "top1_agree", "cache_bytes", "uncompressed_bytes", "compressed_bytes",
+                 "committed_tokens", "bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord")
+        assert {k: row[k] for k in exact} == {k: alone[k] for k in exact}
+        assert row["kl"] == pytest.approx(alone["kl"], rel=1e-3) and row["kl"] > 0
+        for k in ("perplexity", "baseline_perplexity"):
+            assert row[k] == pytest.approx(alone[k], rel=1e-5)
+
+
 def test_needle_prompts_are_built_as_asked(lm):
     task = get_task("needle")(contexts="700,1000", depths="0,0.5,1", needles=3, max_new_tokens=4)
     prompts = task.prompts()

@@ -1,0 +1,79 @@
+"""How a rollout's KV cache is compressed: :class:`CacheConfig` (round-trips to JSON), and its defaults."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from kernels import CodecConfig, codec_class
+from kernels.backend import BACKENDS
+from kernels.config import check_options
+
+#: Default residual window, in tokens (text). KIVI and the OCTOPUS paper keep a small
+#: full-precision window of recent tokens; 32 is small next to the contexts we score.
+DEFAULT_RESIDUAL = 32
+CACHE_CONFIG_VERSION = 2
+ATTENDS = ("score", "reconstruct")
+RESIDUAL_UNITS = ("token", "append")
+PROTECTS = ("none", "boundary-1")
+
+
+@dataclass
+class CacheConfig:
+    """How a rollout's KV cache is compressed; round-trips to JSON."""
+
+    codec: str = "none"
+    bits: int = 16
+    residual: int = DEFAULT_RESIDUAL  # native window size
+    residual_unit: str = "token"  # "token": the last `residual` tokens; "append": the last `residual` appends (a frame, a scale)
+    protect: str | list[int] = "none"  # PROTECTS: "none", "boundary-1" (first and last layer native), or layer indices
+    value_bits: int | None = None  # default: the key bit width
+    value_group: int = 32
+    seed: int = 0
+    attend: str = "score"  # ATTENDS: "score": codec score path; "reconstruct": decode keys then attend
+    backend: str = "auto"  # BACKENDS: "auto" (fused kernels on CUDA), "lut", "triton", "torch"
+    options: dict = field(default_factory=dict)  # the codec's options (its Options fields), checked
+    #: keep the decoded committed keys/values of non-estimator codecs between reads (speed only:
+    #: decoding is deterministic, so results are identical; not counted as cache bytes)
+    memo_decoded: bool = True
+
+    def __post_init__(self):
+        for name, allowed in (("attend", ATTENDS), ("residual_unit", RESIDUAL_UNITS), ("backend", BACKENDS)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"Unknown {name} '{value}'. Available: {', '.join(allowed)}")
+        if isinstance(self.protect, str) or self.protect is None:
+            if self.protect not in (*PROTECTS, None):
+                raise ValueError(f"Unknown protect '{self.protect}'. Available: {', '.join(PROTECTS)} "
+                                 f"or a list of layer indices")
+        elif not all(isinstance(i, int) and not isinstance(i, bool) for i in self.protect):
+            raise ValueError(f"protect must be {', '.join(PROTECTS)} or a list of layer indices, got {self.protect!r}")
+        # the options belong to the codec: checked against its Options (unknown codec -> its list)
+        self.options = check_options(self.codec, codec_class(self.codec).Options, dict(self.options))
+
+    def codec_config(self, head_dim: int, num_heads: int, layer: int = 0) -> CodecConfig:
+        """The config of layer ``layer``'s codec for KV heads ``[B, num_heads, T, head_dim]``, every
+        option resolved (what a report row embeds)."""
+        return CodecConfig(self.codec, self.bits, head_dim, seed=self.seed, layer=layer, num_heads=num_heads,
+                           value_bits=self.value_bits, value_group=self.value_group, backend=self.backend,
+                           options=self.options).resolved()
+
+    def to_json(self) -> dict:
+        return {"version": CACHE_CONFIG_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CacheConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known - {"version"}
+        if unknown:
+            raise ValueError(f"unknown CacheConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @property
+    def label(self) -> str:
+        return "none" if self.codec == "none" else f"{self.codec}@{self.bits}"
+
+    def protected_layers(self, num_layers: int) -> set[int]:
+        if self.protect in ("none", None, []):
+            return set()
+        if self.protect == "boundary-1":
+            return {0, num_layers - 1}
+        return {int(i) % num_layers for i in self.protect}
