@@ -180,8 +180,7 @@ class NativeSlidingLayer(DynamicSlidingWindowLayer):
 
     def _mirror(self) -> None:
         # what a native cache holds for this layer, so 'uncompressed' is the same bytes
-        self.kv.window_k, self.kv.window_v = self.keys, self.values
-        self.kv._uncompressed_bytes = sum(t.numel() * t.element_size() for t in (self.keys, self.values))
+        self.kv.hold_native(self.keys, self.values)
 
 
 class CompressedCache(Cache):

@@ -156,6 +156,17 @@ class LayerKV:
             left -= s
         self._append_sizes = sizes[::-1]
 
+    def hold_native(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Make this native layer hold exactly k, v [B, Hkv, T, d] (a sliding-window layer's cache,
+        kept by transformers' own layer and mirrored here so the byte counts include it: what it
+        holds is also what a native cache of the same model holds)."""
+        if self.codec is not None:
+            raise RuntimeError("hold_native is for a native layer (no codec)")
+        B, T = k.shape[0], k.shape[-2]
+        self.window_k, self.window_v = k, v
+        self.seq_window, self._seen, self.seq_committed = [T] * B, [T] * B, [0] * B
+        self._token_bytes = k[0, ..., 0, :].numel() * k.element_size() + v[0, ..., 0, :].numel() * v.element_size()
+
     def repeat_batch(self, n: int) -> None:
         """Each sequence repeated ``n`` times in place (b -> b*n .. b*n + n-1): a batch-1 cache made a batch."""
         def rep(xs):
