@@ -17,6 +17,8 @@ one sequence or a batch of any lengths (left-padded: :mod:`adapters.padded_batch
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,24 +103,33 @@ class CausalLM(ModelAdapter):
         pad = self.tokenizer.pad_token_id
         return LeftPadded(batch, 0 if pad is None else pad, self.device)
 
-    def _forward(self, feed: LeftPadded, pieces: list[list[int]], cache) -> torch.Tensor:
+    def _forward(self, feed: LeftPadded, pieces: list[list[int]], cache, last: bool = False) -> torch.Tensor:
         """One step of ``feed`` (sequence b's next tokens ``pieces[b]``) through ``cache``; returns
-        the logits [B, t, V] float32 (the first step, into an empty cache, is the prefill)."""
+        the logits [B, t, V] float32 (the first step, into an empty cache, is the prefill).
+        ``last``: only the last column's logits are wanted ([B, 1, V] where the model can skip the
+        others: a long prompt's full logits would dwarf its KV cache)."""
         x, padding, pads = feed.step(pieces)
+        if last and self._keeps_logits:
+            padding = {**padding, "logits_to_keep": 1}
         if feed.columns == x.shape[1]:
             return self._prefill(x, cache, padding, pads)
         if pads is not None and isinstance(cache, CompressedCache):
             cache.set_padding(pads)
         return self.model(x, past_key_values=cache, use_cache=True, **padding).logits.float()
 
+    @property
+    def _keeps_logits(self) -> bool:
+        """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs mostly do)."""
+        return _takes_logits_to_keep(type(self.model))
+
     def _prefill(self, x: torch.Tensor, cache, padding: dict, pads: list[int] | None) -> torch.Tensor:
-        """x [B, t] into an empty ``cache`` (``padding``, ``pads``: :meth:`LeftPadded.step`'s);
-        returns the logits [B, t, V] float32."""
+        """x [B, t] into an empty ``cache`` (``padding``, ``pads``: :meth:`LeftPadded.step`'s, plus
+        ``logits_to_keep``); returns the logits [B, t or 1, V] float32."""
         if not self.share_prefill:
             if pads is not None and isinstance(cache, CompressedCache):
                 cache.set_padding(pads)
             return self.model(x, past_key_values=cache, use_cache=True, **padding).logits.float()
-        key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads))
+        key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads), "logits_to_keep" in padding)
         if self._memo is None or self._memo[0] != key:
             from transformers import DynamicCache
 
@@ -221,11 +232,11 @@ class CausalLM(ModelAdapter):
         with self._session(cache_config) as new_cache:
             cache = new_cache()
             feed = self._feed(B)
-            out = self._forward(feed, [p[:n] for p, n in zip(prompts, ns)], cache)
+            out = self._forward(feed, [p[:n] for p, n in zip(prompts, ns)], cache, last=True)
             last = [out[b, -1] for b in range(B)]
             rest = [p[n:] for p, n in zip(prompts, ns)]
             if any(rest):  # the prompt's tail goes through the cache as one chunk (kvpress: the question)
-                out = self._forward(feed, rest, cache)
+                out = self._forward(feed, rest, cache, last=True)
                 last = [out[b, -1] if rest[b] else last[b] for b in range(B)]
             logits = [[last[b]] for b in range(B)]
             branch = None
@@ -240,7 +251,7 @@ class CausalLM(ModelAdapter):
                 live = [b for b in live if tokens[b][-1] not in eos and step < max_new_tokens - 1]
                 if not live:
                     break
-                out = self._forward(feed, [tokens[b][-1:] if b in live else [] for b in range(B)], cache)
+                out = self._forward(feed, [tokens[b][-1:] if b in live else [] for b in range(B)], cache, last=True)
                 for b in live:
                     logits[b].append(out[b, -1])
             forced = [None] * B
@@ -254,6 +265,11 @@ class CausalLM(ModelAdapter):
         out = [{"tokens": tokens[b], "logits": torch.stack(logits[b][:len(tokens[b])]), "forced_logits": forced[b],
                 "cache": cache, "sequence": b} for b in range(B)]
         return out if batched else {k: v for k, v in out[0].items() if k != "sequence"}
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_logits_to_keep(model_class: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 class _Attached:

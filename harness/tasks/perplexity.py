@@ -66,7 +66,7 @@ class PerplexityTask(Task):
         n = min(logits.shape[-2], len(ids) - 1 - start)  # the last token of the context predicts nothing
         if n <= 0:
             return None
-        return slice(start - prefix, start - prefix + n), torch.tensor(ids[start + 1: start + 1 + n])
+        return slice(start - prefix, start - prefix + n), torch.tensor(ids[start + 1: start + 1 + n], device=logits.device)
 
     def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
         """Runs of up to ``batch`` (else ``--batch-size``) consecutive prompts; prompts of other
