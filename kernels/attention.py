@@ -72,21 +72,23 @@ def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | Non
     elif decoded is not None:
         scores.append(qg.float() @ decoded[0].float().transpose(-1, -2))
         values.append(decoded[1].float())
-    if scores:
-        keep = _lengths_mask(lengths, B, scores[0].shape[-1], q.device)
-        if keep is not None:
-            scores[0] = scores[0].masked_fill(~keep, float("-inf"))
+    # per part, which of its tokens each sequence holds ([B, 1, 1, n] bool, None: all): applied with
+    # the other masks after the soft-cap, which would turn a -inf score into a finite -softcap
+    keeps = [_lengths_mask(lengths, B, scores[0].shape[-1], q.device)] if scores else []
     for k, v, lens in ((window_k, window_v, window_lengths), (k_new, v_new, None)):
         if k is not None and k.shape[-2] > 0:
-            s = qg.float() @ k.float().transpose(-1, -2)
-            keep = _lengths_mask(lens, B, s.shape[-1], q.device)
-            scores.append(s if keep is None else s.masked_fill(~keep, float("-inf")))
+            scores.append(qg.float() @ k.float().transpose(-1, -2))
+            keeps.append(_lengths_mask(lens, B, scores[-1].shape[-1], q.device))
             values.append(v.float())
     if not scores:
         return torch.zeros_like(q)
     s = torch.cat(scores, -1).reshape(B, Hq, Tq, -1) * scale
     if softcap is not None:  # as the models' eager attention does it: on the scaled scores, before the mask
         s = torch.tanh(s / softcap) * softcap
+    if any(k is not None for k in keeps):
+        keep = torch.cat([torch.ones(B, 1, 1, p.shape[-1], dtype=torch.bool, device=q.device) if k is None else k
+                          for k, p in zip(keeps, scores)], -1)
+        s = s.masked_fill(~keep, float("-inf"))
     T = s.shape[-1]
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.float()

@@ -51,6 +51,9 @@ def kl_topk(base_ids: torch.Tensor, base_logp: torch.Tensor, logits: torch.Tenso
     base_ids, base_logp: [N, k] from :func:`topk_logprobs` of the baseline; logits: [N, V] of
     the run being compared.
     """
+    # a stored baseline comes back on the device it was saved from (the CPU, say) while this run's
+    # logits may be on another: compare on the logits' device
+    base_ids, base_logp = base_ids.to(logits.device), base_logp.to(logits.device)
     q_logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, base_ids.long())  # [N, k]
     p = base_logp.double().exp()
     kl = (p * (base_logp.double() - q_logp.double())).sum(-1)
@@ -64,7 +67,7 @@ def kl_topk(base_ids: torch.Tensor, base_logp: torch.Tensor, logits: torch.Tenso
 @register_metric("top1_agree", "text")
 def top1_agreement(base_top1: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """[N] bool: the compressed run's argmax equals the baseline's top-1 (base_top1 [N], logits [N, V])."""
-    return logits.argmax(-1) == base_top1.long()
+    return logits.argmax(-1) == base_top1.to(logits.device).long()
 
 
 _PUNCT = re.compile(r"[^\w\s]")

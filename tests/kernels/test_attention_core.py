@@ -215,3 +215,24 @@ def test_softcap_keeps_decode_off_the_fused_kernels():
     assert d.path == "torch" and all("soft-capping" in d.reason(p) for p in ("lut", "triton"))
     with pytest.raises(RuntimeError, match="backend='triton' cannot run this call: .*soft-capping"):
         decide_attention(q, codec, 2, "triton", device="cuda", softcap=50.0)
+
+
+def test_softcap_keeps_per_sequence_lengths():
+    """A ragged batch under soft-capping: tokens past a sequence's length (right-padded storage)
+    stay unattended. Capping before masking would turn their -inf scores into a finite -softcap
+    and give them weight, so each sequence must match the reference of its own tokens."""
+    g = _gen(7)
+    codec = make_codec("turboquant-mse", 4, D, num_heads=2)
+    k, v = _kv(2, 2, 16, g)
+    ks, vs = codec.encode(k), codec.encode_values(v)
+    wk, wv = _kv(2, 2, 6, g)
+    q = 3 * torch.randn(2, 4, 1, D, generator=g)
+    lengths, window_lengths = torch.tensor([16, 8]), torch.tensor([6, 3])
+    got = attend(q, codec, ks, vs, window_k=wk, window_v=wv, lengths=lengths, window_lengths=window_lengths,
+                 scale=0.5, softcap=2.0)
+    parts = [(codec.decode(ks), codec.decode_values(vs), lengths), (wk, wv, window_lengths)]
+    ref = naive(q, parts, scale=0.5, softcap=2.0)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    dec = decode_attention(q, ks, vs, codec, wk, wv, lengths=lengths, window_lengths=window_lengths, scale=0.5,
+                           backend="torch", softcap=2.0)
+    torch.testing.assert_close(dec.double(), ref, rtol=1e-5, atol=1e-5)

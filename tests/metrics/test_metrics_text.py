@@ -70,3 +70,15 @@ def test_directions_registered():
     assert get_metric("exact_match").higher_is_better is True
     with pytest.raises(ValueError, match="Unknown metric 'nope'. Available:"):
         get_metric("nope")
+
+
+def test_kl_and_top1_take_a_baseline_stored_on_another_device():
+    """A baseline read back from disk lives where it was saved (the CPU) while a resumed run's logits
+    may be on a GPU: the metrics compare on the logits' device ('meta' stands in for the GPU here,
+    where a device mismatch raises just as it does on CUDA)."""
+    from metrics.text import kl_topk, top1_agreement, topk_logprobs
+
+    ids, logp = topk_logprobs(torch.randn(3, 10), 4)
+    logits = torch.randn(3, 10, device="meta")
+    assert kl_topk(ids, logp, logits).device.type == "meta"
+    assert top1_agreement(ids[:, 0], logits).shape == (3,)
