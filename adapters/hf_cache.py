@@ -248,15 +248,20 @@ class CompressedCache(Cache):
     def set_padding(self, pads: list[int] | None) -> None:
         """For the next forward only: sequence b's first ``pads[b]`` new tokens are padding (a
         left-padded batch; None: every token is real). Codec layers drop them (module docstring);
-        sliding layers, native, keep the padded columns under the model's own mask."""
+        A model with sliding-window layers takes no padding (:func:`refuse_padding`)."""
+        if pads is not None and any(pads):
+            refuse_padding(self.arch.native)
         for layer in self.layers:
-            layer.next_pads = None if pads is None else [int(p) for p in pads]
+            if isinstance(layer, CompressedLayer):
+                layer.next_pads = None if pads is None else [int(p) for p in pads]
 
     def replay(self, layer_idx: int, native: CacheLayerMixin, pads: list[int] | None = None) -> None:
         """Fill an empty layer from ``native``, a ``DynamicCache`` layer after a prefill computed
         elsewhere by plain attention: a compressed layer appends its keys/values [B, Hkv, t, d] (what
         the ``kvcodec`` attention does after a live first prefill; ``pads`` as :meth:`set_padding`
         takes them), a sliding layer takes its state."""
+        if pads is not None and any(pads):
+            refuse_padding(self.arch.native)
         layer = self.layers[layer_idx]
         if layer.kv.columns or getattr(layer, "pending", None) is not None:
             raise RuntimeError(f"layer {layer_idx}: replay needs an empty cache layer")
@@ -268,6 +273,17 @@ class CompressedCache(Cache):
         if not layer.is_initialized:
             layer.lazy_initialization(k, v)
         layer.kv.append(k, v, pads)
+
+
+def refuse_padding(sliding_layers) -> None:
+    """Raise where a left-padded batch cannot give every prompt its own numbers: a model whose
+    sliding-window layers stay native (their window counts columns, pads included, and keeps the
+    last window - 1 of them; a pad between a sequence's tokens pushes real tokens out)."""
+    if sliding_layers:
+        raise ValueError(f"this model's sliding-window layers {sorted(sliding_layers)} stay native, and a native "
+                         f"window counts pad columns, so a left-padded batch would not give each prompt the numbers "
+                         f"it gets alone; run it with --batch-size 1 (lm-eval: batch_size=1), or batch prompts of "
+                         f"one length")
 
 
 def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -356,7 +372,7 @@ def _padding_from_mask(module, args, kwargs) -> None:
     cache, mask = kwargs.get("past_key_values"), kwargs.get("attention_mask")
     if not isinstance(cache, CompressedCache) or mask is None or mask.dim() != 2:
         return
-    if any(layer.next_pads is not None for layer in cache.layers):
+    if any(getattr(layer, "next_pads", None) is not None for layer in cache.layers):
         return  # the caller said it
     tokens = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
     if tokens is None and args:

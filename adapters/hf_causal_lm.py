@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from .hf_arch import decoder_arch, geometry, servable
-from .hf_cache import CompressedCache, attach
+from .hf_cache import CompressedCache, attach, refuse_padding
 from .kv_cache import CacheConfig
 from .loading import cache_root, resolve
 from .model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2
@@ -103,12 +103,19 @@ class CausalLM(ModelAdapter):
         pad = self.tokenizer.pad_token_id
         return LeftPadded(batch, 0 if pad is None else pad, self.device)
 
+    @functools.cached_property
+    def sliding_layers(self) -> tuple[int, ...]:
+        """The layers that attend through a sliding window (kept native; they take no padded batch)."""
+        return tuple(sorted(decoder_arch(self.model.config).native))
+
     def _forward(self, feed: LeftPadded, pieces: list[list[int]], cache, last: bool = False) -> torch.Tensor:
         """One step of ``feed`` (sequence b's next tokens ``pieces[b]``) through ``cache``; returns
         the logits [B, t, V] float32 (the first step, into an empty cache, is the prefill).
         ``last``: only the last column's logits are wanted ([B, 1, V] where the model can skip the
         others: a long prompt's full logits would dwarf its KV cache)."""
         x, padding, pads = feed.step(pieces)
+        if pads is not None and any(pads):
+            refuse_padding(self.sliding_layers)
         if last and self._keeps_logits:
             padding = {**padding, "logits_to_keep": 1}
         if feed.columns == x.shape[1]:
@@ -132,6 +139,8 @@ class CausalLM(ModelAdapter):
         key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads), "logits_to_keep" in padding)
         if self._memo is None or self._memo[0] != key:
             from transformers import DynamicCache
+
+            self._memo = None  # release the last prompt's cache and logits before computing these
 
             native = DynamicCache(config=self.model.config)
             logits = self.model(x, past_key_values=native, use_cache=True, **padding).logits.float()

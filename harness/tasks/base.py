@@ -83,9 +83,12 @@ class Task:
     batch_size: int | None = None
 
     def prompts_per_batch(self, model) -> int:
-        """How many prompts a batch holds: ``batch_size``, or the model's device's default."""
+        """How many prompts a batch holds: ``batch_size``, or the model's device's default (1 for a
+        model with sliding-window layers)."""
         from harness.config import batch_size_for
 
+        if self.batch_size is None and getattr(model, "sliding_layers", ()):
+            return 1  # sliding-window layers take no padded batch (adapters.hf_cache.refuse_padding)
         return batch_size_for(self.batch_size, getattr(model, "device", "cpu"))
 
     def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:

@@ -292,3 +292,34 @@ def test_cuda_softcap_decode_stays_on_the_reference(monkeypatch):
             for b in ("torch", "auto")]
     assert runs[0]["tokens"] == runs[1]["tokens"] and len(runs[0]["tokens"]) == 6
     assert torch.equal(runs[0]["logits"], runs[1]["logits"])
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma2"])
+def test_sliding_models_take_no_padded_batch(arch):
+    """A native sliding window counts pad columns (a pad between a sequence's tokens pushes real
+    tokens out), so prompts of different lengths on a model with sliding layers are refused with one
+    line naming the fix, on every path that pads: teacher forcing, greedy and model.generate (which
+    reads the padding from its 2-D mask); a batch of one length still runs, equal to batch 1, and the
+    tasks' automatic batch size is 1 for such a model."""
+    from harness.tasks.base import Task
+
+    lm = tiny_lm(arch)
+    assert lm.sliding_layers == tuple(SLIDING[arch])
+    short, long_ = IDS[:30], IDS
+    for cfg in (None, OCTOPUS):
+        with pytest.raises(ValueError, match="sliding-window layers .* --batch-size 1"):
+            lm.teacher_force([long_, short], [[20, 28], [20, 10]], cfg, lambda *a: None)
+        with pytest.raises(ValueError, match="sliding-window layers .* --batch-size 1"):
+            lm.greedy([long_, short], 3, cfg)
+    x = torch.tensor([long_[:12], [V - 1] * 3 + long_[:9]])
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0
+    with attach(lm.model) as new_cache, pytest.raises(ValueError, match="sliding-window layers"):
+        lm.model.generate(x, attention_mask=mask, past_key_values=new_cache(OCTOPUS), max_new_tokens=2,
+                          do_sample=False)
+    one = lm.greedy(IDS[:40], 3, OCTOPUS, force="self")
+    both = lm.greedy([IDS[:40], IDS[:40]], 3, OCTOPUS, force="self")
+    for r in both:
+        assert r["tokens"] == one["tokens"]
+        torch.testing.assert_close(r["forced_logits"], one["forced_logits"], rtol=0, atol=2e-5)
+    assert Task().prompts_per_batch(lm) == 1 and Task().prompts_per_batch(tiny_lm("llama")) == 8
