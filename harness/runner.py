@@ -48,7 +48,7 @@ from .lock import RunLock, RunLocked, describe
 from .merge import MERGE_WAIT_S, complete, finish, stored_rows
 from .rows import append_line, atomic_write, dumps, inside, row_key, safe_name
 from .run_folder import claim_out, make_out, refuse_live_shards, start_out, write_config
-from .shard import ROWS_NAME, Plan, Shard, write_plan
+from .shard import ROWS_NAME, Plan, Shard, adopt_plan, write_plan
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -252,8 +252,11 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
                                            indent=2) + "\n")
     # the batches one process runs, in its order; a shard runs those the plan assigns it
     batched = [(name, task, task.batches(model, prompts)) for name, task, prompts in work]
-    the_plan = Plan([(name, [[p.id for p in b] for b in batches]) for name, _, batches in batched],
-                    [(c.label, c.seed) for c in runs])
+    the_plan = adopt_plan(out, Plan([(name, [[p.id for p in b] for b in batches]) for name, _, batches in batched],
+                                    [(c.label, c.seed) for c in runs]), log)
+    by_id = {name: {p.id: p for p in prompts} for name, _, prompts in work}
+    batched = [(name, task, [[by_id[name][i] for i in b] for b in batches])
+               for (name, task, _), (_, batches) in zip(batched, the_plan.tasks)]
     write_plan(out, the_plan, log)
     for name, _, batches in batched if shard else ():
         if len(batches) < shard.count < sum(map(len, batches)):

@@ -193,6 +193,19 @@ def write_plan(out: Path, plan: Plan, log=print) -> None:
         atomic_write(path, text)
 
 
+def adopt_plan(out: Path, plan: Plan, log=print) -> Plan:
+    """The plan this process runs: the stored plan where it holds the same rows batched otherwise
+    (processes of one run on other devices, whose automatic ``--batch-size`` differs, must agree on
+    the batches, or shards would deal different batches and a prompt's stored baseline would be
+    recomputed with another batch); else ``plan``."""
+    stored = read_plan(out)
+    if stored is None or stored == plan or stored.runs != plan.runs or sorted(stored.keys()) != sorted(plan.keys()):
+        return plan
+    log(f"note: keeping the batches of {Path(out) / PLAN_NAME} (written by a process that batched prompts "
+        f"otherwise, e.g. on another device), so every process of this run runs the same batches")
+    return stored
+
+
 def read_plan(out: Path) -> Plan | None:
     """The run's plan; None where there is none (a folder written before plans, or before any
     process loaded the model) or it is unreadable."""

@@ -266,3 +266,31 @@ def test_shard_from_the_environment_through_the_cli(lm, textfile, tmp_path, monk
     assert len(read_rows(tmp_path / "run" / "rows.jsonl")) == 2 and not shard_files(tmp_path / "run")
     monkeypatch.setenv("RANK", "0")
     assert cli.main(args + ["--shard", "0/1"]) == 0  # --shard wins over the environment
+
+
+def test_shards_on_devices_that_batch_otherwise_keep_one_plan(lm, textfile, tmp_path, monkeypatch):
+    """--batch-size left out resolves per device (8 on a CPU, 16 on CUDA) while config.json stays the
+    same: a shard started where batches are smaller must keep the batches the run's plan already
+    has, or the two shards would deal different batches (rows run twice, others never). The run
+    completes with every row once, byte-identical to one process batching as the first did."""
+    import harness.config as hc
+
+    opts = {"perplexity": {**OPTS["perplexity"], "batch": 0}}
+
+    def cfg():
+        c = _config(textfile, tasks=["perplexity"])
+        c.task_options = opts
+        return c
+
+    monkeypatch.setitem(hc.AUTO_BATCH_SIZE, "cpu", 2)
+    single = run(cfg(), out=tmp_path / "single", model=lm, **QUIET)
+    out, made = tmp_path / "run", []
+    run(cfg(), out=out, model=lm, shard=Shard(0, 2), on_row=made.append, **QUIET)
+    monkeypatch.setitem(hc.AUTO_BATCH_SIZE, "cpu", 1)  # the second shard's "device" batches one by one
+    notes = []
+    run(cfg(), out=out, model=lm, shard=Shard(1, 2), on_row=made.append, progress=False, log=notes.append)
+    assert any("keeping the batches" in n for n in notes)
+    keys = [row_key(r) for r in made]
+    assert len(set(keys)) == len(keys) == len(read_plan(out).keys())
+    assert read_plan(out) == read_plan(single)
+    assert _bytes(out) == _bytes(single)
