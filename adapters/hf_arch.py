@@ -201,3 +201,14 @@ def _causal_lm_class(config) -> type:
 
 def _span(idx: list[int]) -> str:
     return ", ".join(map(str, idx)) if len(idx) <= 6 else f"{', '.join(map(str, idx[:6]))}, ... ({len(idx)} in all)"
+
+
+def refuse_padding(sliding_layers) -> None:
+    """Raise where a left-padded batch cannot give every prompt its own numbers: a model whose
+    sliding-window layers stay native (their window counts columns, pads included, and keeps the
+    last window - 1 of them; a pad between a sequence's tokens pushes real tokens out)."""
+    if sliding_layers:
+        raise ValueError(f"this model's sliding-window layers {sorted(sliding_layers)} stay native, and a native "
+                         f"window counts pad columns, so a left-padded batch would not give each prompt the numbers "
+                         f"it gets alone; run it with --batch-size 1 (lm-eval: batch_size=1), or batch prompts of "
+                         f"one length")

@@ -51,7 +51,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kernels import make_codec
 
-from .hf_arch import UnservableModel, attention_softcap, decoder_arch, geometry, servable
+from .hf_arch import UnservableModel, attention_softcap, decoder_arch, geometry, refuse_padding, servable
 from .kv_cache import CacheConfig, CompressedKVCache, LayerKV
 
 ATTN_NAME = "kvcodec"
@@ -273,17 +273,6 @@ class CompressedCache(Cache):
         if not layer.is_initialized:
             layer.lazy_initialization(k, v)
         layer.kv.append(k, v, pads)
-
-
-def refuse_padding(sliding_layers) -> None:
-    """Raise where a left-padded batch cannot give every prompt its own numbers: a model whose
-    sliding-window layers stay native (their window counts columns, pads included, and keeps the
-    last window - 1 of them; a pad between a sequence's tokens pushes real tokens out)."""
-    if sliding_layers:
-        raise ValueError(f"this model's sliding-window layers {sorted(sliding_layers)} stay native, and a native "
-                         f"window counts pad columns, so a left-padded batch would not give each prompt the numbers "
-                         f"it gets alone; run it with --batch-size 1 (lm-eval: batch_size=1), or batch prompts of "
-                         f"one length")
 
 
 def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -26,8 +26,8 @@ from typing import Callable
 
 import torch
 
-from .hf_arch import decoder_arch, geometry, servable
-from .hf_cache import CompressedCache, attach, refuse_padding
+from .hf_arch import decoder_arch, geometry, refuse_padding, servable
+from .hf_cache import CompressedCache, attach
 from .kv_cache import CacheConfig
 from .loading import cache_root, resolve
 from .model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2

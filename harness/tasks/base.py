@@ -88,7 +88,7 @@ class Task:
         from harness.config import batch_size_for
 
         if self.batch_size is None and getattr(model, "sliding_layers", ()):
-            return 1  # sliding-window layers take no padded batch (adapters.hf_cache.refuse_padding)
+            return 1  # sliding-window layers take no padded batch (adapters.hf_arch.refuse_padding)
         return batch_size_for(self.batch_size, getattr(model, "device", "cpu"))
 
     def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:

@@ -266,7 +266,7 @@ def test_decode_fast_path_matches_torch():
 def test_decode_fast_path_takes_masks_that_mask_nothing(monkeypatch):
     """transformers passes an all-True boolean mask on plain decode steps: that must not push the
     step off the fused path; a mask that hides a key must (the kernel has no general masks)."""
-    import adapters.kv_cache as kvc
+    import adapters.layer_kv as kvc
 
     calls = []
     monkeypatch.setattr(kvc, "decode_attention", lambda *a, **kw: calls.append(kw) or "fused")

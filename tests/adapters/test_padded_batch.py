@@ -165,7 +165,7 @@ def test_ragged_decode_step_equals_each_sequence_alone(backend, monkeypatch):
 
         if not available(torch.device("cpu")) and not torch.cuda.is_available():
             pytest.skip("no way to run Triton here")
-    import adapters.kv_cache as kvc
+    import adapters.layer_kv as kvc
 
     calls = []
     real = kvc.decode_attention
@@ -236,7 +236,7 @@ def test_left_padded_feed_counts_positions_per_sequence():
 def test_cuda_batched_greedy_through_the_fused_kernels(monkeypatch):
     """On CUDA (backend 'auto'), decode steps of a padded batch go through the fused kernels with
     per-sequence lengths; every prompt gets what it gets alone (to the kernels' fp16 dots)."""
-    import adapters.kv_cache as kvc
+    import adapters.layer_kv as kvc
 
     lengths = []
     real = kvc.decode_attention
