@@ -32,6 +32,7 @@ import torch
 
 from .._lengths import as_lengths
 from ..fused_layout import KeyCodes
+from ..split_k import choose_splits, num_sms
 from .lut_tables import TSCALE, Lookup, lookup_for, lut_tables, table_keys  # noqa: F401 (the tables' API)
 
 _LOG2E = 1.4426950408889634
@@ -271,36 +272,12 @@ def _stream():
     return s
 
 
-
-@functools.lru_cache(maxsize=None)
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _num_sms(dev) -> int:
-    dev = torch.device(dev)
-    return _sms(dev.index if dev.index is not None else torch.cuda.current_device())
-
-
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous():
         t = t.contiguous()
     if t.data_ptr() % 16:
         t = t.clone()
     return t
-
-
-def _choose_splits(tiles: int, heads: int, slots: int) -> int:
-    """Splits per (batch, head) minimising waves x tiles per CTA (as the Triton launcher does)."""
-    best, best_cost = 1, None
-    for waves in range(1, 9):
-        s = max(1, min(tiles, (waves * slots) // heads))
-        per = -(-tiles // s)
-        s = -(-tiles // per)
-        cost = (-(-(heads * s) // slots)) * per + 0.02 * s
-        if best_cost is None or cost < best_cost:
-            best, best_cost = s, cost
-    return best
 
 
 def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
@@ -337,10 +314,10 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     tok = 16 * cfg["mt"]
     tiles = max(1, -(-T // tok))
     if num_splits is None:  # in units of NW stages (one per warp)
-        nsm = _num_sms(dev)
+        nsm = num_sms(dev)
         per_sm = max(1, min(cfg["minb"], (227 * 1024) // max(lay["smem"], 1)))
         nb = -(-tiles // nw)
-        per = -(-nb // _choose_splits(nb, B * Hkv, per_sm * nsm)) * nw
+        per = -(-nb // choose_splits(nb, B * Hkv, per_sm * nsm)) * nw
     else:
         per = -(-tiles // num_splits)
     S = max(1, -(-tiles // per))

@@ -49,6 +49,7 @@ from ._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
 from .combine import _combine_kernel
 from .._lengths import as_lengths
 from ..fused_layout import KeyCodes
+from ..split_k import choose_splits, num_sms
 from .decode_plan import plan_for
 
 _LOG2E = 1.4426950408889634
@@ -272,34 +273,6 @@ def supports(codec, q_dtype=torch.bfloat16) -> str | None:
     return None
 
 
-def _choose_splits(tiles: int, heads: int, slots: int) -> int:
-    """Splits per (batch, head) minimising waves x blocks per program, where a wave is ``slots``
-    resident programs: a split count that leaves a last, nearly empty wave costs a whole wave."""
-    best, best_cost = 1, None
-    for waves in range(1, 9):
-        s = max(1, min(tiles, (waves * slots) // heads))
-        per = -(-tiles // s)
-        s = -(-tiles // per)
-        cost = (-(-(heads * s) // slots)) * per + 0.02 * s  # + a little for the combine's work
-        if best_cost is None or cost < best_cost:
-            best, best_cost = s, cost
-    return best
-
-
-def _num_sms(device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
-
-def _field(state, name, T):
-    t = state.tensors[name]
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t
-
-
 def decode_attention_fused(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
                            window_lengths=None, scale=None, *, return_lse: bool = False, block_n: int = 64,
                            num_splits: int | None = None, combine_block: int = 256):
@@ -347,19 +320,19 @@ def _launch(q, key_state, value_state, codec, window_k=None, window_v=None, leng
 
     tiles = max(1, triton.cdiv(T, block_n))
     if num_splits is None:
-        num_splits = _choose_splits(tiles, B * Hkv, programs_per_sm * _num_sms(dev))
+        num_splits = choose_splits(tiles, B * Hkv, programs_per_sm * num_sms(dev))
     per = triton.cdiv(tiles, num_splits)
     chunk = per * block_n
     num_splits = max(1, triton.cdiv(T, chunk)) if T > 0 else 1
 
     norm_name, codes_name = plan.fields
-    norm = _field(key_state, norm_name, T)
-    ka = _field(key_state, codes_name, T)
+    norm = key_state.tensors[norm_name].contiguous()
+    ka = key_state.tensors[codes_name].contiguous()
     if plan.qjl:
-        qjl, rnorm = (_field(key_state, f, T) for f in plan.qjl_fields)
+        qjl, rnorm = (key_state.tensors[f].contiguous() for f in plan.qjl_fields)
     else:
         qjl, rnorm = ka, norm
-    vc, vs, vz = (_field(value_state, k, T) for k in ("codes", "scale", "zero"))
+    vc, vs, vz = (value_state.tensors[k].contiguous() for k in ("codes", "scale", "zero"))
     if plan.octa and ka.data_ptr() % 4:  # the OCTOPUS codes are read as 32-bit words from their start
         ka = ka.clone()
 
