@@ -52,8 +52,11 @@ class CheckpointError(ValueError):
 #: a plain attribute bag, and its values still pass the same weights-only checks).
 SAFE_PICKLE_GLOBALS = (argparse.Namespace,)
 
-CONVERT_HINT = ("convert it in an environment you trust: python -c \"import torch; from safetensors.torch "
-                "import save_file; sd = torch.load('{file}', weights_only=False){key}; "
+#: The conversion a user runs once where they trust the file's source: still a weights-only load,
+#: with only the one class the file names allowed (imported from its own package), then safetensors.
+CONVERT_HINT = ("if you trust '{module}.{name}', convert it once: python -c \"import torch; from {module} import "
+                "{name}; from safetensors.torch import save_file; torch.serialization.add_safe_globals([{name}]); "
+                "sd = torch.load('{file}', weights_only=True){key}; "
                 "save_file({{k: v.contiguous() for k, v in sd.items()}}, '{stem}.safetensors')\"")
 
 
@@ -93,7 +96,6 @@ def safe_torch_load(path: str | os.PathLike, what: str = "checkpoint", key: str 
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{what} {p} is not a readable safetensors file ({_first_line(e)}); "
                                   f"download it again") from None
-    hint = CONVERT_HINT.format(file=p, key=_entry_expr(key), stem=p.with_suffix(""))
     try:
         with torch.serialization.safe_globals(list(SAFE_PICKLE_GLOBALS)):
             try:
@@ -107,6 +109,8 @@ def safe_torch_load(path: str | os.PathLike, what: str = "checkpoint", key: str 
         if found is None:
             raise CheckpointError(f"{what} {p} is not a readable PyTorch checkpoint (not a pickle of tensors); "
                                   f"download it again, or pass another file") from None
+        module, _, name = found.group(1).rpartition(".")
+        hint = CONVERT_HINT.format(module=module, name=name, file=p, key=_entry_expr(key), stem=p.with_suffix(""))
         raise CheckpointError(f"{what} {p} pickles '{found.group(1)}', not only tensors and plain values, and the "
                               f"harness never runs code from a data file; {hint}") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:

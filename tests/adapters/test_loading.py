@@ -59,3 +59,25 @@ def test_conversion_hint_picks_the_entry_the_loader_reads():
         exec(expr.lstrip("; "), scope)  # the hint's own code
         assert scope["sd"] == want
     assert _entry_expr("model") == "['model']" and _entry_expr(None) == ""
+
+
+def test_the_conversion_hint_converts_without_unsafe_loading(tmp_path):
+    """A checkpoint that pickles a class of its own is refused; the one-line hint is a command that,
+    run where the class's package is importable, loads the file weights-only with just that class
+    allowed and writes the weights as safetensors, which then load."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    (tmp_path / "trainmod.py").write_text("class Args:\n    def __init__(self):\n        self.lr = 0.1\n")
+    code = ("import torch, trainmod; torch.save({'generator': {'w': torch.arange(3.0)}, 'args': trainmod.Args()}, "
+            "'ck.pt')")
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True)
+    with pytest.raises(CheckpointError) as e:
+        safe_torch_load(tmp_path / "ck.pt", key="generator")
+    msg = str(e.value)
+    assert "'trainmod.Args'" in msg and "weights_only=False" not in msg and "\n" not in msg
+    command = msg.split('python -c "', 1)[1].rstrip('"')
+    subprocess.run([sys.executable, "-c", command], cwd=tmp_path, check=True)
+    assert torch.equal(load_file(tmp_path / "ck.safetensors")["w"], torch.arange(3.0))
