@@ -2,8 +2,8 @@
 
 Per benchmark row, one child process (``python -m harness.bench_ncu child SPEC``) builds the
 row's inputs (random states of the codec's exact layout, as the benchmark times them) and launches
-each decode path once ('lut': ``lut_split`` + ``lut_combine``; 'triton': ``_split_kernel`` +
-``_combine_kernel``) under ``ncu --csv``, which reads :data:`METRICS` of those kernels only
+each decode path once ('lut': ``lut_qprep`` where it runs, ``lut_split``, ``lut_combine``; 'triton':
+``_split_kernel`` + ``_combine_kernel``) under ``ncu --csv``, which reads :data:`METRICS` of those kernels only
 (``--kernel-name``; clocks left as they are: ``--clock-control none``). The parent parses ncu's
 CSV (:func:`parse_csv`) and sums the kernels of each path (:func:`per_path`):
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 METRICS = ("smsp__inst_executed.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 #: the kernels of each decode path (names as ncu prints them); a kernel not named here is not read
-PATH_KERNELS = {"lut": ("lut_split", "lut_combine"), "triton": ("_split_kernel", "_combine_kernel")}
+PATH_KERNELS = {"lut": ("lut_qprep", "lut_split", "lut_combine"), "triton": ("_split_kernel", "_combine_kernel")}
 NOT_PERMITTED = "ERR_NVGPUCTRPERM"
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _TIME_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}

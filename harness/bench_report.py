@@ -130,10 +130,10 @@ def to_markdown(res: dict) -> str:
     if cmp_rows:
         lines += ["", f"## Table-lookup kernel against the variant {res['config'].get('lut_compare')} (same rows, "
                   "same process)", "",
-                  "| shape | B | ctx | b | sdpa us | lut us | variant us | lut x sdpa | variant x sdpa | lut / variant |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| shape | B | ctx | codec | b | sdpa us | lut us | variant us | lut x sdpa | variant x sdpa | lut / variant |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in cmp_rows:
-            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['bits']} | {r['sdpa_us']:.1f} | "
+            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['codec']} | {r['bits']} | {r['sdpa_us']:.1f} | "
                          f"{r['lut_us']:.1f} | {r['lut_compare_us']:.1f} | {r['lut_ratio_vs_sdpa']:.3f} | "
                          f"{r['lut_compare_ratio_vs_sdpa']:.3f} | {r['lut_us'] / r['lut_compare_us']:.3f} |")
     if res.get("lut_refused"):

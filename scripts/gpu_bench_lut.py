@@ -10,6 +10,8 @@ python scripts/gpu_bench_lut.py sweep [--contexts 4k] [--bits 3] [--configs '{"n
     launch configurations, and the split and combine kernels alone.
 python scripts/gpu_bench_lut.py once BITS [--ctx 32k] [--batch 1]
     a few launches of one configuration, for ncu (--kernel-name lut_split).
+python scripts/gpu_bench_lut.py host [--contexts 4k,32k] [--configs '{"pdl": false};{}']
+    host time per eager call (what a decode step pays per layer), against wall time.
 """
 from __future__ import annotations
 
@@ -113,6 +115,37 @@ def once(a):
     torch.cuda.synchronize()
 
 
+def host(a):
+    """Host time per eager call of the LUT path (the launches and their Python), against wall time:
+    a decode step calls it once per layer and is bound by host time (docs/decode_lut.md)."""
+    import time
+
+    from kernels.cuda.decode_lut import decode_attention_lut
+
+    dev = torch.device("cuda")
+    Hq, Hkv, d = SHAPES[a.shape]
+    g = torch.Generator(device=dev).manual_seed(0)
+    cfgs = [json.loads(c) for c in a.configs.split(";")] if a.configs else [{}]
+    for ctx in _csv(a.contexts, _parse_ctx):
+        codec = make_codec("octopus", a.bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
+        ks, vs = random_state(codec, a.batch, Hkv, ctx, dev, g)
+        q = torch.randn(a.batch, Hq, 1, d, device=dev, dtype=torch.bfloat16)
+        wk = torch.randn(a.batch, Hkv, 32, d, device=dev, dtype=torch.bfloat16)
+        wv = torch.randn_like(wk)
+        for cfg in cfgs:
+            for _ in range(20):
+                decode_attention_lut(q, ks, vs, codec, wk, wv, config=cfg)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(a.calls):
+                decode_attention_lut(q, ks, vs, codec, wk, wv, config=cfg)
+            th = time.perf_counter() - t
+            torch.cuda.synchronize()
+            tw = time.perf_counter() - t
+            print(f"host {a.shape} B{a.batch} {ctx // 1024}k @{a.bits} {json.dumps(cfg)}: host {th / a.calls * 1e6:.1f} "
+                  f"us/call, wall {tw / a.calls * 1e6:.1f} us/call", flush=True)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the one benchmark: harness bench
@@ -136,6 +169,13 @@ def main(argv=None):
     o.add_argument("--batch", type=int, default=1)
     o.add_argument("--shape", default="qwen2.5-7b")
     o.add_argument("--config", default=None)
+    h = sub.add_parser("host")
+    h.add_argument("--contexts", default="4k,32k")
+    h.add_argument("--batch", type=int, default=1)
+    h.add_argument("--bits", type=int, default=3)
+    h.add_argument("--shape", default="qwen2.5-7b")
+    h.add_argument("--calls", type=int, default=300)
+    h.add_argument("--configs", default=None, help="';'-separated JSON launch configs")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -146,6 +186,8 @@ def main(argv=None):
         sweep(a)
     elif a.cmd == "once":
         once(a)
+    elif a.cmd == "host":
+        host(a)
     return 0
 
 

@@ -46,7 +46,13 @@ Per 16-token tile (lane = 4 * r + c):
 The CTA merges its warps and writes unnormalised partial outputs and (max, sum) per head.
 
 Kernel 2 lut_combine, grid (B * Hq), D threads: attends the native window and merges the
-splits in one softmax, writes the output (and the natural log-sum-exp).
+splits in one softmax, writes the output (and the natural log-sum-exp). Launched with programmatic
+dependent launch (config pdl): it starts once every CTA of lut_split has started, attends the window
+meanwhile, and waits for lut_split's partials only then (griddepcontrol.wait).
+
+Kernel 0 lut_qprep (config qprep 'launch'), grid (B * Hkv): the rotated query's fragments once per
+step (QPREP = 1), read by lut_split from global memory instead of rotating the query in every CTA;
+lut_split, launched after it with PDL, copies the tables while it runs.
 
 MERGE_IN (config merge 'kernel', opt-in): no second launch; each CTA of lut_split bumps an int32
 arrival counter per (batch, KV head) after writing its partials, and the last one (which resets
@@ -84,7 +90,10 @@ typedef unsigned long long u64;
 #define RHO_OFF TAB_BYTES
 #define MB_OFF (((RHO_OFF + RHO_BYTES) + 15) / 16 * 16)
 #define QB_OFF (MB_OFF + ((NW * NSTAGE * 8 + 15) / 16 * 16))
-#define ST_OFF (QB_OFF + 8 * D * 4)
+#ifndef QPREP
+#define QPREP 0
+#endif
+#define ST_OFF (QB_OFF + (QPREP ? 0 : 8 * D * 4))  /* the rotated query, unless lut_qprep made it */
 #define MCH 32   /* window tokens per pass of the in-kernel merge */
 #define SCH 128  /* splits per pass of the in-kernel merge */
 #ifndef MERGE_IN
@@ -145,6 +154,12 @@ __device__ __forceinline__ void mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u3
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// Programmatic dependent launch (sm_90). A kernel launched with the PDL attribute may start while
+// the kernel before it in the stream still runs: pdl_wait() blocks until that kernel has finished
+// and its writes are visible; pdl_trigger() lets the next PDL-launched kernel start. Both are no-ops
+// in a kernel launched without the attribute.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 // Bits [o, o + n) of a thread's run of codes (U[0] holds its bits 0-31, ...), shifted left by shl
 // and OR-ed with orv (the lane's table copy): one shift (a funnel shift where the field crosses a
 // word) and one LOP3 (mask and OR: written as lop3, which the compiler otherwise splits in two for
@@ -359,117 +374,71 @@ __device__ __forceinline__ void merge_splits(
   }
 }
 
-extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
-    const void* __restrict__ q, const float* __restrict__ signs, int sign_stride,
-    const unsigned char* __restrict__ tab, const u32* __restrict__ rhotab,
-    u64 p0, u64 p1, u64 p2, u64 p3, u64 p4, u64 e0, u64 e1, u64 e2, u64 e3, u64 e4,
-    const int* __restrict__ lens, int has_lens, int T, int Hkv, int tiles_per_cta, int S,
-    float qscale, float* __restrict__ o_part, float* __restrict__ ml_part,
-    int merge_in, int* __restrict__ counters, const void* __restrict__ wk, const void* __restrict__ wv,
-    const int* __restrict__ wlens, int has_wlens, int W,
-    long long skb, long long skh, long long skt, long long svb, long long svh, long long svt,
-    float sm_log2, void* __restrict__ out, float* __restrict__ lse, int write_lse, u32 vmagic) {
-  // vmagic = 0x64006400 (fp16 1024, 1024), passed at run time so that it stays in a register:
-  // (code & mask) | vmagic is then one LOP3 rather than an AND and an OR with two immediates
-  extern __shared__ __align__(128) unsigned char smem[];
-#if MERGE_IN
-  __shared__ int is_last;
-#endif
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
-  const int r = lane >> 2, c = lane & 3;
-  const int s_id = blockIdx.x, bh = blockIdx.y;
-  const int b = bh / Hkv, h = bh % Hkv;
-  int L = T;
-  if (has_lens) { L = lens[b]; L = L < T ? L : T; L = L > 0 ? L : 0; }
-  const int lo = s_id * tiles_per_cta * TOK;
-  int hi = lo + tiles_per_cta * TOK; hi = hi < L ? hi : L;
-  const int ntiles = hi > lo ? (hi - lo + TOK - 1) / TOK : 0;
-  const int my_tiles = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
-  const long long rowbase = (long long)bh * T + lo;
+// ------------------------------------------------------------------------------------------------
+// Per-CTA preparation of lut_split (and lut_qprep): the table copies and the rotated query.
 
-  // ---- pipeline start: barriers, the issuer lanes, then the first NSTAGE stages of this warp ---
-  const u32 mb0 = sa(smem + MB_OFF) + warp * NSTAGE * 8;
-  const u32 st0 = sa(smem + ST_OFF) + warp * NSTAGE * STAGE_BYTES;
-  unsigned char* const stp = smem + ST_OFF + warp * NSTAGE * STAGE_BYTES;
-  Issuer is;
-  u32 mis;  // lane k < NF: the misalignment of field k in every stage of this warp
-  {
-    const u32 x = lane == 0 ? XN : lane == 1 ? XU : lane == 2 ? XV : XS;
-    const u64 p = lane == 0 ? p0 : lane == 1 ? p1 : lane == 2 ? p2 : lane == 3 ? p3 : p4;
-    is.end = lane == 0 ? e0 : lane == 1 ? e1 : lane == 2 ? e2 : lane == 3 ? e3 : e4;
-    is.off = lane == 0 ? OFF_N : lane == 1 ? OFF_U : lane == 2 ? OFF_V : lane == 3 ? OFF_S : OFF_Z;
-    const u64 st = p + (u64)(rowbase + (long long)warp * TOK) * x;
-    mis = (u32)st & 15u;
-    is.a = st & ~15ull;
-    is.step = (u32)(NW * TOK) * x;
-    is.full = (u32)TOK * x + 16u;
-  }
-  const u32 dN = __shfl_sync(0xffffffffu, mis, 0), dU = __shfl_sync(0xffffffffu, mis, 1);
-  const u32 dV = __shfl_sync(0xffffffffu, mis, 2), dS = __shfl_sync(0xffffffffu, mis, 3);
-  const u32 dZ = __shfl_sync(0xffffffffu, mis, 4);
-  if (lane == 0) {
-#pragma unroll
-    for (int k = 0; k < NSTAGE; ++k) mbar_init(mb0 + 8 * k, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncwarp();
-  for (int k = 0; k < NSTAGE && k < my_tiles; ++k) issue_stage(is, st0 + k * STAGE_BYTES, mb0 + 8 * k, lane);
-
-  // ---- table copies and the rotated query ---------------------------------------------------
-  {
-    // the C copies of an entry are adjacent: written in 16-byte chunks (the entry repeated), chunk q
-    // by thread q mod (NW * 32): no bank conflicts, all of a thread's loads in flight at once, and
-    // few stores (the 32 KB table of 4-bit TurboQuant: 8 loads and 8 STS.128 per thread)
+// The table's C interleaved copies (and the rho table) into shared memory from byte 0 (NW * 32
+// threads; the caller syncs before the first lookup). The tables are constant once the launcher's
+// plan is built.
+__device__ __forceinline__ void copy_tables(const unsigned char* __restrict__ tab, const u32* __restrict__ rhotab,
+                                            unsigned char* smem, int tid) {
+  // the C copies of an entry are adjacent: written in 16-byte chunks (the entry repeated), chunk q
+  // by thread q mod (NW * 32): no bank conflicts, all of a thread's loads in flight at once, and
+  // few stores (the 32 KB table of 4-bit TurboQuant: 8 loads and 8 STS.128 per thread)
 #if C * EB >= 16
-    constexpr int CPE = C * EB / 16;  // chunks per entry
-    constexpr int NCH = NE * CPE;
-    constexpr int NTC = (NCH + NW * 32 - 1) / (NW * 32);
+  constexpr int CPE = C * EB / 16;  // chunks per entry
+  constexpr int NCH = NE * CPE;
+  constexpr int NTC = (NCH + NW * 32 - 1) / (NW * 32);
 #if NLK == 1
-    uint2 tv[NTC];
+  uint2 tv[NTC];
 #pragma unroll
-    for (int k = 0; k < NTC; ++k) {
-      const int q = tid + k * NW * 32;
-      tv[k] = q < NCH ? __ldg((const uint2*)tab + q / CPE) : make_uint2(0u, 0u);
-    }
+  for (int k = 0; k < NTC; ++k) {
+    const int q = tid + k * NW * 32;
+    tv[k] = q < NCH ? __ldg((const uint2*)tab + q / CPE) : make_uint2(0u, 0u);
+  }
 #pragma unroll
-    for (int k = 0; k < NTC; ++k) {
-      const int q = tid + k * NW * 32;
-      if (q < NCH) ((uint4*)smem)[q] = make_uint4(tv[k].x, tv[k].y, tv[k].x, tv[k].y);
-    }
+  for (int k = 0; k < NTC; ++k) {
+    const int q = tid + k * NW * 32;
+    if (q < NCH) ((uint4*)smem)[q] = make_uint4(tv[k].x, tv[k].y, tv[k].x, tv[k].y);
+  }
 #else
-    u32 tv[NTC];
+  u32 tv[NTC];
 #pragma unroll
-    for (int k = 0; k < NTC; ++k) {
-      const int q = tid + k * NW * 32;
-      tv[k] = q < NCH ? __ldg((const u32*)tab + q / CPE) : 0u;
-    }
+  for (int k = 0; k < NTC; ++k) {
+    const int q = tid + k * NW * 32;
+    tv[k] = q < NCH ? __ldg((const u32*)tab + q / CPE) : 0u;
+  }
 #pragma unroll
-    for (int k = 0; k < NTC; ++k) {
-      const int q = tid + k * NW * 32;
-      if (q < NCH) ((uint4*)smem)[q] = make_uint4(tv[k], tv[k], tv[k], tv[k]);
-    }
+  for (int k = 0; k < NTC; ++k) {
+    const int q = tid + k * NW * 32;
+    if (q < NCH) ((uint4*)smem)[q] = make_uint4(tv[k], tv[k], tv[k], tv[k]);
+  }
 #endif
 #else  // fewer than 16 bytes of copies per entry: one entry copy per store, consecutive over threads
 #if NLK == 1
-    typedef u64 ent_t;
+  typedef u64 ent_t;
 #else
-    typedef u32 ent_t;
+  typedef u32 ent_t;
 #endif
-    const ent_t* src = (const ent_t*)tab;
-    ent_t* dst = (ent_t*)smem;
-    constexpr int NTE = (NE * C + NW * 32 - 1) / (NW * 32);
+  const ent_t* src = (const ent_t*)tab;
+  ent_t* dst = (ent_t*)smem;
+  constexpr int NTE = (NE * C + NW * 32 - 1) / (NW * 32);
 #pragma unroll 8
-    for (int k = 0; k < NTE; ++k) {
-      const int w = tid + k * NW * 32;
-      if (w < NE * C) dst[w] = __ldg(src + (w >> LC));
-    }
+  for (int k = 0; k < NTE; ++k) {
+    const int w = tid + k * NW * 32;
+    if (w < NE * C) dst[w] = __ldg(src + (w >> LC));
+  }
 #endif
 #if SB
-    u32* rdst = (u32*)(smem + RHO_OFF);
-    for (int e = tid; e < (1 << SB) * 32; e += NW * 32) rdst[e] = rhotab[e >> 5];
+  u32* rdst = (u32*)(smem + RHO_OFF);
+  for (int e = tid; e < (1 << SB) * 32; e += NW * 32) rdst[e] = rhotab[e >> 5];
 #endif
-  }
-  float* qb = (float*)(smem + QB_OFF);
+}
+
+// The G query rows of (batch, KV head) bh times the rotation's signs, Walsh-Hadamard rotated in
+// shared memory: qb [G * D] fp32 (NW * 32 threads; ends with __syncthreads).
+__device__ __forceinline__ void rotate_query(const void* __restrict__ q, const float* __restrict__ signs, int sign_stride,
+                                             long long bh, int h, float* qb, int tid) {
   {
     constexpr int NQE = (G * D + NW * 32 - 1) / (NW * 32);
     float qv[NQE], sv[NQE];
@@ -503,21 +472,119 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
     }
     __syncthreads();
   }
+}
+
+// Thread (r, c)'s B fragment of k-step s from the rotated query qb [G * D]: group j = c * KS + s,
+// coordinate GW j + t in slot t (zero where t >= GW, past D, or r >= G), times qscale, fp16.
+__device__ __forceinline__ uint2 query_frag(const float* qb, int r, int c, int s, float qscale) {
+  const int i0 = GW * (c * KS + s);  // the group's first coordinate
+  float x[4] = {0.f, 0.f, 0.f, 0.f};
+  if (r < G) {
+    const float* qr = qb + r * D;
+#pragma unroll
+    for (int t = 0; t < GW; ++t)
+      if (i0 + t < D) x[t] = qr[i0 + t] * qscale;
+  }
+  return make_uint2(pack_h2(x[0], x[1]), pack_h2(x[2], x[3]));
+}
+
+// Kernel 0 (config qprep 'launch'): the query fragments of every (batch, KV head), once per step
+// rather than once per CTA of lut_split: qfrag [B * Hkv][KS][32 lanes] (B fragment registers 0, 1).
+// Grid (B * Hkv), NW * 32 threads.
+extern "C" __global__ void __launch_bounds__(NW * 32) lut_qprep(
+    const void* __restrict__ q, const float* __restrict__ signs, int sign_stride, int Hkv, float qscale,
+    uint2* __restrict__ qfrag) {
+  pdl_trigger();  // lut_split (PDL) may start its table copies
+  __shared__ float qb[8 * D];
+  const int bh = blockIdx.x, tid = threadIdx.x;
+  rotate_query(q, signs, sign_stride, bh, bh % Hkv, qb, tid);
+  for (int i = tid; i < KS * 32; i += NW * 32) {
+    const int lane = i & 31;
+    qfrag[(long long)bh * KS * 32 + i] = query_frag(qb, lane >> 2, lane & 3, i >> 5, qscale);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
+    const void* __restrict__ q, const float* __restrict__ signs, int sign_stride,
+    const unsigned char* __restrict__ tab, const u32* __restrict__ rhotab,
+    u64 p0, u64 p1, u64 p2, u64 p3, u64 p4, u64 e0, u64 e1, u64 e2, u64 e3, u64 e4,
+    const int* __restrict__ lens, int has_lens, int T, int Hkv, int tiles_per_cta, int S,
+    float qscale, const uint2* __restrict__ qfrag, float* __restrict__ o_part, float* __restrict__ ml_part,
+    int merge_in, int* __restrict__ counters, const void* __restrict__ wk, const void* __restrict__ wv,
+    const int* __restrict__ wlens, int has_wlens, int W,
+    long long skb, long long skh, long long skt, long long svb, long long svh, long long svt,
+    float sm_log2, void* __restrict__ out, float* __restrict__ lse, int write_lse, u32 vmagic) {
+  // vmagic = 0x64006400 (fp16 1024, 1024), passed at run time so that it stays in a register:
+  // (code & mask) | vmagic is then one LOP3 rather than an AND and an OR with two immediates
+  extern __shared__ __align__(128) unsigned char smem[];
+#if MERGE_IN
+  __shared__ int is_last;
+#endif
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int r = lane >> 2, c = lane & 3;
+  const int s_id = blockIdx.x, bh = blockIdx.y;
+  const int b = bh / Hkv, h = bh % Hkv;
+  int L = T;
+  if (has_lens) { L = lens[b]; L = L < T ? L : T; L = L > 0 ? L : 0; }
+  const int lo = s_id * tiles_per_cta * TOK;
+  int hi = lo + tiles_per_cta * TOK; hi = hi < L ? hi : L;
+  const int ntiles = hi > lo ? (hi - lo + TOK - 1) / TOK : 0;
+  const int my_tiles = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
+  const long long rowbase = (long long)bh * T + lo;
+
+  // the combine launch (PDL) may start its window part now: it reads only the query and the window,
+  // written before this chain of launches began
+  pdl_trigger();
+  // ---- pipeline start: barriers, the issuer lanes, then the first NSTAGE stages of this warp ---
+  const u32 mb0 = sa(smem + MB_OFF) + warp * NSTAGE * 8;
+  const u32 st0 = sa(smem + ST_OFF) + warp * NSTAGE * STAGE_BYTES;
+  unsigned char* const stp = smem + ST_OFF + warp * NSTAGE * STAGE_BYTES;
+  Issuer is;
+  u32 mis;  // lane k < NF: the misalignment of field k in every stage of this warp
+  {
+    const u32 x = lane == 0 ? XN : lane == 1 ? XU : lane == 2 ? XV : XS;
+    const u64 p = lane == 0 ? p0 : lane == 1 ? p1 : lane == 2 ? p2 : lane == 3 ? p3 : p4;
+    is.end = lane == 0 ? e0 : lane == 1 ? e1 : lane == 2 ? e2 : lane == 3 ? e3 : e4;
+    is.off = lane == 0 ? OFF_N : lane == 1 ? OFF_U : lane == 2 ? OFF_V : lane == 3 ? OFF_S : OFF_Z;
+    const u64 st = p + (u64)(rowbase + (long long)warp * TOK) * x;
+    mis = (u32)st & 15u;
+    is.a = st & ~15ull;
+    is.step = (u32)(NW * TOK) * x;
+    is.full = (u32)TOK * x + 16u;
+  }
+  const u32 dN = __shfl_sync(0xffffffffu, mis, 0), dU = __shfl_sync(0xffffffffu, mis, 1);
+  const u32 dV = __shfl_sync(0xffffffffu, mis, 2), dS = __shfl_sync(0xffffffffu, mis, 3);
+  const u32 dZ = __shfl_sync(0xffffffffu, mis, 4);
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < NSTAGE; ++k) mbar_init(mb0 + 8 * k, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+#if QPREP
+  // launched after lut_qprep (with the PDL attribute where config pdl): the table copies (constant
+  // since the launcher's plan was built) overlap it; the codes and the query fragments are read once
+  // it has finished and its writes are visible
+  copy_tables(tab, rhotab, smem, tid);
+  pdl_wait();
+  for (int k = 0; k < NSTAGE && k < my_tiles; ++k) issue_stage(is, st0 + k * STAGE_BYTES, mb0 + 8 * k, lane);
+  u32 qf0[KS], qf1[KS];
+  {
+    const uint2* qg = qfrag + (long long)bh * KS * 32 + lane;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) { const uint2 v = __ldcg(qg + s * 32); qf0[s] = v.x; qf1[s] = v.y; }
+  }
+  __syncthreads();  // the table copies
+#else
+  for (int k = 0; k < NSTAGE && k < my_tiles; ++k) issue_stage(is, st0 + k * STAGE_BYTES, mb0 + 8 * k, lane);
+  // ---- table copies and the rotated query, while the first stages' copies are in flight ---------
+  copy_tables(tab, rhotab, smem, tid);
+  float* qb = (float*)(smem + QB_OFF);
+  rotate_query(q, signs, sign_stride, bh, h, qb, tid);  // (its barriers also publish the tables)
   u32 qf0[KS], qf1[KS];
 #pragma unroll
-  for (int s = 0; s < KS; ++s) {
-    const int i0 = GW * (c * KS + s);  // the group's first coordinate
-    float x[4] = {0.f, 0.f, 0.f, 0.f};
-    if (r < G) {
-      const float* qr = qb + r * D;
-#pragma unroll
-      for (int t = 0; t < GW; ++t)
-        if (i0 + t < D) x[t] = qr[i0 + t] * qscale;
-    }
-    qf0[s] = pack_h2(x[0], x[1]);
-    qf1[s] = pack_h2(x[2], x[3]);
-  }
-
+  for (int s = 0; s < KS; ++s) { const uint2 v = query_frag(qb, r, c, s, qscale); qf0[s] = v.x; qf1[s] = v.y; }
+#endif
   // ---- main loop ------------------------------------------------------------------------------
   float acc[NMT][4], accz[4];
 #pragma unroll
@@ -784,20 +851,14 @@ extern "C" __global__ void __launch_bounds__(D) lut_combine(
   const int b = pid / Hq, hq = pid % Hq, h = hq / G, g = hq % G;
   const long long bh = (long long)b * Hkv + h;
   const float* ml = ml_part + bh * S * 16;
-  // ---- the largest split max (splits in parallel) --------------------------------------------
-  float cm = -1e30f;
-  for (int s = d; s < S; s += D) cm = fmaxf(cm, ml[(s * 8 + g) * 2]);
-#pragma unroll
-  for (int k = 16; k > 0; k >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, k));
-  if (lane == 0) red[warp] = cm;
+  // The window part reads only the query and the window, written before the launch chain began:
+  // with config pdl this kernel may run it while lut_split still runs, and waits (pdl_wait) only
+  // before it reads the splits' partials.
   int wl = W;
   if (has_wlens) { wl = wlens[b]; wl = wl < W ? wl : W; }
   if (wl > 0) qs[d] = ldq(q, (long long)pid * D + d);
   __syncthreads();
-  float M = -1e30f;
-#pragma unroll
-  for (int k = 0; k < D / 32; ++k) M = fmaxf(M, red[k]);
-  float Lsum = 0.f, O = 0.f;
+  float M = -1e30f, Lsum = 0.f, O = 0.f;
   // ---- native window, WCH tokens per pass: 4 lanes per token, D / 4 coordinates each ----------
   for (int c0 = 0; c0 < wl; c0 += WCH) {
     const int n = wl - c0 < WCH ? wl - c0 : WCH;
@@ -828,23 +889,37 @@ extern "C" __global__ void __launch_bounds__(D) lut_combine(
     }
     __syncthreads();
   }
+  pdl_wait();  // lut_split has finished: its partials are visible (read through L2: __ldcg)
+  // ---- the largest split max (splits in parallel), then the window's sums rescaled to it --------
+  {
+    float cm = -1e30f;
+    for (int s = d; s < S; s += D) cm = fmaxf(cm, __ldcg(ml + (s * 8 + g) * 2));
+#pragma unroll
+    for (int k = 16; k > 0; k >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, k));
+    if (lane == 0) red[warp] = cm;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) cm = fmaxf(cm, red[k]);
+    const float nm = fmaxf(M, cm), al = ex2(M - nm);
+    O *= al; Lsum *= al; M = nm;
+  }
   // ---- splits: weights in parallel, then every thread sums its coordinate ----------------------
   const float* op = o_part + bh * S * 8 * D + g * D + d;
   for (int s0 = 0; s0 < S; s0 += D) {
     const int s = s0 + d;
-    wsp[d] = s < S ? ex2(ml[(s * 8 + g) * 2] - M) : 0.f;
-    lsp[d] = s < S ? ml[(s * 8 + g) * 2 + 1] : 0.f;
+    wsp[d] = s < S ? ex2(__ldcg(ml + (s * 8 + g) * 2) - M) : 0.f;
+    lsp[d] = s < S ? __ldcg(ml + (s * 8 + g) * 2 + 1) : 0.f;
     __syncthreads();
     const int n = S - s0 < D ? S - s0 : D;
     int k = 0;
     for (; k + 16 <= n; k += 16) {
       float ov[16];
 #pragma unroll
-      for (int u = 0; u < 16; ++u) ov[u] = op[(long long)(s0 + k + u) * 8 * D];
+      for (int u = 0; u < 16; ++u) ov[u] = __ldcg(op + (long long)(s0 + k + u) * 8 * D);
 #pragma unroll
       for (int u = 0; u < 16; ++u) { O += wsp[k + u] * ov[u]; Lsum += wsp[k + u] * lsp[k + u]; }
     }
-    for (; k < n; ++k) { O += wsp[k] * op[(long long)(s0 + k) * 8 * D]; Lsum += wsp[k] * lsp[k]; }
+    for (; k < n; ++k) { O += wsp[k] * __ldcg(op + (long long)(s0 + k) * 8 * D); Lsum += wsp[k] * lsp[k]; }
     __syncthreads();
   }
   stq(out, (long long)pid * D + d, Lsum > 0.f ? O / Lsum : 0.f);

@@ -33,6 +33,8 @@ import torch
 from .._lengths import as_lengths
 from ..fused_layout import KeyCodes
 from ..split_k import choose_splits, num_sms
+from .launch import driver_missing
+from .launch import launch
 from .lut_tables import TSCALE, Lookup, lookup_for, lut_tables, table_keys  # noqa: F401 (the tables' API)
 
 _LOG2E = 1.4426950408889634
@@ -62,6 +64,7 @@ class _Facts:
         self.why = _layout_unsupported(codec)
         self.heads = None if self.why else codec.fused_layout().rotation.num_heads
         self.config = None if self.why else _default_config(codec)
+        self.launches: dict = {}  # (q dtype, G, config items) -> launch_defs' result
 
 
 _FACTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -119,7 +122,7 @@ def supports(codec, q_dtype=torch.bfloat16, G: int | None = None, device=None, H
         dev = torch.device(device)
         if dev.type != "cuda":
             return f"the CUDA kernel needs a CUDA device, got {dev}"
-        why = cupy_missing()
+        why = cupy_missing() or driver_missing()
         if why is not None:
             return why
         if not torch.cuda.is_available():
@@ -148,6 +151,10 @@ def default_config(codec) -> dict:
 
 
 TABLE_BUDGET = 32 * 1024  #: shared memory for the table copies of the default configs
+#: where the query is rotated: "auto" = once per step by lut_qprep, except where each warp of lut_split has a
+#: single stage of tokens (its rotation then overlaps that stage's copies, and the extra launch does not
+#: pay: docs/decode_lut.md, the H100 comparison)
+QPREP_DEFAULT = "auto"
 
 
 def _default_config(codec) -> dict:
@@ -156,7 +163,10 @@ def _default_config(codec) -> dict:
     # merge "launch": the separate lut_combine kernel merges the splits and the window; "kernel":
     # the last CTA per (batch, KV head) does it inside lut_split (compiled in only then: MERGE_IN).
     # "launch" is faster in every row of the H100 benchmark (docs/decode_lut.md), so it is the default.
-    cfg = {"num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch"}
+    # pdl: lut_combine (and lut_split after lut_qprep) launched with programmatic dependent launch, so
+    # that it starts while the kernel before it finishes. qprep "launch": the rotated query's
+    # fragments made once per step by lut_qprep; "cta": by every CTA of lut_split; "auto": QPREP_DEFAULT's rule.
+    cfg = {"num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch", "pdl": True, "qprep": QPREP_DEFAULT}
     if layout.keys == KeyCodes.OCTAHEDRAL:
         b_u, b_r = layout.bits
         fused_entries = 1 << (2 * b_u + b_r)
@@ -170,7 +180,20 @@ def _default_config(codec) -> dict:
 def launch_defs(codec, q_dtype, G: int, config: dict | None = None) -> tuple[dict, Lookup, dict]:
     """(config, lookup, the kernel's #define constants but MERGE_IN) of a launch: the codec's default
     config updated by ``config`` (checked), read from the declared layout alone. No device needed
-    (``scripts``/local SASS counts compile ``decode_lut.cu`` with these)."""
+    (``scripts``/local SASS counts compile ``decode_lut.cu`` with these). Derived once per (codec,
+    q_dtype, G, config): every layer of every decode step asks (the returned dicts are copies)."""
+    facts = _facts(codec)
+    key = (q_dtype, G, tuple(sorted((config or {}).items())))
+    hit = facts.launches.get(key) if facts.why is None else None
+    if hit is None:
+        hit = _launch_defs(codec, q_dtype, G, config)
+        if facts.why is None:
+            facts.launches[key] = hit
+    cfg, lookup, defs = hit
+    return dict(cfg), lookup, dict(defs)
+
+
+def _launch_defs(codec, q_dtype, G: int, config: dict | None) -> tuple[dict, Lookup, dict]:
     base = default_config(codec)
     if set(config or {}) - set(base):
         raise ValueError(f"config keys {sorted(set(config) - set(base))} do not apply to this codec's layout "
@@ -195,6 +218,11 @@ def launch_defs(codec, q_dtype, G: int, config: dict | None = None) -> tuple[dic
                          "is over 64 KB of shared memory: fewer copies, or a lookup of fewer codes")
     if cfg["merge"] not in ("kernel", "launch"):
         raise ValueError(f"config merge must be 'kernel' or 'launch', got {cfg['merge']!r}")
+    if cfg["qprep"] not in ("auto", "cta", "launch"):
+        raise ValueError(f"config qprep must be 'auto', 'cta' or 'launch', got {cfg['qprep']!r}")
+    if not isinstance(cfg["pdl"], bool):
+        raise ValueError(f"config pdl must be true or false, got {cfg['pdl']!r}")
+    defs["QPREP"] = int(cfg["qprep"] != "cta")  # 'auto' may turn it off per call (decode_attention_lut)
     return cfg, lookup, defs
 
 
@@ -215,9 +243,14 @@ class _Plan:
         self.heads = signs.shape[0]
 
 
+#: the kernels' parameter types in order, as struct codes (Q pointer / u64, i int, I u32, f float, q int64):
+#: kernels.cuda.launch packs the arguments by them (decode_lut.cu's signatures)
+SPLIT_SIG = "QQiQQ" + "Q" * 10 + "Qiiiiif" + "QQQ" + "iQQQQii" + "q" * 6 + "fQQiI"
+COMBINE_SIG = "QQQQii" + "q" * 6 + "QQiiifQQi"
+QPREP_SIG = "QQiifQ"
+
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MODULES: dict = {}
-_STREAMS: dict = {}
 _COUNTERS: dict = {}
 
 
@@ -249,27 +282,14 @@ def _module(defs: dict):
         mod = cupy.RawModule(code=head + source(), options=("-std=c++17",))
         split = mod.get_function("lut_split")
         comb = mod.get_function("lut_combine")
+        qprep = mod.get_function("lut_qprep")
         lay = cupy.ndarray((4,), cupy.int32, mod.get_global("lut_smem_bytes")).get()
         smem = int(lay[0])
         if smem > 48 * 1024:
             split.max_dynamic_shared_size_bytes = smem
-        _MODULES[key] = (split, comb, {"smem": smem, "st_off": int(lay[1]), "stage_bytes": int(lay[2]),
+        _MODULES[key] = (split, comb, qprep, {"smem": smem, "st_off": int(lay[1]), "stage_bytes": int(lay[2]),
                                        "tab_bytes": int(lay[3])})
     return _MODULES[key]
-
-
-def _stream():
-    import cupy
-
-    ptr = torch.cuda.current_stream().cuda_stream
-    s = _STREAMS.get(ptr)
-    if s is None:
-        import warnings
-
-        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream for from_external
-            warnings.simplefilter("ignore", DeprecationWarning)
-            s = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr)
-    return s
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -299,9 +319,24 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     plan = _plan(codec, dev, lookup)
     merge_in = cfg["merge"] == "kernel" and _parts == "both"
     defs["MERGE_IN"] = int(merge_in)
-    split_fn, comb_fn, lay = _module(defs)
-    LAST_LAUNCH.update(split=split_fn, combine=comb_fn, layout=lay, defs=defs)
     nw = cfg["num_warps"]  # (the CTA's merge buffer reuses the stage area, grown to fit where needed)
+    tiles = max(1, -(-T // (16 * cfg["mt"])))
+
+    def tiles_per_cta(lay) -> int:  # in units of NW stages (one per warp)
+        if num_splits is not None:
+            return -(-tiles // num_splits)
+        per_sm = max(1, min(cfg["minb"], (227 * 1024) // max(lay["smem"], 1)))
+        nb = -(-tiles // nw)
+        return -(-nb // choose_splits(nb, B * Hkv, per_sm * num_sms(dev))) * nw
+
+    split_fn, comb_fn, qprep_fn, lay = _module(defs)
+    per = tiles_per_cta(lay)
+    if cfg["qprep"] == "auto" and per < 2 * nw:  # one stage per warp: the CTAs rotate the query themselves
+        defs["QPREP"] = 0
+        split_fn, comb_fn, qprep_fn, lay = _module(defs)
+        per = tiles_per_cta(lay)
+    pdl = cfg["pdl"]
+    LAST_LAUNCH.update(split=split_fn, combine=comb_fn, qprep=qprep_fn, layout=lay, defs=defs, pdl=pdl)
 
     norm_f, codes_f = plan.fields
     fields = [_aligned(tt[norm_f]), _aligned(tt[codes_f]), _aligned(value_state.tensors["codes"]),
@@ -311,15 +346,6 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     qc = q.reshape(B, Hq, D).contiguous()
     lens = None if lengths is None else as_lengths(lengths, B, dev)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    tok = 16 * cfg["mt"]
-    tiles = max(1, -(-T // tok))
-    if num_splits is None:  # in units of NW stages (one per warp)
-        nsm = num_sms(dev)
-        per_sm = max(1, min(cfg["minb"], (227 * 1024) // max(lay["smem"], 1)))
-        nb = -(-tiles // nw)
-        per = -(-nb // choose_splits(nb, B * Hkv, per_sm * nsm)) * nw
-    else:
-        per = -(-tiles // num_splits)
     S = max(1, -(-tiles // per))
     o_part = torch.empty(B * Hkv * S * 8 * D, dtype=torch.float32, device=dev)
     ml_part = torch.empty(B * Hkv * S * 16, dtype=torch.float32, device=dev)
@@ -345,26 +371,31 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
         wl = None
         wstr = (0,) * 6
 
-    import numpy as np
-
-    u64, i32, f32 = np.uint64, np.int32, np.float32
     qscale = scale * _LOG2E / (math.sqrt(plan.n) * TSCALE)
     cnt = _counters(dev, B * Hkv) if merge_in else None
-    with _stream():
-        if _parts != "combine":  # profiling only: "split" / "combine" launch one kernel
-            split_fn((S, B * Hkv), (32 * nw,), (
-                u64(qc.data_ptr()), u64(plan.signs.data_ptr()), i32(plan.sign_stride), u64(plan.tab.data_ptr()),
-                u64(plan.rho.data_ptr()), *[u64(p) for p in ptrs], *[u64(e) for e in ends],
-                u64(lens.data_ptr() if lens is not None else 0), i32(lens is not None), i32(T), i32(Hkv), i32(per),
-                i32(S), f32(qscale), u64(o_part.data_ptr()), u64(ml_part.data_ptr()),
-                i32(merge_in), u64(cnt.data_ptr() if merge_in else 0), u64(wk.data_ptr()), u64(wv.data_ptr()),
-                u64(wl.data_ptr() if wl is not None else 0), i32(wl is not None), i32(W), *[np.int64(x) for x in wstr],
-                f32(scale * _LOG2E), u64(out.data_ptr()), u64(lse.data_ptr()), i32(return_lse), np.uint32(0x64006400)),
-                shared_mem=lay["smem"])
-        if _parts != "split" and not merge_in:
-            comb_fn((B * Hq,), (D,), (
-                u64(qc.data_ptr()), u64(wk.data_ptr()), u64(wv.data_ptr()), u64(wl.data_ptr() if wl is not None else 0),
-                i32(wl is not None), i32(W), *[np.int64(x) for x in wstr], u64(o_part.data_ptr()),
-                u64(ml_part.data_ptr()), i32(S), i32(Hq), i32(Hkv), f32(scale * _LOG2E), u64(out.data_ptr()),
-                u64(lse.data_ptr()), i32(return_lse)))
+    qprep = defs["QPREP"] == 1
+    # lut_qprep's output: [B * Hkv][KS k-steps][32 lanes] pairs of fp16x2 B-fragment registers
+    qfrag = torch.empty(B * Hkv * -(-defs["NG"] // 4) * 64, dtype=torch.int32, device=dev) if qprep else None
+    null = 0
+    split_args = (
+        qc.data_ptr(), plan.signs.data_ptr(), plan.sign_stride, plan.tab.data_ptr(), plan.rho.data_ptr(), *ptrs, *ends,
+        lens.data_ptr() if lens is not None else null, int(lens is not None), T, Hkv, per, S, qscale,
+        qfrag.data_ptr() if qprep else null, o_part.data_ptr(), ml_part.data_ptr(), int(merge_in),
+        cnt.data_ptr() if merge_in else null, wk.data_ptr(), wv.data_ptr(), wl.data_ptr() if wl is not None else null,
+        int(wl is not None), W, *wstr, scale * _LOG2E, out.data_ptr(), lse.data_ptr(), int(return_lse), 0x64006400)
+    comb_args = (
+        qc.data_ptr(), wk.data_ptr(), wv.data_ptr(), wl.data_ptr() if wl is not None else null, int(wl is not None), W,
+        *wstr, o_part.data_ptr(), ml_part.data_ptr(), S, Hq, Hkv, scale * _LOG2E, out.data_ptr(), lse.data_ptr(),
+        int(return_lse))
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    # every launch goes through the driver (kernels.cuda.launch): a plain launch is cheaper in host
+    # time than CuPy's kernel call, and the PDL ones need the launch attribute
+    if _parts != "combine":  # profiling only: "split" / "combine" launch one part
+        if qprep:  # a plain launch: it starts after everything before it (the chain's head)
+            launch(qprep_fn, (B * Hkv,), (32 * nw,), QPREP_SIG,
+                   (qc.data_ptr(), plan.signs.data_ptr(), plan.sign_stride, Hkv, qscale, qfrag.data_ptr()),
+                   stream, pdl=False)
+        launch(split_fn, (S, B * Hkv), (32 * nw,), SPLIT_SIG, split_args, stream, lay["smem"], pdl=pdl and qprep)
+    if _parts != "split" and not merge_in:
+        launch(comb_fn, (B * Hq,), (D,), COMBINE_SIG, comb_args, stream, pdl=pdl)
     return (out, lse) if return_lse else out

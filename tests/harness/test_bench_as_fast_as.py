@@ -25,3 +25,15 @@ def test_pairs_rows_by_bits_and_compares_times():
     assert "## At least as fast as" in md
     assert "| qwen2.5-7b | 1 | 32k | 2 | turboquant-mse (lut) | 16.0 | 0.400 | octopus (lut) | 20.0 | 0.500 | 0.800 | yes |" in md
     assert "| 1.100 | no |" in md
+
+
+def test_variant_table_names_each_rows_codec():
+    """The --lut-compare table has one row per (shape, batch, context, codec, bits): the codec is named,
+    so two codecs at the same bits are told apart, and the ratio is this kernel's time over the variant's."""
+    rows = [_row("octopus", 3, 0.5) | {"lut_compare_us": 25.0, "lut_compare_ratio_vs_sdpa": 25.0 / 40},
+            _row("turboquant-mse", 3, 0.4) | {"lut_compare_us": 20.0, "lut_compare_ratio_vs_sdpa": 0.5}]
+    md = to_markdown({"device": "d", "command": "c", "torch": "2", "triton": "3", "copy_bandwidth_Bps": 2e12,
+                      "rows": rows, "encode": [], "correctness": {}, "lut_refused": {},
+                      "config": {"lut_compare": '{"pdl": false}'}, "ncu": None})
+    assert "| qwen2.5-7b | 1 | 32k | octopus | 3 | 40.0 | 20.0 | 25.0 | 0.500 | 0.625 | 0.800 |" in md
+    assert "| qwen2.5-7b | 1 | 32k | turboquant-mse | 3 | 40.0 | 16.0 | 20.0 | 0.400 | 0.500 | 0.800 |" in md

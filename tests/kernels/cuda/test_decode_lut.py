@@ -281,3 +281,65 @@ def test_merge_many_splits_long_window_repeated(name, merge):
     assert torch.equal(out, out2)
     assert _rel(out, ref) < OUT_TOL[torch.bfloat16], _rel(out, ref)
     assert _rel(out3, ref) < OUT_TOL[torch.bfloat16], _rel(out3, ref)
+
+
+#: every way the step's kernels are launched: plain launches, the combine with programmatic dependent
+#: launch, the query prepared once per step by lut_qprep (and lut_split launched with PDL after it)
+LAUNCHES = [{"pdl": False, "qprep": "cta"}, {"pdl": True, "qprep": "cta"}, {"pdl": True, "qprep": "auto"},
+            {"pdl": False, "qprep": "launch"}, {"pdl": True, "qprep": "launch"}]
+
+
+@gpu
+@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("bits", [2, 3])
+def test_launch_paths_agree(name, bits):
+    """The four launch paths run the same arithmetic: outputs and lse bit for bit equal, and within
+    the tolerance of the reference (a long window, per-sequence lengths, many splits, G = 7)."""
+    codec, q, ks, vs, wk, wv = _case(bits, 128, B=2, Hkv=2, G=7, T=16 * 200 - 9, W=40, seed=17 + bits, name=name)
+    lengths = [16 * 200 - 9, 1234]
+    wlen = torch.tensor([40, 9], dtype=torch.int32, device="cuda")
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lengths, window_lengths=wlen)
+    outs = [_lut(q, ks, vs, codec, wk, wv, lengths, wlen, return_lse=True, config=cfg) for cfg in LAUNCHES]
+    for (o, l), cfg in zip(outs, LAUNCHES):
+        assert torch.equal(o, outs[0][0]) and torch.equal(l, outs[0][1]), cfg
+    assert _rel(outs[0][0], ref) < OUT_TOL[torch.bfloat16], _rel(outs[0][0], ref)
+
+
+@gpu
+@pytest.mark.parametrize("cfg", LAUNCHES[1:])
+def test_pdl_launches_in_a_cuda_graph(cfg):
+    """Captured in a CUDA graph (the benchmark's timing, and how decode steps can be replayed), the
+    PDL launches become programmatic edges: replays on new queries and windows give the eager outputs,
+    with the kernel before the chain writing what it reads (the query scaled in place)."""
+    codec, q, ks, vs, wk, wv = _case(3, 128, B=1, Hkv=4, G=7, T=8000, W=32, seed=23)
+    qs, wks = q.clone(), wk.clone()
+    _lut(qs, ks, vs, codec, wks, wv, config=cfg)  # compile and allocate outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qs.mul_(1.5)  # a kernel right before the chain, as the model's projection is
+        out = _lut(qs, ks, vs, codec, wks, wv, config=cfg)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for _ in range(3):
+        q_new = torch.randn(q.shape, generator=g, device="cuda").to(q.dtype)
+        w_new = torch.randn(wk.shape, generator=g, device="cuda").to(wk.dtype)
+        qs.copy_(q_new)
+        wks.copy_(w_new)
+        graph.replay()
+        eager = _lut(q_new * 1.5, ks, vs, codec, w_new, wv, config=cfg)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
+@gpu
+def test_qprep_auto_rotates_in_the_ctas_where_warps_have_one_stage():
+    """qprep 'auto': lut_qprep runs where each warp of a CTA has two or more 16-token stages, the CTAs
+    rotate the query themselves where a warp has one (config qprep's rule, decode_lut.QPREP_DEFAULT)."""
+    from kernels.cuda.decode_lut import LAST_LAUNCH
+
+    codec, q, ks, vs, wk, wv = _case(3, 128, B=1, Hkv=2, G=4, T=300, W=4, seed=3)  # 19 tiles
+    ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
+    for splits, qprep in ((3, 0), (1, 1)):  # 7 tiles per CTA of 8 warps; 19 tiles
+        out = _lut(q, ks, vs, codec, wk, wv, num_splits=splits)
+        assert LAST_LAUNCH["defs"]["QPREP"] == qprep, splits
+        assert _rel(out, ref) < OUT_TOL[torch.bfloat16]

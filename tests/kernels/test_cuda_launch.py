@@ -1,0 +1,109 @@
+"""The ctypes mirror of the driver's launch structs (kernels/cuda/launch.py) against cuda.h: the sizes
+and offsets the driver reads, from a C program compiled against the installed header where a C
+compiler and cuda.h are present (else the values cuda.h 12.x/13.x defines)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kernels.cuda.launch import PROGRAMMATIC_STREAM_SERIALIZATION, LaunchAttribute, LaunchConfig, pdl_attribute
+
+C_PROGRAM = r"""
+#include <cuda.h>
+#include <stdio.h>
+#include <stddef.h>
+int main(void) {
+  printf("%zu %zu %zu %zu %zu %zu %d\n", sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value),
+         sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs),
+         offsetof(CUlaunchConfig, numAttrs), (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+  return 0;
+}
+"""
+
+
+def _header() -> Path | None:
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda",
+                 *sorted(str(p) for p in Path("/usr/local").glob("cuda-*"))):
+        if root and (Path(root) / "include" / "cuda.h").is_file():
+            return Path(root) / "include"
+    return None
+
+
+def _mirror() -> list[int]:
+    return [ctypes.sizeof(LaunchAttribute), LaunchAttribute.value.offset, ctypes.sizeof(LaunchConfig),
+            LaunchConfig.hStream.offset, LaunchConfig.attrs.offset, LaunchConfig.numAttrs.offset,
+            PROGRAMMATIC_STREAM_SERIALIZATION]
+
+
+def test_structs_match_cuda_h(tmp_path):
+    inc, cc = _header(), shutil.which("cc") or shutil.which("gcc")
+    if inc is None or cc is None:
+        pytest.skip("no cuda.h or C compiler here")
+    (tmp_path / "lay.c").write_text(C_PROGRAM)
+    subprocess.run([cc, f"-I{inc}", str(tmp_path / "lay.c"), "-o", str(tmp_path / "lay")], check=True)
+    got = [int(x) for x in subprocess.run([str(tmp_path / "lay")], capture_output=True, text=True,
+                                          check=True).stdout.split()]
+    assert _mirror() == got
+
+
+def test_structs_match_the_documented_abi():
+    # cuda.h: CUlaunchAttribute = {int id; char pad[4]; union (64 bytes)}; CUlaunchConfig = 7 unsigned
+    # ints, then the stream and attrs pointers (8-byte aligned), then numAttrs, padded to 8
+    assert _mirror() == [72, 8, 56, 32, 40, 48, 6]
+
+
+def test_pdl_attribute_bytes():
+    raw = bytes(pdl_attribute())
+    assert raw[:4] == (6).to_bytes(4, "little") and raw[8:12] == (1).to_bytes(4, "little")
+    assert raw[12:] == bytes(60)
+
+
+def test_parameters_land_in_their_slots():
+    """Each argument is packed into its own 8-byte slot with the kernel's type, and the pointer array
+    the driver reads points at the slots in order."""
+    import struct
+
+    from kernels.cuda.launch import _Params
+
+    args = (2**63 + 5, -3, 1.5, -7, 0x64006400, 0.25)
+    par = _Params("QifqId")
+    struct.pack_into(par.fmt, par.buf, 0, *args)
+    ctypes_types = (ctypes.c_uint64, ctypes.c_int32, ctypes.c_float, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double)
+    got = [t.from_address(par.ptrs[i]).value for i, t in enumerate(ctypes_types)]
+    assert got == list(args)
+    assert [par.ptrs[i] - par.ptrs[0] for i in range(len(args))] == [8 * i for i in range(len(args))]
+
+
+#: C parameter types of decode_lut.cu -> struct codes
+_C_TYPES = {"int": "i", "float": "f", "long long": "q", "u64": "Q", "u32": "I"}
+
+
+def _cu_signature(source: str, kernel: str) -> str:
+    """The struct codes of a kernel's parameters, read from the CUDA source (pointers: Q)."""
+    import re
+
+    head = source[source.index(f" {kernel}(") + len(kernel) + 2:]
+    params = head[:head.index(")")]
+    codes = []
+    for p in params.split(","):
+        p = re.sub(r"\b(const|__restrict__)\b", " ", p).strip()
+        if "*" in p:
+            codes.append("Q")
+        else:
+            codes.append(_C_TYPES[" ".join(p.split()[:-1])])
+    return "".join(codes)
+
+
+@pytest.mark.parametrize("kernel,sig", [("lut_split", "SPLIT_SIG"), ("lut_combine", "COMBINE_SIG"),
+                                        ("lut_qprep", "QPREP_SIG")])
+def test_launcher_signatures_match_the_kernels(kernel, sig):
+    """The launcher packs each kernel's arguments by a signature string: it must be the kernel's own
+    parameter list (a mismatch would pass garbage to the GPU, unseen on the CPU)."""
+    from kernels.cuda import decode_lut
+
+    assert _cu_signature(decode_lut.source(), kernel) == getattr(decode_lut, sig)
