@@ -35,7 +35,10 @@ def main() -> None:
     from kernels import codec_class
 
     for c in a.codecs:
-        codec_class(c)  # an unknown codec fails here, in one line, before lm-eval or a model loads
+        try:
+            codec_class(c)  # an unknown codec fails here, in one line, before lm-eval or a model loads
+        except ValueError as e:
+            p.error(str(e))
     if len(set(a.seeds)) != len(a.seeds):
         p.error(f"--seeds must be distinct, got {a.seeds}")
 
@@ -43,7 +46,9 @@ def main() -> None:
     from lm_eval.tasks import TaskManager
 
     import harness.lm_eval_model  # noqa: F401  (registers kvcodec)
+    from adapters.cache_config import CacheConfig
     from adapters.model_store import prepared_smollm2
+    from harness.config import seeded
     from harness.lm_eval_table import Row, Run, table, table_row
 
     ckpt = a.pretrained or str(prepared_smollm2())
@@ -59,7 +64,7 @@ def main() -> None:
     extra = f",{a.extra}" if a.extra else ""
     rows = []
     for codec, bits in [("none", None)] + [(c, b) for c in a.codecs for b in a.bits]:
-        seeds = a.seeds if codec != "none" and codec_class(codec).randomized else a.seeds[:1]
+        seeds = [c.seed for c in seeded(CacheConfig(codec=codec), a.seeds)]  # the harness's rule: once if not randomized
         args = f"pretrained={ckpt},dtype=float32,codec={codec}" + (f",bits={bits}" if bits else "") + extra
         rows.append(Row(codec + (f"@{bits}" if bits else ""),
                         tuple(run("kvcodec", f"{args},codec_seed={s}", s) for s in seeds)))
