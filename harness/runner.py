@@ -344,10 +344,14 @@ def unique_prompts(task: str, prompts: list, log=print) -> list:
 
 def _baselines(task, name: str, model, batch: list, seed: int, out: Path) -> list:
     """The uncompressed rollouts of a batch of prompts: read back where a run stored them all, else
-    computed together (as the codecs' rollouts of this batch are) and stored, one file per prompt."""
-    paths = [inside(out, "baselines", safe_name(name), f"{safe_name(p.id)}.pt") for p in batch]
-    if all(p.exists() for p in paths):
-        return [task.load_baseline(p) for p in paths]
+    computed together (as the codecs' rollouts of this batch are) and stored, one safetensors file
+    per prompt. Run folders written before the files were named ``.safetensors`` hold the same
+    format (or an older tensors-only torch.save) under ``.pt``: a resumed run reads those."""
+    stem = [inside(out, "baselines", safe_name(name), safe_name(p.id)) for p in batch]
+    paths = [s.with_name(s.name + ".safetensors") for s in stem]
+    stored = [p if p.exists() else s.with_name(s.name + ".pt") for p, s in zip(paths, stem)]
+    if all(p.exists() for p in stored):
+        return [task.load_baseline(p) for p in stored]
     baselines = task.baseline_batch(model, batch, seed)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     for path, baseline in zip(paths, baselines):

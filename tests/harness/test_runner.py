@@ -85,7 +85,7 @@ def test_run_resume_and_determinism(lm, textfile, tmp_path):
     assert not (out / ".lock").exists()  # released on the exception
     with open(out / "rows.jsonl", "a") as f:
         f.write('{"task": "perplexity", "prom')
-    n_baselines = len(list((out / "baselines").rglob("*.pt")))
+    n_baselines = len(list((out / "baselines").rglob("*.safetensors")))
     calls = []
     from harness.tasks.perplexity import PerplexityTask
 
@@ -315,3 +315,33 @@ def test_model_json_records_the_environment_and_a_resume_elsewhere_says_so(lm, t
     notes = []
     run(_one(textfile), out=out, model=lm, progress=False, log=notes.append)
     assert any("another environment (packages.torch)" in n for n in notes)
+
+
+def test_resume_reads_baselines_stored_under_the_old_name(lm, textfile, tmp_path):
+    """Run folders from before the baselines were named .safetensors store the same files as .pt: a
+    resumed run reads them (no baseline recomputed) and ends with the clean run's bytes."""
+    cfg = dict(tasks=["perplexity"], codecs=TWO[:1], bits=[2], limit=2)
+    clean = run(_config(textfile, **cfg), out=tmp_path / "clean", model=lm, progress=False, log=lambda *_: None)
+    out, seen = tmp_path / "old", []
+
+    def crash(row):
+        seen.append(row)
+        if len(seen) == 2:
+            raise Crash
+
+    with pytest.raises(Crash):
+        run(_config(textfile, **cfg), out=out, model=lm, progress=False, on_row=crash, log=lambda *_: None)
+    stored = sorted((out / "baselines").rglob("*.safetensors"))
+    assert len(stored) == 2
+    for f in stored:
+        f.rename(f.with_suffix(".pt"))
+    calls = []
+    from harness.tasks.perplexity import PerplexityTask
+
+    orig = PerplexityTask.baseline_batch
+    PerplexityTask.baseline_batch = lambda self, *a: calls.append(a) or orig(self, *a)
+    try:
+        run(_config(textfile, **cfg), out=out, model=lm, progress=False, log=lambda *_: None)
+    finally:
+        PerplexityTask.baseline_batch = orig
+    assert not calls and _files(out) == _files(clean)
