@@ -245,6 +245,16 @@ class CompressedCache(Cache):
     def stats(self) -> dict:
         return self.kv.stats()
 
+    def repeat_batch(self, n: int) -> None:
+        """Each sequence repeated ``n`` times in place (b -> b n .. b n + n - 1): a batch-1 cache made a
+        batch of n (throughput measurements). Sliding-window layers repeat transformers' own tensors
+        too (its ``batch_repeat_interleave``), then mirror them into the byte counts again."""
+        self.kv.repeat_batch(n)
+        for layer in self.layers:
+            if isinstance(layer, NativeSlidingLayer) and layer.is_initialized:
+                layer.batch_repeat_interleave(n)
+                layer._mirror()
+
     def set_padding(self, pads: list[int] | None) -> None:
         """For the next forward only: sequence b's first ``pads[b]`` new tokens are padding (a
         left-padded batch; None: every token is real). Codec layers drop them (module docstring);

@@ -76,11 +76,10 @@ def repeat_batch(cache, batch: int) -> None:
     """Repeat a batch-1 cache (native ``DynamicCache`` or ``CompressedCache``) to ``batch`` sequences."""
     if batch == 1:
         return
-    kv = getattr(cache, "kv", None)
-    if kv is None:  # a transformers cache
+    if getattr(cache, "kv", None) is None:  # a transformers cache
         cache.batch_repeat_interleave(batch)
         return
-    kv.repeat_batch(batch)
+    cache.repeat_batch(batch)  # CompressedCache: its codec layers and its native sliding-window layers
 
 
 def prefilled(model, ids, make_cache, batch: int, device):

@@ -323,3 +323,26 @@ def test_sliding_models_take_no_padded_batch(arch):
         assert r["tokens"] == one["tokens"]
         torch.testing.assert_close(r["forced_logits"], one["forced_logits"], rtol=0, atol=2e-5)
     assert Task().prompts_per_batch(lm) == 1 and Task().prompts_per_batch(tiny_lm("llama")) == 8
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma2"])
+@torch.no_grad()
+def test_repeat_batch_repeats_sliding_layers_too(arch):
+    """A batch-1 compressed cache (full layers compressed, sliding layers native) repeated to 3
+    sequences: the next token's logits of each copy equal batch 1's, the sliding layers hold 3
+    sequences, and each copy's byte counts are the original's."""
+    lm = tiny_lm(arch)
+    nxt = torch.tensor([[IDS[5]]])
+    _, one = forced(lm, OCTOPUS)
+    _, three = forced(lm, OCTOPUS)
+    stats = three.kv.stats()
+    three.repeat_batch(3)
+    assert all(three.kv.stats(b) == stats for b in range(3))
+    for i in SLIDING[arch]:
+        assert three.layers[i].keys.shape[0] == 3
+    with attach(lm.model):  # the compressed attention, as CausalLM runs it
+        want = lm.model(nxt, past_key_values=one, use_cache=True).logits[0, -1]
+        got = lm.model(nxt.expand(3, 1), past_key_values=three, use_cache=True).logits[:, -1]
+    torch.testing.assert_close(got, want.expand(3, -1), rtol=1e-5, atol=1e-5)
+    alone = lm.model(nxt).logits[0, -1]  # the token without its context: what a cache attending nothing gives
+    assert not torch.allclose(alone, want, atol=1e-3)
