@@ -7,7 +7,9 @@ python scripts/gpu_bench_lut.py bench [harness bench options]
 python scripts/gpu_bench_lut.py check
     the kernel against decode_attention_torch on real encoded keys, several shapes and configs.
 python scripts/gpu_bench_lut.py sweep [--contexts 4k] [--bits 3] [--configs '{"num_warps": 4};{}']
-    launch configurations, and the split and combine kernels alone.
+    launch configurations, and the split and combine kernels alone ("split" includes lut_qprep where
+    it runs; "combine" alone is launched with PDL where the config says so and reads the partials a
+    previous call left: its time, not its output, is what counts).
 python scripts/gpu_bench_lut.py once BITS [--ctx 32k] [--batch 1]
     a few launches of one configuration, for ncu (--kernel-name lut_split).
 python scripts/gpu_bench_lut.py host [--contexts 4k,32k] [--configs '{"pdl": false};{}']

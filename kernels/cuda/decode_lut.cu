@@ -565,6 +565,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   // launched after lut_qprep (with the PDL attribute where config pdl): the table copies (constant
   // since the launcher's plan was built) overlap it; the codes and the query fragments are read once
   // it has finished and its writes are visible
+  (void)h;  // (the sign row: lut_qprep applied it)
   copy_tables(tab, rhotab, smem, tid);
   pdl_wait();
   for (int k = 0; k < NSTAGE && k < my_tiles; ++k) issue_stage(is, st0 + k * STAGE_BYTES, mb0 + 8 * k, lane);

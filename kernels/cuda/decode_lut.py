@@ -23,6 +23,7 @@ cannot run; tests compare every path with :func:`kernels.attention.decode_attent
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import weakref
@@ -151,9 +152,9 @@ def default_config(codec) -> dict:
 
 
 TABLE_BUDGET = 32 * 1024  #: shared memory for the table copies of the default configs
-#: where the query is rotated: "auto" = once per step by lut_qprep, except where each warp of lut_split has a
-#: single stage of tokens (its rotation then overlaps that stage's copies, and the extra launch does not
-#: pay: docs/decode_lut.md, the H100 comparison)
+#: where the query is rotated: "auto" = once per step by lut_qprep, except where a CTA of lut_split has fewer
+#: than two stages of tokens per warp (its own rotation then overlaps the first stages' copies, and the
+#: extra launch did not pay: docs/decode_lut.md, the H100 comparison)
 QPREP_DEFAULT = "auto"
 
 
@@ -183,11 +184,15 @@ def launch_defs(codec, q_dtype, G: int, config: dict | None = None) -> tuple[dic
     (``scripts``/local SASS counts compile ``decode_lut.cu`` with these). Derived once per (codec,
     q_dtype, G, config): every layer of every decode step asks (the returned dicts are copies)."""
     facts = _facts(codec)
-    key = (q_dtype, G, tuple(sorted((config or {}).items())))
-    hit = facts.launches.get(key) if facts.why is None else None
+    # the values' types are part of the key: True == 1, but {"pdl": 1} is refused where True is taken
+    key = (q_dtype, G, tuple(sorted((k, type(v), v) for k, v in (config or {}).items())))
+    try:
+        hit = facts.launches.get(key) if facts.why is None else None
+    except TypeError:  # an unhashable value: derived (and refused) without the cache
+        hit, key = None, None
     if hit is None:
         hit = _launch_defs(codec, q_dtype, G, config)
-        if facts.why is None:
+        if facts.why is None and key is not None:
             facts.launches[key] = hit
     cfg, lookup, defs = hit
     return dict(cfg), lookup, dict(defs)
@@ -211,6 +216,9 @@ def _launch_defs(codec, q_dtype, G: int, config: dict | None) -> tuple[dict, Loo
             "UALN": int(ub % 16 == 0 and (ks * grp.width) % 32 == 0),
             "C": cfg["copies"], "NW": cfg["num_warps"],
             "NSTAGE": cfg["stages"], "MT": cfg["mt"], "QT": _QT[q_dtype], "MINB": cfg["minb"]}
+    for k in ("num_warps", "stages", "mt", "minb"):
+        if type(cfg[k]) is not int or cfg[k] < 1:
+            raise ValueError(f"config {k} must be a positive integer, got {cfg[k]!r}")
     if cfg["copies"] not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"config copies must be a power of two <= 32, got {cfg['copies']!r}")
     if lookup.entries * lookup.entry_bytes * cfg["copies"] > 64 * 1024:
@@ -273,17 +281,20 @@ def _plan(codec, device, lookup: Lookup) -> _Plan:
     return per[key]
 
 
-def _module(defs: dict):
-    key = tuple(sorted(defs.items()))
+def _module(defs: dict, device: int):
+    """The compiled kernels of ``defs`` loaded on CUDA device ``device`` (a module's functions belong
+    to one device's context: a model spread over GPUs runs layers on several)."""
+    key = (device, tuple(sorted(defs.items())))
     if key not in _MODULES:
         import cupy
 
         head = "".join(f"#define {k} {v}\n" for k, v in defs.items())
-        mod = cupy.RawModule(code=head + source(), options=("-std=c++17",))
-        split = mod.get_function("lut_split")
-        comb = mod.get_function("lut_combine")
-        qprep = mod.get_function("lut_qprep")
-        lay = cupy.ndarray((4,), cupy.int32, mod.get_global("lut_smem_bytes")).get()
+        with cupy.cuda.Device(device):
+            mod = cupy.RawModule(code=head + source(), options=("-std=c++17",))
+            split = mod.get_function("lut_split")
+            comb = mod.get_function("lut_combine")
+            qprep = mod.get_function("lut_qprep")
+            lay = cupy.ndarray((4,), cupy.int32, mod.get_global("lut_smem_bytes")).get()
         smem = int(lay[0])
         if smem > 48 * 1024:
             split.max_dynamic_shared_size_bytes = smem
@@ -329,11 +340,12 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
         nb = -(-tiles // nw)
         return -(-nb // choose_splits(nb, B * Hkv, per_sm * num_sms(dev))) * nw
 
-    split_fn, comb_fn, qprep_fn, lay = _module(defs)
+    dev_idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    split_fn, comb_fn, qprep_fn, lay = _module(defs, dev_idx)
     per = tiles_per_cta(lay)
     if cfg["qprep"] == "auto" and per < 2 * nw:  # one stage per warp: the CTAs rotate the query themselves
         defs["QPREP"] = 0
-        split_fn, comb_fn, qprep_fn, lay = _module(defs)
+        split_fn, comb_fn, qprep_fn, lay = _module(defs, dev_idx)
         per = tiles_per_cta(lay)
     pdl = cfg["pdl"]
     LAST_LAUNCH.update(split=split_fn, combine=comb_fn, qprep=qprep_fn, layout=lay, defs=defs, pdl=pdl)
@@ -388,14 +400,15 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
         *wstr, o_part.data_ptr(), ml_part.data_ptr(), S, Hq, Hkv, scale * _LOG2E, out.data_ptr(), lse.data_ptr(),
         int(return_lse))
     stream = torch.cuda.current_stream(dev).cuda_stream
-    # every launch goes through the driver (kernels.cuda.launch): a plain launch is cheaper in host
-    # time than CuPy's kernel call, and the PDL ones need the launch attribute
-    if _parts != "combine":  # profiling only: "split" / "combine" launch one part
-        if qprep:  # a plain launch: it starts after everything before it (the chain's head)
-            launch(qprep_fn, (B * Hkv,), (32 * nw,), QPREP_SIG,
-                   (qc.data_ptr(), plan.signs.data_ptr(), plan.sign_stride, Hkv, qscale, qfrag.data_ptr()),
-                   stream, pdl=False)
-        launch(split_fn, (S, B * Hkv), (32 * nw,), SPLIT_SIG, split_args, stream, lay["smem"], pdl=pdl and qprep)
-    if _parts != "split" and not merge_in:
-        launch(comb_fn, (B * Hq,), (D,), COMBINE_SIG, comb_args, stream, pdl=pdl)
+    # every launch goes through the driver (kernels.cuda.launch; the PDL ones need its launch
+    # attribute), which launches in the calling thread's current context: the device's, here
+    with contextlib.nullcontext() if dev_idx == torch.cuda.current_device() else torch.cuda.device(dev_idx):
+        if _parts != "combine":  # profiling only: "split" (with lut_qprep) / "combine" launch one part
+            if qprep:  # a plain launch: it starts after everything before it (the chain's head)
+                launch(qprep_fn, (B * Hkv,), (32 * nw,), QPREP_SIG,
+                       (qc.data_ptr(), plan.signs.data_ptr(), plan.sign_stride, Hkv, qscale, qfrag.data_ptr()),
+                       stream, pdl=False)
+            launch(split_fn, (S, B * Hkv), (32 * nw,), SPLIT_SIG, split_args, stream, lay["smem"], pdl=pdl and qprep)
+        if _parts != "split" and not merge_in:
+            launch(comb_fn, (B * Hq,), (D,), COMBINE_SIG, comb_args, stream, pdl=pdl)
     return (out, lse) if return_lse else out

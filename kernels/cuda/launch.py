@@ -8,14 +8,14 @@ turns the attribute into a programmatic edge of the CUDA graph (CUDA 12.3+).
 
 :func:`launch` takes (grid, block, the parameter types as struct codes, the values, stream, shared
 memory) and launches with or without the attribute: the table-lookup kernels launch through it
-either way, since one ``struct.pack_into`` and the driver call cost less host time than CuPy's
-kernel call.
+either way (one path for every launch; packing the arguments is one ``struct.pack_into``).
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import struct
+import threading
 
 #: CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -82,6 +82,7 @@ class _Params:
 
 
 _PARAMS: dict = {}
+_LOCK = threading.Lock()
 
 
 def launch(kernel, grid: tuple, block: tuple, sig: str, args: tuple, stream: int, shared_mem: int = 0,
@@ -99,11 +100,12 @@ def launch(kernel, grid: tuple, block: tuple, sig: str, args: tuple, stream: int
     par = _PARAMS.get(key)
     if par is None:
         par = _PARAMS[key] = _Params(sig)
-    struct.pack_into(par.fmt, par.buf, 0, *args)
     gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
     bx, by, bz = tuple(block) + (1,) * (3 - len(block))
     cfg = LaunchConfig(gx, gy, gz, bx, by, bz, shared_mem, stream, _PDL_ATTR if pdl else None, int(pdl))
-    rc = fn(ctypes.byref(cfg), func.ptr, par.ptrs, None)
+    with _LOCK:  # the buffer is shared, and ctypes lets other threads run during the driver call
+        struct.pack_into(par.fmt, par.buf, 0, *args)
+        rc = fn(ctypes.byref(cfg), func.ptr, par.ptrs, None)
     if rc != 0:
         msg = ctypes.c_char_p()
         err(rc, ctypes.byref(msg))
