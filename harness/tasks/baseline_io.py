@@ -113,7 +113,9 @@ def _legacy(path: Path, why: Exception) -> Any:
     if not zipfile.is_zipfile(path):
         raise BaselineFormatError(f"baseline {path} is neither a safetensors file nor a PyTorch file ({why}); {fix}")
     try:
-        return torch.load(str(path), map_location="cpu", weights_only=True)
+        # a file object, not the path: torch.load dispatches a path ending in .safetensors to safetensors
+        with open(path, "rb") as f:
+            return torch.load(f, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
         reason = "it pickles more than tensors" if isinstance(e, pickle.UnpicklingError) else "it is damaged"
         raise BaselineFormatError(f"baseline {path} is an old pickle baseline that is not read ({reason}; the "

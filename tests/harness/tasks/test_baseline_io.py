@@ -109,12 +109,18 @@ def test_resuming_a_run_folder_with_a_hostile_baseline_runs_no_code(tmp_path):
                     task_options={"perplexity": {"context": 100, "prefix": 40, "chunk": 20}})
     lm = tiny_causal_lm("qwen2")
     out = run(cfg, out=tmp_path / "run", model=lm, progress=False, log=lambda *_: None)
-    [stored] = list((out / "baselines").rglob("*.pt"))
+    [stored] = list((out / "baselines").rglob("*.safetensors"))
     with open(stored, "rb") as f:
         assert f.read(8) != b"PK\x03\x04" and b"kvcodec-harness baseline" in f.read(4096)  # safetensors
     (out / "rows.jsonl").write_text("")  # resume: every row again, from the stored baseline
     marker = tmp_path / "pwned"
     save_hostile({"nll": torch.zeros(1)}, stored, marker)
+    with pytest.raises(ValueError, match="never runs code"):
+        run(cfg, out=out, model=lm, progress=False, log=lambda *_: None)
+    assert not marker.exists()
+    # a folder from before the files were named .safetensors: its .pt is read the same way
+    legacy = stored.with_suffix(".pt")
+    stored.rename(legacy)
     with pytest.raises(ValueError, match="never runs code"):
         run(cfg, out=out, model=lm, progress=False, log=lambda *_: None)
     assert not marker.exists()
