@@ -100,20 +100,26 @@ def sweep(a):
                     del states
 
 
+def _row_inputs(shape: str, B: int, T: int, bits: int):
+    """(codec, q, key state, value state, window keys, window values) of one benchmark row: OCTOPUS at
+    ``bits`` in ``shape``'s geometry, random states of its exact layout, a 32-token bf16 window."""
+    dev = torch.device("cuda")
+    Hq, Hkv, d = SHAPES[shape]
+    g = torch.Generator(device=dev).manual_seed(0)
+    codec = make_codec("octopus", bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
+    ks, vs = random_state(codec, B, Hkv, T, dev, g)
+    q = torch.randn(B, Hq, 1, d, device=dev, dtype=torch.bfloat16, generator=g)
+    wk = torch.randn(B, Hkv, 32, d, device=dev, dtype=torch.bfloat16, generator=g)
+    return codec, q, ks, vs, wk, torch.randn(wk.shape, device=dev, dtype=torch.bfloat16, generator=g)
+
+
 def once(a):
     from kernels.cuda.decode_lut import decode_attention_lut
 
-    dev = torch.device("cuda")
-    Hq, Hkv, d = SHAPES[a.shape]
-    T, B = _parse_ctx(a.ctx), a.batch
-    g = torch.Generator(device=dev).manual_seed(0)
-    codec = make_codec("octopus", a.bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
-    ks, vs = random_state(codec, B, Hkv, T, dev, g)
-    q = torch.randn(B, Hq, 1, d, device=dev, dtype=torch.bfloat16)
-    wk = torch.randn(B, Hkv, 32, d, device=dev, dtype=torch.bfloat16)
+    codec, q, ks, vs, wk, wv = _row_inputs(a.shape, a.batch, _parse_ctx(a.ctx), a.bits)
     cfg = json.loads(a.config) if a.config else None
     for _ in range(3):
-        decode_attention_lut(q, ks, vs, codec, wk, torch.randn_like(wk), config=cfg)
+        decode_attention_lut(q, ks, vs, codec, wk, wv, config=cfg)
     torch.cuda.synchronize()
 
 
@@ -124,16 +130,9 @@ def host(a):
 
     from kernels.cuda.decode_lut import decode_attention_lut
 
-    dev = torch.device("cuda")
-    Hq, Hkv, d = SHAPES[a.shape]
-    g = torch.Generator(device=dev).manual_seed(0)
     cfgs = [json.loads(c) for c in a.configs.split(";")] if a.configs else [{}]
     for ctx in _csv(a.contexts, _parse_ctx):
-        codec = make_codec("octopus", a.bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
-        ks, vs = random_state(codec, a.batch, Hkv, ctx, dev, g)
-        q = torch.randn(a.batch, Hq, 1, d, device=dev, dtype=torch.bfloat16)
-        wk = torch.randn(a.batch, Hkv, 32, d, device=dev, dtype=torch.bfloat16)
-        wv = torch.randn_like(wk)
+        codec, q, ks, vs, wk, wv = _row_inputs(a.shape, a.batch, ctx, a.bits)
         for cfg in cfgs:
             for _ in range(20):
                 decode_attention_lut(q, ks, vs, codec, wk, wv, config=cfg)

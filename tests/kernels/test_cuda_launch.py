@@ -63,20 +63,36 @@ def test_pdl_attribute_bytes():
     assert raw[12:] == bytes(60)
 
 
-def test_parameters_land_in_their_slots():
-    """Each argument is packed into its own 8-byte slot with the kernel's type, and the pointer array
-    the driver reads points at the slots in order."""
-    import struct
-
-    from kernels.cuda.launch import _Params
+def test_parameters_land_in_their_slots(monkeypatch):
+    """launch() with the driver stubbed: each argument is packed into its own 8-byte slot with the
+    kernel's type, the pointer array the driver reads points at the slots in order, and the launch
+    config carries the grid, block, shared memory, stream and (only with pdl) the attribute."""
+    from kernels.cuda import launch as L
 
     args = (2**63 + 5, -3, 1.5, -7, 0x64006400, 0.25)
-    par = _Params("QifqId")
-    struct.pack_into(par.fmt, par.buf, 0, *args)
     ctypes_types = (ctypes.c_uint64, ctypes.c_int32, ctypes.c_float, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double)
-    got = [t.from_address(par.ptrs[i]).value for i, t in enumerate(ctypes_types)]
-    assert got == list(args)
-    assert [par.ptrs[i] - par.ptrs[0] for i in range(len(args))] == [8 * i for i in range(len(args))]
+    seen = []
+
+    def fake_launch(cfg, func, ptrs, extra):  # what the driver would read, read at the call
+        c = cfg._obj
+        seen.append(dict(values=[t.from_address(ptrs[i]).value for i, t in enumerate(ctypes_types)],
+                         steps=[ptrs[i] - ptrs[0] for i in range(len(args))], func=func,
+                         dims=(c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ),
+                         smem=c.sharedMemBytes, stream=c.hStream, n_attrs=c.numAttrs,
+                         attr=c.attrs.contents.id if c.numAttrs else None))
+        return 0
+
+    monkeypatch.setattr(L, "_driver", lambda: (fake_launch, None))
+    kernel = type("Fn", (), {"ptr": 12345})()
+    L.launch(kernel, (3, 2), (128,), "QifqId", args, stream=777, shared_mem=4096, pdl=True)
+    L.launch(kernel, (1,), (64,), "QifqId", args, stream=777, pdl=False)
+    assert [s["values"] for s in seen] == [list(args)] * 2
+    assert seen[0]["steps"] == [8 * i for i in range(len(args))]
+    assert seen[0]["func"] == 12345 and seen[0]["dims"] == (3, 2, 1, 128, 1, 1) and seen[0]["smem"] == 4096
+    assert seen[0]["stream"] == 777 and (seen[0]["n_attrs"], seen[0]["attr"]) == (1, PROGRAMMATIC_STREAM_SERIALIZATION)
+    assert seen[1]["dims"] == (1, 1, 1, 64, 1, 1) and (seen[1]["n_attrs"], seen[1]["attr"]) == (0, None)
+    with pytest.raises(ValueError, match="5 arguments for a signature of 6"):
+        L.launch(kernel, (1,), (64,), "QifqId", args[:5], stream=777)
 
 
 #: C parameter types of decode_lut.cu -> struct codes
