@@ -2,8 +2,8 @@
 
 Per (shape, batch, context, codec, bits): one decode step of the fused Triton kernel
 (:func:`kernels.triton.decode_attention.decode_attention_fused`) and, where it covers the codec,
-the table-lookup CUDA kernel (:func:`kernels.cuda.decode_lut.decode_attention_lut`, OCTOPUS and
-TurboQuant-MSE; the path 'auto' takes first) against, in the same process, (a) torch SDPA in bf16 on the uncompressed
+the table-lookup CUDA kernel (:func:`kernels.cuda.decode_lut.decode_attention_lut`, OCTOPUS,
+TurboQuant-MSE and their QJL forms; the path 'auto' takes first) against, in the same process, (a) torch SDPA in bf16 on the uncompressed
 cache (flash backend) and (b) dequantize-then-SDPA (the codec's PyTorch decode of keys and
 values, then SDPA). Reported: latency per step, ratios, compulsory bytes per step (compressed
 states + native window + query), the bytes floor (those bytes / copy bandwidth), achieved

@@ -86,7 +86,7 @@ def to_markdown(res: dict) -> str:
              f"`{res['command']}`", "",
              f"torch {res['torch']}, triton {res['triton']}; copy bandwidth {res['copy_bandwidth_Bps'] / 1e9:.0f} GB/s "
              "(read + write). Latency per decode step (CUDA-graph replay, median); 'triton' = the fused Triton "
-             "kernel, 'lut' = the table-lookup CUDA kernel (OCTOPUS, TurboQuant-MSE; what backend 'auto' runs where it applies); "
+             "kernel, 'lut' = the table-lookup CUDA kernel (OCTOPUS, TurboQuant-MSE and their QJL forms; what backend 'auto' runs where it applies); "
              "'x sdpa' = that kernel / bf16 SDPA (flash) on the uncompressed cache; 'x deq' = the 'auto' path / "
              "(PyTorch decode + SDPA); MB/step = compulsory bytes (compressed states + native window + query); "
              "floor = MB/step / copy bandwidth; GB/s and 'of copy' = achieved bandwidth of the 'auto' path "

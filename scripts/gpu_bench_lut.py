@@ -14,6 +14,9 @@ python scripts/gpu_bench_lut.py once BITS [--ctx 32k] [--batch 1]
     a few launches of one configuration, for ncu (--kernel-name lut_split).
 python scripts/gpu_bench_lut.py host [--contexts 4k,32k] [--configs '{"pdl": false};{}']
     host time per eager call (what a decode step pays per layer), against wall time.
+python scripts/gpu_bench_lut.py kernels [--codecs octopus@3,turboquant-prod@3] [--batch 1,8] [--ctx 32k]
+    device time per kernel of one call (lut_qprep, lut_split, lut_combine; torch.profiler): with PDL
+    the kernels overlap, so a kernel's time includes the wait for the one before it.
 """
 from __future__ import annotations
 
@@ -100,13 +103,13 @@ def sweep(a):
                     del states
 
 
-def _row_inputs(shape: str, B: int, T: int, bits: int):
-    """(codec, q, key state, value state, window keys, window values) of one benchmark row: OCTOPUS at
-    ``bits`` in ``shape``'s geometry, random states of its exact layout, a 32-token bf16 window."""
+def _row_inputs(shape: str, B: int, T: int, bits: int, name: str = "octopus"):
+    """(codec, q, key state, value state, window keys, window values) of one benchmark row: codec
+    ``name`` at ``bits`` in ``shape``'s geometry, random states of its exact layout, a 32-token bf16 window."""
     dev = torch.device("cuda")
     Hq, Hkv, d = SHAPES[shape]
     g = torch.Generator(device=dev).manual_seed(0)
-    codec = make_codec("octopus", bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
+    codec = make_codec(name, bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
     ks, vs = random_state(codec, B, Hkv, T, dev, g)
     q = torch.randn(B, Hq, 1, d, device=dev, dtype=torch.bfloat16, generator=g)
     wk = torch.randn(B, Hkv, 32, d, device=dev, dtype=torch.bfloat16, generator=g)
@@ -147,6 +150,31 @@ def host(a):
                   f"us/call, wall {tw / a.calls * 1e6:.1f} us/call", flush=True)
 
 
+def kernel_times(a):
+    """Device time per kernel of one LUT call, averaged over ``a.calls`` calls (torch.profiler)."""
+    from collections import defaultdict
+
+    from kernels.cuda.decode_lut import decode_attention_lut
+
+    for B in _csv(a.batch, int):
+        for spec in a.codecs.split(","):
+            name, bits = spec.split("@")
+            codec, q, ks, vs, wk, wv = _row_inputs(a.shape, B, _parse_ctx(a.ctx), int(bits), name)
+            for _ in range(10):
+                decode_attention_lut(q, ks, vs, codec, wk, wv)
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(a.calls):
+                    decode_attention_lut(q, ks, vs, codec, wk, wv)
+                torch.cuda.synchronize()
+            t = defaultdict(float)
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    t[e.name] += e.device_time / a.calls
+            print(f"{a.shape} B={B} {a.ctx} {spec}: " + "  ".join(f"{k} {v:.1f} us" for k, v in sorted(t.items())),
+                  flush=True)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the one benchmark: harness bench
@@ -177,6 +205,12 @@ def main(argv=None):
     h.add_argument("--shape", default="qwen2.5-7b")
     h.add_argument("--calls", type=int, default=300)
     h.add_argument("--configs", default=None, help="';'-separated JSON launch configs")
+    k = sub.add_parser("kernels")
+    k.add_argument("--codecs", default="octopus@3,turboquant-mse@3,octopus-qjl@3,turboquant-prod@3")
+    k.add_argument("--batch", default="1,8")
+    k.add_argument("--ctx", default="32k")
+    k.add_argument("--shape", default="qwen2.5-7b")
+    k.add_argument("--calls", type=int, default=50)
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -189,6 +223,8 @@ def main(argv=None):
         once(a)
     elif a.cmd == "host":
         host(a)
+    elif a.cmd == "kernels":
+        kernel_times(a)
     return 0
 
 

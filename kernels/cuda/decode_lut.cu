@@ -12,8 +12,9 @@ bits and (z, w) by the next IB (pairs of scalar codes). UB (bytes per token of t
 UB is a multiple of 16 and KS * CW of 32, so every thread's run of codes starts at a word), VB
 (value bits, 2..4; value groups of 32), C (table copies, a power of two <= 32, interleaved so that
 lanes hit different banks), NW (warps per CTA), NSTAGE (pipeline stages per warp), MT (16-token
-tiles per stage), QT (query / window / output dtype: 0 fp32, 1 fp16, 2 bf16). The kernel reads no
-codec's name: only these.
+tiles per stage), QT (query / window / output dtype: 0 fp32, 1 fp16, 2 bf16), QJ (1: the keys
+carry a QJL residual, m = D sign bits and an fp16 residual norm per token; needs QPREP). The kernel
+reads no codec's name: only these.
 
 Kernel 1 lut_split, grid (splits, B * Hkv), NW warps. Each warp owns every NW-th stage of
 16 * MT tokens of its CTA's chunk and runs its own pipeline: lanes 0-4 each copy one of the five
@@ -43,6 +44,17 @@ Per 16-token tile (lane = 4 * r + c):
           1024 + 2^VB code) is made exact in fp16 by OR-ing the code into 0x6400 ("magic
           number"), and a second product with A = -1024 removes the offset exactly.
           Zero points: one more product Z^T[group x tok] . P^T per tile.
+  QJL residual (QJ = 1; TurboQuant-prod, OCTOPUS-QJL): the score of a token is
+          norm * <Qf, K> + rnorm * <Sq, sign>, the second product over the m = D sketch rows
+          as KSQ = D / 16 more k-steps into a second accumulator: Sign[16 tok x 16] . Sq^T, the
+          A operand +-1 in fp16 made from the stored bits by one shift and one LOP3 per register
+          (the bit moved to the fp16 sign, OR 1.0; bit 1 means +1), the B operand (the sketch of
+          the query, Sq = M q with M the declared sketch matrix, times the estimator's coefficient)
+          made once per step by lut_qprep and kept in shared memory (registers are at the cap).
+          Thread c owns the sign bits of its run [4 KSQ c, 4 KSQ (c + 1)) of the token's row (one
+          word at D = 128, a half word spread over two at D = 64): k-step s takes the run's bits
+          s, s + 2 KSQ (slots x, y: 16 bits apart in the word, so one shift lands both on an fp16
+          sign) and s + KSQ, s + 3 KSQ (slots z, w); lut_qprep orders Sq the same way (sk_coord).
 The CTA merges its warps and writes unnormalised partial outputs and (max, sum) per head.
 
 Kernel 2 lut_combine, grid (B * Hq), D threads: attends the native window and merges the
@@ -50,9 +62,10 @@ splits in one softmax, writes the output (and the natural log-sum-exp). Launched
 dependent launch (config pdl): it starts once every CTA of lut_split has started, attends the window
 meanwhile, and waits for lut_split's partials only then (griddepcontrol.wait).
 
-Kernel 0 lut_qprep (config qprep 'launch'), grid (B * Hkv): the rotated query's fragments once per
+Kernel 0 lut_qprep (config qprep 'launch'), grid (B * Hkv, QJ ? 5 : 1): the rotated query's fragments once per
 step (QPREP = 1), read by lut_split from global memory instead of rotating the query in every CTA;
-lut_split, launched after it with PDL, copies the tables while it runs.
+lut_split, launched after it with PDL, copies the tables while it runs. With QJ it also makes the
+fragments of the query's sketch (the QJL stage reads nothing else of the query).
 
 MERGE_IN (config merge 'kernel', opt-in): no second launch; each CTA of lut_split bumps an int32
 arrival counter per (batch, KV head) after writing its partials, and the last one (which resets
@@ -78,7 +91,15 @@ typedef unsigned long long u64;
 #define OFF_V (OFF_U + SZ(XU))
 #define OFF_S (OFF_V + SZ(XV))
 #define OFF_Z (OFF_S + SZ(XS))
-#define STAGE_BYTES (OFF_Z + SZ(XS))
+#ifndef QJ
+#define QJ 0
+#endif
+#define XQ (D / 8)    /* QJL sign bytes per token (m = D) */
+#define XR 2          /* the residual norm, fp16 */
+#define OFF_Q (OFF_Z + SZ(XS))
+#define OFF_R (OFF_Q + SZ(XQ))
+#define STAGE_BYTES (QJ ? OFF_R + SZ(XR) : OFF_Z + SZ(XS))
+#define KSQ (QJ ? D / 16 : 0)  /* QJL k-steps */
 #define EB (8 / NLK)              /* bytes per table entry */
 #define NE (1 << IB)
 #if SB
@@ -93,7 +114,11 @@ typedef unsigned long long u64;
 #ifndef QPREP
 #define QPREP 0
 #endif
-#define ST_OFF (QB_OFF + (QPREP ? 0 : 8 * D * 4))  /* the rotated query, unless lut_qprep made it */
+#if QJ && !QPREP
+#error "the QJL stage reads the query's sketch from lut_qprep (QPREP = 1)"
+#endif
+#define SK_OFF (QB_OFF + (QPREP ? 0 : 8 * D * 4))  /* the rotated query, unless lut_qprep made it */
+#define ST_OFF (SK_OFF + KSQ * 32 * 8)              /* the sketch's B fragments (QJ) */
 #define MCH 32   /* window tokens per pass of the in-kernel merge */
 #define SCH 128  /* splits per pass of the in-kernel merge */
 #ifndef MERGE_IN
@@ -111,7 +136,7 @@ typedef unsigned long long u64;
 #define NWO ((KS * CW + 31) / 32)  /* words of a thread's run of codes */
 #define LC (C >= 32 ? 5 : C >= 16 ? 4 : C >= 8 ? 3 : C >= 4 ? 2 : C >= 2 ? 1 : 0)
 #define TSH ((NLK == 1 ? 3 : 2) + LC)  /* log2 of the bytes per table entry and its C copies */
-#define NF 5                      /* per-token fields copied per stage */
+#define NF (QJ ? 7 : 5)           /* per-token fields copied per stage */
 #define VM ((1u << VB) - 1u)
 #define NEG1024 0xE400E400u
 
@@ -172,6 +197,16 @@ __device__ __forceinline__ u32 run_bits(const u32* U, int o, int n, int shl, u32
   u32 d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(x), "r"(((1u << n) - 1u) << shl), "r"(orv));  // (a & b) | c
   return d;
+}
+// The QJL A operand: the token's +-1 pair (slots at bits 15 and 31 of w << sh) as fp16x2, bit 1 -> +1:
+// (~(w << sh) & 0x80008000) | 0x3C003C00, one shift and one LOP3.
+__device__ __forceinline__ u32 qjl_pm1(u32 w, int sh) {
+  u32 d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xAE;" : "=r"(d) : "r"(w << sh), "r"(0x80008000u), "r"(0x3C003C00u));  // (~a & b) | c
+  return d;
+}
+__device__ __forceinline__ float h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
 }
 __device__ __forceinline__ float ldq(const void* p, long long i) {
 #if QT == 0
@@ -488,26 +523,90 @@ __device__ __forceinline__ uint2 query_frag(const float* qb, int r, int c, int s
   return make_uint2(pack_h2(x[0], x[1]), pack_h2(x[2], x[3]));
 }
 
+// The sketch row whose product thread c feeds into slot t (x, y, z, w) of QJL k-step s: bit
+// s + KSQ * (0, 2, 1, 3)[t] of the thread's run of 4 KSQ sign bits (see the QJL stage above).
+__device__ __forceinline__ int sk_coord(int c, int s, int t) {
+  return 4 * KSQ * c + s + KSQ * (t == 0 ? 0 : t == 1 ? 2 : t == 2 ? 1 : 3);
+}
+
 // Kernel 0 (config qprep 'launch'): the query fragments of every (batch, KV head), once per step
-// rather than once per CTA of lut_split: qfrag [B * Hkv][KS][32 lanes] (B fragment registers 0, 1).
-// Grid (B * Hkv), NW * 32 threads.
+// rather than once per CTA of lut_split: qfrag [B * Hkv][KS + KSQ][32 lanes] (B fragment registers
+// 0, 1): the rotated query's KS k-steps (CTA y = 0), then (QJ) the KSQ k-steps of its sketch
+// Sq = M q (skm: M^T [heads][D][D] fp32, the layout's sketch matrix, head stride skm_stride) times
+// qjscale, by CTAs y = 1 + c: the 4 KSQ sketch rows of lane column c (sk_coord), all heads. Spread
+// over four CTAs, the sketch costs one L2 round trip per CTA; one CTA per (batch, KV head) doing
+// all 128 rows took 8-9 us at B = 1 on the H100 (the step's whole fixed cost again).
+// Grid (B * Hkv, QJ ? 5 : 1), NW * 32 threads.
 extern "C" __global__ void __launch_bounds__(NW * 32) lut_qprep(
     const void* __restrict__ q, const float* __restrict__ signs, int sign_stride, int Hkv, float qscale,
-    uint2* __restrict__ qfrag) {
+    const float* __restrict__ skm, int skm_stride, float qjscale, uint2* __restrict__ qfrag) {
   pdl_trigger();  // lut_split (PDL) may start its table copies
-  __shared__ float qb[8 * D];
   const int bh = blockIdx.x, tid = threadIdx.x;
+  constexpr int NT = NW * 32;
+#if QJ
+  if (blockIdx.y > 0) {
+    // rows j0 + jj (jj < R) of M^T's columns, R consecutive lanes per d (coalesced); the warps' PR
+    // parts of d summed through shared memory
+    constexpr int R = 4 * KSQ;                  // the sketch rows of one lane column
+    constexpr int PR0 = NT / R;                   // parts of d: a power of two, so that they divide D
+    constexpr int PR = PR0 >= 16 ? 16 : PR0 >= 8 ? 8 : PR0 >= 4 ? 4 : PR0 >= 2 ? 2 : 1;
+    constexpr int DR = D / PR;
+    __shared__ __align__(16) float qr[8 * D];
+    __shared__ float part[PR * 8 * R];
+    __shared__ float sq[8 * R];
+    const int c = blockIdx.y - 1, j0 = c * R;
+    for (int i = tid; i < G * D; i += NT) qr[i] = ldq(q, (long long)bh * G * D + i);
+    __syncthreads();
+    const float* Mh = skm + (long long)(bh % Hkv) * skm_stride + j0;
+    for (int i = tid; i < PR * R; i += NT) {
+      const int jj = i % R, pr = i / R;
+      float mv[DR];
+#pragma unroll
+      for (int dd = 0; dd < DR; ++dd) mv[dd] = __ldg(Mh + (pr * DR + dd) * D + jj);
+      float acc[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        acc[g] = 0.f;
+#pragma unroll
+        for (int dd = 0; dd < DR; ++dd) acc[g] += mv[dd] * qr[g * D + pr * DR + dd];
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) part[(pr * 8 + g) * R + jj] = acc[g];
+    }
+    __syncthreads();
+    for (int i = tid; i < G * R; i += NT) {
+      float v = 0.f;
+#pragma unroll 8
+      for (int pr = 0; pr < PR; ++pr) v += part[pr * 8 * R + i];
+      sq[i] = v * qjscale;
+    }
+    __syncthreads();
+    for (int i = tid; i < KSQ * 8; i += NT) {  // (k-step s, row r) of lane 4 r + c
+      const int s = i >> 3, r = i & 7;
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
+      if (r < G) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) x[t] = sq[r * R + sk_coord(c, s, t) - j0];
+      }
+      qfrag[((long long)bh * (KS + KSQ) + KS + s) * 32 + 4 * r + c] = make_uint2(pack_h2(x[0], x[1]),
+                                                                                  pack_h2(x[2], x[3]));
+    }
+    return;
+  }
+#endif
+  __shared__ float qb[8 * D];
   rotate_query(q, signs, sign_stride, bh, bh % Hkv, qb, tid);
-  for (int i = tid; i < KS * 32; i += NW * 32) {
+  for (int i = tid; i < KS * 32; i += NT) {
     const int lane = i & 31;
-    qfrag[(long long)bh * KS * 32 + i] = query_frag(qb, lane >> 2, lane & 3, i >> 5, qscale);
+    qfrag[(long long)bh * (KS + KSQ) * 32 + i] = query_frag(qb, lane >> 2, lane & 3, i >> 5, qscale);
   }
 }
 
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
     const void* __restrict__ q, const float* __restrict__ signs, int sign_stride,
     const unsigned char* __restrict__ tab, const u32* __restrict__ rhotab,
-    u64 p0, u64 p1, u64 p2, u64 p3, u64 p4, u64 e0, u64 e1, u64 e2, u64 e3, u64 e4,
+    u64 p0, u64 p1, u64 p2, u64 p3, u64 p4, u64 p5, u64 p6, u64 e0, u64 e1, u64 e2, u64 e3, u64 e4,
+    u64 e5, u64 e6,
     const int* __restrict__ lens, int has_lens, int T, int Hkv, int tiles_per_cta, int S,
     float qscale, const uint2* __restrict__ qfrag, float* __restrict__ o_part, float* __restrict__ ml_part,
     int merge_in, int* __restrict__ counters, const void* __restrict__ wk, const void* __restrict__ wv,
@@ -541,11 +640,12 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   unsigned char* const stp = smem + ST_OFF + warp * NSTAGE * STAGE_BYTES;
   Issuer is;
   u32 mis;  // lane k < NF: the misalignment of field k in every stage of this warp
-  {
-    const u32 x = lane == 0 ? XN : lane == 1 ? XU : lane == 2 ? XV : XS;
-    const u64 p = lane == 0 ? p0 : lane == 1 ? p1 : lane == 2 ? p2 : lane == 3 ? p3 : p4;
-    is.end = lane == 0 ? e0 : lane == 1 ? e1 : lane == 2 ? e2 : lane == 3 ? e3 : e4;
-    is.off = lane == 0 ? OFF_N : lane == 1 ? OFF_U : lane == 2 ? OFF_V : lane == 3 ? OFF_S : OFF_Z;
+  {  // fields: 0 norm, 1 key codes, 2 value codes, 3 scales, 4 zeros, (QJ) 5 sign bits, 6 residual norm
+    const u32 x = lane == 0 ? XN : lane == 1 ? XU : lane == 2 ? XV : lane == 5 ? XQ : lane == 6 ? XR : XS;
+    const u64 p = lane == 0 ? p0 : lane == 1 ? p1 : lane == 2 ? p2 : lane == 3 ? p3 : lane == 4 ? p4 : lane == 5 ? p5 : p6;
+    is.end = lane == 0 ? e0 : lane == 1 ? e1 : lane == 2 ? e2 : lane == 3 ? e3 : lane == 4 ? e4 : lane == 5 ? e5 : e6;
+    is.off = lane == 0 ? OFF_N : lane == 1 ? OFF_U : lane == 2 ? OFF_V : lane == 3 ? OFF_S : lane == 4 ? OFF_Z
+           : lane == 5 ? OFF_Q : OFF_R;
     const u64 st = p + (u64)(rowbase + (long long)warp * TOK) * x;
     mis = (u32)st & 15u;
     is.a = st & ~15ull;
@@ -555,6 +655,9 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   const u32 dN = __shfl_sync(0xffffffffu, mis, 0), dU = __shfl_sync(0xffffffffu, mis, 1);
   const u32 dV = __shfl_sync(0xffffffffu, mis, 2), dS = __shfl_sync(0xffffffffu, mis, 3);
   const u32 dZ = __shfl_sync(0xffffffffu, mis, 4);
+#if QJ
+  const u32 dQ = __shfl_sync(0xffffffffu, mis, 5), dR = __shfl_sync(0xffffffffu, mis, 6);
+#endif
   if (lane == 0) {
 #pragma unroll
     for (int k = 0; k < NSTAGE; ++k) mbar_init(mb0 + 8 * k, 1);
@@ -571,10 +674,17 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
   for (int k = 0; k < NSTAGE && k < my_tiles; ++k) issue_stage(is, st0 + k * STAGE_BYTES, mb0 + 8 * k, lane);
   u32 qf0[KS], qf1[KS];
   {
-    const uint2* qg = qfrag + (long long)bh * KS * 32 + lane;
+    const uint2* qg = qfrag + (long long)bh * (KS + KSQ) * 32 + lane;
 #pragma unroll
     for (int s = 0; s < KS; ++s) { const uint2 v = __ldcg(qg + s * 32); qf0[s] = v.x; qf1[s] = v.y; }
   }
+#if QJ  // the sketch's fragments, read from shared memory per k-step (no registers left for them)
+  {
+    const uint2* sg = qfrag + ((long long)bh * (KS + KSQ) + KS) * 32;
+    uint2* sk = (uint2*)(smem + SK_OFF);
+    for (int i = tid; i < KSQ * 32; i += NW * 32) sk[i] = __ldcg(sg + i);
+  }
+#endif
   __syncthreads();  // the table copies
 #else
   for (int k = 0; k < NSTAGE && k < my_tiles; ++k) issue_stage(is, st0 + k * STAGE_BYTES, mb0 + 8 * k, lane);
@@ -611,6 +721,28 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
       if (tstage + tb >= hi) break;
       // ---------------- keys: table lookups per group code, straight into the A registers -----
       float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#if QJ
+      float sj[4] = {0.f, 0.f, 0.f, 0.f};  // <Sq, sign> of the tile (times qjscale)
+      {
+        u32 Wq[2];  // per token: this thread's run of sign bits, slot pairs 16 bits apart
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const unsigned char* row = sb + OFF_Q + dQ + (tb + r + 8 * hh) * XQ;
+#if D == 128
+          Wq[hh] = ((const u32*)row)[c];
+#else
+          Wq[hh] = __byte_perm((u32)((const unsigned short*)row)[c], 0u, 0x4140u);  // bytes (b0, 0, b1, 0)
+#endif
+        }
+        const uint2* skf = (const uint2*)(smem + SK_OFF) + lane;
+#pragma unroll
+        for (int s = 0; s < KSQ; ++s) {
+          const uint2 bq = skf[s * 32];
+          mma(sj, qjl_pm1(Wq[0], 15 - s), qjl_pm1(Wq[1], 15 - s), qjl_pm1(Wq[0], 15 - KSQ - s),
+              qjl_pm1(Wq[1], 15 - KSQ - s), bq.x, bq.y);
+        }
+      }
+#endif
       {
         u32 U[2][NWO + 1];  // per token: this thread's run of KS codes, aligned to bit 0
 #pragma unroll
@@ -673,10 +805,19 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) lut_split(
       // ---------------- scores -> probabilities (log2 domain) -----------------------------------
       const float* nr = (const float*)(sb + OFF_N + dN);
       const int tA = tstage + tb + r, tB = tA + 8;
+#if QJ
+      const unsigned short* rr = (const unsigned short*)(sb + OFF_R + dR);
+      const float rA = h2f(rr[tb + r]), rB = h2f(rr[tb + r + 8]);
+      float s0 = tA < hi ? sc[0] * nr[tb + r] + sj[0] * rA : NINF;
+      float s1 = tA < hi ? sc[1] * nr[tb + r] + sj[1] * rA : NINF;
+      float s2 = tB < hi ? sc[2] * nr[tb + r + 8] + sj[2] * rB : NINF;
+      float s3 = tB < hi ? sc[3] * nr[tb + r + 8] + sj[3] * rB : NINF;
+#else
       float s0 = tA < hi ? sc[0] * nr[tb + r] : NINF;
       float s1 = tA < hi ? sc[1] * nr[tb + r] : NINF;
       float s2 = tB < hi ? sc[2] * nr[tb + r + 8] : NINF;
       float s3 = tB < hi ? sc[3] * nr[tb + r + 8] : NINF;
+#endif
       float mx0 = fmaxf(s0, s2), mx1 = fmaxf(s1, s3);
 #pragma unroll
       for (int k = 4; k < 32; k <<= 1) {

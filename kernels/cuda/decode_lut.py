@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from .._lengths import as_lengths
+from ..fused_layout import Sketch
 from ..split_k import choose_splits, num_sms
 from .launch import driver_missing
 from .launch import launch
@@ -106,13 +107,32 @@ class _Plan:
         self.signs = signs.contiguous().to(device)
         self.sign_stride = 0 if signs.shape[0] == 1 else signs.shape[1]
         self.heads = signs.shape[0]
+        res = layout.residual
+        self.qjl_fields = (res.bits_field, res.norm_field) if res is not None else None
+        self.qjl_coef = res.coef if res is not None else 0.0
+        skm = sketch_matrices(layout) if res is not None else torch.zeros(1, 1, 1)  # (not read)
+        self.skm = skm.transpose(-1, -2).contiguous().to(device)  # M^T [heads, d, m], lut_qprep reads rows d
+        self.skm_stride = 0 if skm.shape[0] == 1 else skm[0].numel()
+
+
+def sketch_matrices(layout) -> torch.Tensor:
+    """The QJL residual's sketch of the query as matrices, float32 [heads, m, d]: sketch(q) = M q.
+    Gaussian: the declared S; rotation: R2 R (both normalised Walsh-Hadamard rotations, in float64)."""
+    res = layout.residual
+    if res.sketch == Sketch.GAUSSIAN:
+        return res.matrix.float()
+    rot, rot2 = layout.rotation, res.rotation
+    heads = max(rot.num_heads, rot2.num_heads)
+    mats = [rot2.matrix(min(h, rot2.num_heads - 1)).double() @ rot.matrix(min(h, rot.num_heads - 1)).double()
+            for h in range(heads)]
+    return torch.stack(mats)[:, :, : rot.dim].float()
 
 
 #: the kernels' parameter types in order, as struct codes (Q pointer / u64, i int, I u32, f float, q int64):
 #: kernels.cuda.launch packs the arguments by them (decode_lut.cu's signatures)
-SPLIT_SIG = "QQiQQ" + "Q" * 10 + "Qiiiiif" + "QQQ" + "iQQQQii" + "q" * 6 + "fQQiI"
+SPLIT_SIG = "QQiQQ" + "Q" * 14 + "Qiiiiif" + "QQQ" + "iQQQQii" + "q" * 6 + "fQQiI"
 COMBINE_SIG = "QQQQii" + "q" * 6 + "QQiiifQQi"
-QPREP_SIG = "QQiifQ"
+QPREP_SIG = "QQiifQifQ"
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MODULES: dict = {}
@@ -200,7 +220,7 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     dev_idx = dev.index if dev.index is not None else torch.cuda.current_device()
     split_fn, comb_fn, qprep_fn, lay = _module(defs, dev_idx)
     per = tiles_per_cta(lay)
-    if cfg["qprep"] == "auto" and per < 2 * nw:  # one stage per warp: the CTAs rotate the query themselves
+    if cfg["qprep"] == "auto" and per < 2 * nw and not defs["QJ"]:  # one stage per warp: the CTAs rotate the query
         defs["QPREP"] = 0
         split_fn, comb_fn, qprep_fn, lay = _module(defs, dev_idx)
         per = tiles_per_cta(lay)
@@ -210,8 +230,11 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     norm_f, codes_f = plan.fields
     fields = [_aligned(tt[norm_f]), _aligned(tt[codes_f]), _aligned(value_state.tensors["codes"]),
               _aligned(value_state.tensors["scale"]), _aligned(value_state.tensors["zero"])]
+    if plan.qjl_fields is not None:  # the QJL residual: sign bits and residual norms
+        fields += [_aligned(tt[plan.qjl_fields[0]]), _aligned(tt[plan.qjl_fields[1]])]
     ptrs = [f.data_ptr() for f in fields]
     ends = [(f.data_ptr() + f.numel() * f.element_size() + 15) // 16 * 16 for f in fields]
+    ptrs, ends = ptrs + [0] * (7 - len(ptrs)), ends + [0] * (7 - len(ends))
     qc = q.reshape(B, Hq, D).contiguous()
     lens = None if lengths is None else as_lengths(lengths, B, dev)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -243,8 +266,9 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     qscale = scale * _LOG2E / (math.sqrt(plan.n) * TSCALE)
     cnt = _counters(dev, B * Hkv) if merge_in else None
     qprep = defs["QPREP"] == 1
-    # lut_qprep's output: [B * Hkv][KS k-steps][32 lanes] pairs of fp16x2 B-fragment registers
-    qfrag = torch.empty(B * Hkv * -(-defs["NG"] // 4) * 64, dtype=torch.int32, device=dev) if qprep else None
+    # lut_qprep's output: [B * Hkv][KS + KSQ k-steps][32 lanes] pairs of fp16x2 B-fragment registers
+    ksteps = -(-defs["NG"] // 4) + (D // 16 if defs["QJ"] else 0)
+    qfrag = torch.empty(B * Hkv * ksteps * 64, dtype=torch.int32, device=dev) if qprep else None
     null = 0
     split_args = (
         qc.data_ptr(), plan.signs.data_ptr(), plan.sign_stride, plan.tab.data_ptr(), plan.rho.data_ptr(), *ptrs, *ends,
@@ -262,8 +286,9 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     with contextlib.nullcontext() if dev_idx == torch.cuda.current_device() else torch.cuda.device(dev_idx):
         if _parts != "combine":  # profiling only: "split" (with lut_qprep) / "combine" launch one part
             if qprep:  # a plain launch: it starts after everything before it (the chain's head)
-                launch(qprep_fn, (B * Hkv,), (32 * nw,), QPREP_SIG,
-                       (qc.data_ptr(), plan.signs.data_ptr(), plan.sign_stride, Hkv, qscale, qfrag.data_ptr()),
+                launch(qprep_fn, (B * Hkv, 5 if defs["QJ"] else 1), (32 * nw,), QPREP_SIG,
+                       (qc.data_ptr(), plan.signs.data_ptr(), plan.sign_stride, Hkv, qscale, plan.skm.data_ptr(),
+                        plan.skm_stride, scale * _LOG2E * plan.qjl_coef, qfrag.data_ptr()),
                        stream, pdl=False)
             launch(split_fn, (S, B * Hkv), (32 * nw,), SPLIT_SIG, split_args, stream, lay["smem"], pdl=pdl and qprep)
         if _parts != "split" and not merge_in:

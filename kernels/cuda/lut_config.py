@@ -47,15 +47,15 @@ def _layout_unsupported(codec) -> str | None:
     layout = codec.fused_layout()
     if layout is None:
         return f"codec '{codec.name}' declares no fused layout"
-    if layout.residual is not None:
-        return f"the table-lookup kernel has no QJL residual stage (codec '{codec.name}')"
     D = codec.head_dim
     if D not in (64, 128) or layout.padded != D:
         return f"head_dim {D} not in (64, 128)"
+    if layout.residual is not None and layout.residual.m != D:
+        return f"QJL sketch of {layout.residual.m} rows, not head_dim {D}"
     if layout.keys == KeyCodes.OCTAHEDRAL:
         b_u, b_r = layout.bits
-        if not (1 <= b_u <= 5 and 1 <= b_r <= 3):
-            return f"OCTOPUS split (b_u={b_u}, b_r={b_r}) outside b_u <= 5, 1 <= b_r <= 3"
+        if not (1 <= b_u <= 5 and 0 <= b_r <= 3):
+            return f"OCTOPUS split (b_u={b_u}, b_r={b_r}) outside b_u <= 5, b_r <= 3"
     elif not 1 <= layout.bits[0] <= 4:
         return f"scalar key codes of {layout.bits[0]} bits (the kernel's pair table takes 1-4 bits)"
     vq = codec.value_quantizer
@@ -88,7 +88,8 @@ def _default_config(codec) -> dict:
     # "launch" is faster in every row of the H100 benchmark (docs/decode_lut.md), so it is the default.
     # pdl: lut_combine (and lut_split after lut_qprep) launched with programmatic dependent launch, so
     # that it starts while the kernel before it finishes. qprep "launch": the rotated query's
-    # fragments made once per step by lut_qprep; "cta": by every CTA of lut_split; "auto": QPREP_DEFAULT's rule.
+    # fragments made once per step by lut_qprep; "cta": by every CTA of lut_split; "auto": QPREP_DEFAULT's rule
+    # (always lut_qprep where the keys carry a QJL residual: it makes the query's sketch too).
     cfg = {"num_warps": 8, "stages": 2, "mt": 1, "minb": 2, "merge": "launch", "pdl": True, "qprep": QPREP_DEFAULT}
     if layout.keys == KeyCodes.OCTAHEDRAL:
         b_u, b_r = layout.bits
@@ -127,6 +128,9 @@ def _launch_defs(codec, q_dtype, G: int, config: dict | None) -> tuple[dict, Loo
                          f"(it takes {sorted(base)})")
     cfg = base | (config or {})
     layout = codec.fused_layout()
+    if layout.keys == KeyCodes.OCTAHEDRAL and layout.bits[1] == 0 and not cfg["fused"]:
+        raise ValueError("config fused false needs a triplet-length code (b_r >= 1): with b_r = 0 the "
+                         "length is the fused table's one centroid")
     lookup = lookup_for(layout, cfg)
     grp = layout.groups
     ks = -(-grp.count // 4)
@@ -152,5 +156,9 @@ def _launch_defs(codec, q_dtype, G: int, config: dict | None) -> tuple[dict, Loo
         raise ValueError(f"config qprep must be 'auto', 'cta' or 'launch', got {cfg['qprep']!r}")
     if not isinstance(cfg["pdl"], bool):
         raise ValueError(f"config pdl must be true or false, got {cfg['pdl']!r}")
+    defs["QJ"] = int(layout.residual is not None)
+    if defs["QJ"] and cfg["qprep"] == "cta":
+        raise ValueError("config qprep 'cta' cannot serve a QJL residual: lut_qprep makes the query's sketch "
+                         "(use 'auto' or 'launch')")
     defs["QPREP"] = int(cfg["qprep"] != "cta")  # 'auto' may turn it off per call (decode_attention_lut)
     return cfg, lookup, defs

@@ -68,8 +68,8 @@ def test_real_paths_without_cupy_fall_back_with_the_reason(monkeypatch):
 
 def test_real_paths_refuse_what_the_lut_kernel_does_not_cover(monkeypatch):
     monkeypatch.delenv("KVCODEC_BACKEND", raising=False)
-    cases = [(make_codec("turboquant-prod", 3, 128, num_heads=2), 4, "QJL residual"),
-             (make_codec("octopus-qjl", 3, 128, num_heads=2), 4, "QJL residual"),
+    cases = [(make_codec("turboquant-prod", 6, 128, num_heads=2), 4, "scalar key codes of 5 bits"),
+             (make_codec("octopus-qjl", 6, 128, num_heads=2), 4, "OCTOPUS split"),
              (make_codec("turboquant-mse", 5, 128, num_heads=2), 4, "scalar key codes of 5 bits"),
              (make_codec("octopus", 3, 128, num_heads=1), 16, "at most 8"),
              (make_codec("octopus", 3, 128, num_heads=2, value_group=64), 4, "value quantizer")]
@@ -141,7 +141,7 @@ def test_turboquant_mse_is_covered_on_cuda(monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("name", ["octopus", "turboquant-mse"])
+@pytest.mark.parametrize("name", ["octopus", "turboquant-mse", "octopus-qjl", "turboquant-prod"])
 @pytest.mark.parametrize("bits", [2, 3, 4])
 def test_auto_runs_the_lut_kernel(name, bits, monkeypatch):
     monkeypatch.delenv("KVCODEC_BACKEND", raising=False)
@@ -160,12 +160,12 @@ def test_auto_runs_the_lut_kernel(name, bits, monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("name,G,why", [("turboquant-prod", 4, "QJL residual"), ("octopus-qjl", 4, "QJL residual"),
-                                        ("octopus", 12, "at most 8")])
-def test_auto_falls_back_to_triton_with_the_reason(name, G, why, monkeypatch):
+@pytest.mark.parametrize("name,kw,G,why", [("turboquant-prod", {"value_group": 64}, 4, "value quantizer"),
+                                           ("octopus", {}, 12, "at most 8")])
+def test_auto_falls_back_to_triton_with_the_reason(name, kw, G, why, monkeypatch):
     monkeypatch.delenv("KVCODEC_BACKEND", raising=False)
     calls = _spy(monkeypatch)
-    codec, q, ks, vs, wk, wv = _state(name, 3, 128, B=1, Hkv=1, G=G, T=300, W=8, seed=G)
+    codec, q, ks, vs, wk, wv = _state(name, 3, 128, B=1, Hkv=1, G=G, T=300, W=8, seed=G, **kw)
     d = decide_attention(q, codec, 1)
     assert d.path == "triton" and why in d.reason("lut")
     out = decode_attention(q, ks, vs, codec, wk, wv)

@@ -1,11 +1,12 @@
 """Table-lookup decode attention (kernels/cuda/decode_lut.py) against the PyTorch reference
 (kernels.attention.decode_attention_torch), for both key layouts it reads: OCTOPUS's octahedral
-triplet codes and TurboQuant-MSE's scalar codes.
+triplet codes and TurboQuant-MSE's scalar codes, each with and without a QJL residual (OCTOPUS-QJL,
+TurboQuant-prod: the sketch of the query, Sq = M q, against the stored sign bits).
 
 CPU: the tables and the index the kernel takes from the stored codes rebuild the reference's rotated
 keys (fp16 table entries: ~2e-4 relative), the kernel's constants come from the declared layout, and
 :func:`supports` refuses what the kernel does not cover. GPU (sm_90 and CuPy; skipped elsewhere):
-the kernel itself, at 2/3/4 bits, each lookup form (OCTOPUS fused and unfused tables, TurboQuant
+the kernel itself, at 1/2/3/4 bits, each lookup form (OCTOPUS fused and unfused tables, TurboQuant
 pairs and quads of codes), head dims 64/128, GQA groups 1-8, batches with per-sequence lengths (an
 empty one too), windows with per-sequence lengths, fp32/fp16/bf16 queries, many splits and a partial
 last tile. Tolerances as tests/kernels/triton/test_triton_decode_attention.py: fp16 tensor-core
@@ -26,18 +27,39 @@ from kernels.cuda.lut_tables import TSCALE
 from decode_checks import LUT_GPU_SKIP as GPU_SKIP, lut_gpu as gpu, ref_lse as _ref_lse, rel_err as _rel
 
 OUT_TOL = {torch.float32: 2e-3, torch.float16: 3e-3, torch.bfloat16: 8e-3}
-CODECS = ("octopus", "turboquant-mse")
+CODECS = ("octopus", "turboquant-mse", "octopus-qjl", "turboquant-prod")
+QJL = ("octopus-qjl", "turboquant-prod")
 #: the lookup forms of each key layout (config keys): OCTOPUS fused / unfused, TurboQuant pairs / quads
 FORMS = [("octopus", {"fused": True}), ("octopus", {"fused": False}),
          ("turboquant-mse", {"pairs": True}), ("turboquant-mse", {"pairs": False})]
 
 
+#: the GPU kernel's forms: FORMS and the QJL codecs' (the same key stages with the residual on top)
+GPU_FORMS = FORMS + [("octopus-qjl", {"fused": True}), ("octopus-qjl", {"fused": False}),
+                     ("turboquant-prod", {"pairs": True})]
+
+
+def _form_unsupported(name, bits, form) -> str | None:
+    """Why (name, bits, form) is not a case: a bit width the codec lacks, or OCTOPUS's unfused table
+    at b_r = 0 (no triplet-length code: only the fused table carries the one length centroid)."""
+    from kernels.registry import codec_class
+
+    if bits not in codec_class(name).bits_supported:
+        return f"{name} has no {bits}-bit form"
+    layout = make_codec(name, bits, 128).fused_layout()
+    if form.get("fused") is False and layout.bits[1] == 0:
+        return "unfused table without a length code"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # CPU: tables and index
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
 @pytest.mark.parametrize("name,form", FORMS)
 def test_table_rebuilds_reference_keys(bits, name, form):
+    if _form_unsupported(name, bits, form):
+        pytest.skip(_form_unsupported(name, bits, form))
     g = torch.Generator().manual_seed(bits)
     codec = make_codec(name, bits, 128, seed=1, num_heads=2)
     k = torch.randn(2, 2, 37, 128, generator=g) * (1 + torch.rand(2, 2, 37, 1, generator=g) * 3)
@@ -126,8 +148,11 @@ def test_launch_configs_are_checked_before_the_cache():
 
 def test_supports_reasons():
     assert supports(make_codec("turboquant-mse", 3, 128)) is None
-    assert "QJL residual" in supports(make_codec("octopus-qjl", 3, 128))
-    assert "QJL residual" in supports(make_codec("turboquant-prod", 3, 128))
+    for name, bits in (("octopus-qjl", 2), ("octopus-qjl", 4), ("turboquant-prod", 2), ("turboquant-prod", 4),
+                       ("octopus", 1)):
+        assert supports(make_codec(name, bits, 128, value_bits=max(bits, 2))) is None, (name, bits)
+    assert "OCTOPUS split" in supports(make_codec("octopus-qjl", 6, 128))
+    assert "scalar key codes of 5 bits" in supports(make_codec("turboquant-prod", 6, 128))
     assert "scalar key codes of 5 bits" in supports(make_codec("turboquant-mse", 5, 128))
     assert "no fused layout" in supports(make_codec("kivi", 2, 128))
     assert "value quantizer" in supports(make_codec("octopus", 3, 128, value_group=64))
@@ -138,6 +163,50 @@ def test_supports_reasons():
     if not torch.cuda.is_available():
         assert "CUDA device" in supports(make_codec("octopus", 3, 128), device="cpu")
     assert "rotation has 2 heads" in supports(make_codec("octopus", 3, 128, num_heads=2), Hkv=4)
+
+
+def test_qjl_constants_and_refusals():
+    """A QJL residual compiles the kernel's QJL stage (QJ) and needs lut_qprep (it makes the query's
+    sketch): qprep 'cta' is refused; so is OCTOPUS's unfused table without a length code (b_r = 0);
+    a sketch of other than head_dim rows is refused by supports()."""
+    import dataclasses
+
+    from kernels.cuda.decode_lut import _Plan
+
+    for name in QJL:
+        cfg, _, defs = launch_defs(make_codec(name, 3, 128), torch.bfloat16, 7)
+        assert defs["QJ"] == 1 and defs["QPREP"] == 1 and cfg["qprep"] == "auto"
+        with pytest.raises(ValueError, match="qprep 'cta' cannot serve a QJL residual"):
+            launch_defs(make_codec(name, 3, 128), torch.bfloat16, 7, {"qprep": "cta"})
+    assert launch_defs(make_codec("octopus", 3, 128), torch.bfloat16, 7)[2]["QJ"] == 0
+    for name in CODECS:  # the launcher's per-codec plan builds on the CPU too (tables, signs, sketch)
+        codec = make_codec(name, 3, 128, num_heads=2)
+        plan = _Plan(codec, "cpu", launch_defs(codec, torch.bfloat16, 7)[1])
+        assert plan.skm.shape == ((2, 128, 128) if name in QJL else (1, 1, 1)), name
+        assert (plan.qjl_fields is not None) == (name in QJL) and plan.skm_stride == (128 * 128 if name in QJL else 0)
+    with pytest.raises(ValueError, match="needs a triplet-length code"):
+        launch_defs(make_codec("octopus", 1, 128), torch.bfloat16, 7, {"fused": False})
+    codec = make_codec("turboquant-prod", 3, 128)
+    layout = codec.fused_layout()
+    short = dataclasses.replace(layout, residual=dataclasses.replace(layout.residual, m=64))
+    codec.fused_layout = lambda: short
+    assert "QJL sketch of 64 rows, not head_dim 128" in supports(codec)
+
+
+@pytest.mark.parametrize("name", QJL)
+@pytest.mark.parametrize("num_heads", [1, 3])
+def test_sketch_matrices_are_the_codecs_sketch(name, num_heads):
+    """M q (the matrices lut_qprep multiplies the query by) is the sketch the codec's own score takes:
+    S q for TurboQuant-prod, R2 R q for OCTOPUS-QJL, per head."""
+    from kernels.cuda.decode_lut import sketch_matrices
+
+    codec = make_codec(name, 3, 128, seed=4, layer=3, num_heads=num_heads)
+    q = torch.randn(2, num_heads, 5, 128, generator=torch.Generator().manual_seed(1))
+    M = sketch_matrices(codec.fused_layout())
+    assert M.shape == (num_heads, 128, 128) and M.dtype == torch.float32
+    got = q @ M.transpose(-1, -2)
+    want = codec.sketch.project(q) if name == "turboquant-prod" else codec.rot2.forward(codec.rot.forward(q))
+    assert torch.allclose(got, want, atol=1e-4 * float(want.abs().max())), float((got - want).abs().max())
 
 
 def test_renamed_codec_gets_the_kernel():
@@ -175,14 +244,17 @@ def _lut(*a, **kw):
 
 
 @gpu
-@pytest.mark.parametrize("bits", [2, 3, 4])
-@pytest.mark.parametrize("name,form", FORMS)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+@pytest.mark.parametrize("name,form", GPU_FORMS)
 @pytest.mark.parametrize("merge", ["kernel", "launch"])
 def test_bits_and_tables(bits, name, form, merge):
     """Qwen-like group of 7, two sequences of different lengths, a window; output and lse; each
-    lookup form; the splits merged in the kernel (last CTA) or by the separate combine launch."""
+    lookup form, with and without a QJL residual; the splits merged in the kernel (last CTA) or by
+    the separate combine launch."""
+    if _form_unsupported(name, bits, form):
+        pytest.skip(_form_unsupported(name, bits, form))
     codec, q, ks, vs, wk, wv = _case(bits, 128, B=2, Hkv=2, G=7, T=1000, W=24, seed=bits, dtype=torch.float32,
-                                     name=name)
+                                     name=name, value_bits=max(bits, 2))  # (values of 2-4 bits)
     lengths = torch.tensor([1000, 613], dtype=torch.int32, device="cuda")
     lk = lookup_for(codec.fused_layout(), default_config(codec) | form)
     copies = default_config(codec)["copies"]
@@ -317,8 +389,10 @@ def test_launch_paths_agree(name, bits):
     lengths = [16 * 200 - 9, 1234]
     wlen = torch.tensor([40, 9], dtype=torch.int32, device="cuda")
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lengths, window_lengths=wlen)
-    outs = [_lut(q, ks, vs, codec, wk, wv, lengths, wlen, return_lse=True, config=cfg) for cfg in LAUNCHES]
-    for (o, l), cfg in zip(outs, LAUNCHES):
+    # a QJL residual needs lut_qprep (it makes the query's sketch): no 'cta' paths
+    launches = [cfg for cfg in LAUNCHES if not (name in QJL and cfg["qprep"] == "cta")]
+    outs = [_lut(q, ks, vs, codec, wk, wv, lengths, wlen, return_lse=True, config=cfg) for cfg in launches]
+    for (o, l), cfg in zip(outs, launches):
         if cfg.get("merge") == "kernel":
             assert _rel(o, outs[0][0]) < 2e-3 and (l - outs[0][1]).abs().max() < 1e-3, cfg
         else:
@@ -327,12 +401,13 @@ def test_launch_paths_agree(name, bits):
 
 
 @gpu
-@pytest.mark.parametrize("cfg", LAUNCHES[1:])
-def test_pdl_launches_in_a_cuda_graph(cfg):
+@pytest.mark.parametrize("name,cfg", [("octopus", cfg) for cfg in LAUNCHES[1:]]
+                         + [("turboquant-prod", {"pdl": True, "qprep": "launch"})])
+def test_pdl_launches_in_a_cuda_graph(name, cfg):
     """Captured in a CUDA graph (the benchmark's timing, and how decode steps can be replayed), the
     PDL launches become programmatic edges: replays on new queries and windows give the eager outputs,
     with the kernel before the chain writing what it reads (the query scaled in place)."""
-    codec, q, ks, vs, wk, wv = _case(3, 128, B=1, Hkv=4, G=7, T=8000, W=32, seed=23)
+    codec, q, ks, vs, wk, wv = _case(3, 128, B=1, Hkv=4, G=7, T=8000, W=32, seed=23, name=name)
     qs, wks = q.clone(), wk.clone()
     _lut(qs, ks, vs, codec, wks, wv, config=cfg)  # compile and allocate outside the capture
     torch.cuda.synchronize()
@@ -364,3 +439,8 @@ def test_qprep_auto_rotates_in_the_ctas_where_warps_have_one_stage():
         out = _lut(q, ks, vs, codec, wk, wv, num_splits=splits)
         assert LAST_LAUNCH["defs"]["QPREP"] == qprep, splits
         assert _rel(out, ref) < OUT_TOL[torch.bfloat16]
+    # a QJL residual: lut_qprep always (it makes the query's sketch)
+    codec, q, ks, vs, wk, wv = _case(3, 128, B=1, Hkv=2, G=4, T=300, W=4, seed=3, name="turboquant-prod")
+    out = _lut(q, ks, vs, codec, wk, wv, num_splits=3)
+    assert LAST_LAUNCH["defs"]["QPREP"] == 1 and LAST_LAUNCH["defs"]["QJ"] == 1
+    assert _rel(out, decode_attention_torch(q, ks, vs, codec, wk, wv)) < OUT_TOL[torch.bfloat16]
