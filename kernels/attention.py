@@ -7,7 +7,7 @@ flight, with masks, causal order and per-sequence lengths, in one float32 softma
 (:func:`decode_attention_torch`) both call it.
 
 :func:`decode_attention` attends one query token per sequence: on CUDA the table-lookup CUDA
-kernel (:mod:`kernels.cuda.decode_lut`, OCTOPUS and TurboQuant-MSE) where it covers the call, else the fused Triton
+kernel (:mod:`kernels.cuda.decode_lut`, OCTOPUS and TurboQuant-MSE, with or without a QJL residual) where it covers the call, else the fused Triton
 kernel (:mod:`kernels.triton.decode_attention`) where it covers the codec, else :func:`attend`.
 The choice is :func:`kernels.backend.decide`'s ('auto' | 'lut' | 'triton' | 'torch', env
 ``KVCODEC_BACKEND``); :func:`decide_attention` returns it with the reason each path was passed over.

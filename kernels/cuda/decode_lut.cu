@@ -17,9 +17,9 @@ carry a QJL residual, m = D sign bits and an fp16 residual norm per token; needs
 reads no codec's name: only these.
 
 Kernel 1 lut_split, grid (splits, B * Hkv), NW warps. Each warp owns every NW-th stage of
-16 * MT tokens of its CTA's chunk and runs its own pipeline: lanes 0-4 each copy one of the five
-per-token fields of a stage (norm, key codes, value codes, scales, zeros; contiguous over
-tokens) with cp.async.bulk into shared memory, completing on an mbarrier, NSTAGE stages ahead;
+16 * MT tokens of its CTA's chunk and runs its own pipeline: lanes 0-4 (0-6 with QJ) each copy one
+of the NF per-token fields of a stage (norm, key codes, value codes, scales, zeros; with QJ the sign
+bits and residual norms; contiguous over tokens) with cp.async.bulk into shared memory, completing on an mbarrier, NSTAGE stages ahead;
 each lane keeps its field's source address and advances it by a constant per stage (a stage's
 bytes are a multiple of 16, so every field's misalignment is fixed per warp).
 

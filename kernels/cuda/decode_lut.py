@@ -58,7 +58,7 @@ def source() -> str:
 def supports(codec, q_dtype=torch.bfloat16, G: int | None = None, device=None, Hkv: int | None = None) -> str | None:
     """None when :func:`decode_attention_lut` runs this call, else the reason it does not: the
     codec's layout (:func:`layout_unsupported`), the query dtype, G query heads per KV head, the
-    rotation's heads against Hkv, then (with ``device``) a CUDA device, CuPy, sm_90."""
+    heads of the rotation and sketch against Hkv, then (with ``device``) a CUDA device, CuPy, sm_90."""
     facts = _facts(codec)
     if facts.why is not None:
         return facts.why
@@ -68,7 +68,7 @@ def supports(codec, q_dtype=torch.bfloat16, G: int | None = None, device=None, H
         return f"{G} query heads per KV head (at most 8)"
     heads = facts.heads
     if Hkv is not None and heads not in (1, Hkv):
-        return f"the codec's rotation has {heads} heads, the cache {Hkv}"
+        return f"the codec's rotation or sketch has {heads} heads, the cache {Hkv}"
     if device is not None:
         dev = torch.device(device)
         if dev.type != "cuda":
@@ -191,7 +191,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
                          window_lengths=None, scale=None, num_splits: int | None = None, return_lse: bool = False,
                          config: dict | None = None, _parts: str = "both"):
-    """Decode attention over a table-lookup-coded prefix (OCTOPUS, TurboQuant-MSE) plus a native window (see the module doc).
+    """Decode attention over a table-lookup-coded prefix (OCTOPUS, TurboQuant-MSE, with or without a QJL
+    residual) plus a native window (see the module doc).
     q [B, Hq, 1, D] (fp32/fp16/bf16); states [B, Hkv, T, ...]; window [B, Hkv, W, D].
     Returns out [B, Hq, 1, D] in q's dtype (and lse [B, Hq], natural log, with ``return_lse``)."""
     B, Hq, Tq, D = q.shape
@@ -230,8 +231,12 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     norm_f, codes_f = plan.fields
     fields = [_aligned(tt[norm_f]), _aligned(tt[codes_f]), _aligned(value_state.tensors["codes"]),
               _aligned(value_state.tensors["scale"]), _aligned(value_state.tensors["zero"])]
-    if plan.qjl_fields is not None:  # the QJL residual: sign bits and residual norms
-        fields += [_aligned(tt[plan.qjl_fields[0]]), _aligned(tt[plan.qjl_fields[1]])]
+    if plan.qjl_fields is not None:  # the QJL residual: sign bits (uint8, D / 8 per token) and norms (fp16)
+        qb, qn = tt[plan.qjl_fields[0]], tt[plan.qjl_fields[1]]
+        if qb.dtype != torch.uint8 or qb.shape[-1] != D // 8 or qn.dtype != torch.float16 or qn.shape[-1] != 1:
+            raise ValueError(f"QJL fields: want uint8 [..., {D // 8}] and float16 [..., 1], got {qb.dtype} "
+                             f"{list(qb.shape)} and {qn.dtype} {list(qn.shape)}")
+        fields += [_aligned(qb), _aligned(qn)]
     ptrs = [f.data_ptr() for f in fields]
     ends = [(f.data_ptr() + f.numel() * f.element_size() + 15) // 16 * 16 for f in fields]
     ptrs, ends = ptrs + [0] * (7 - len(ptrs)), ends + [0] * (7 - len(ends))

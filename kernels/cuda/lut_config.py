@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from ..fused_layout import KeyCodes
+from ..fused_layout import KeyCodes, Sketch
 from .lut_tables import Lookup, lookup_for
 
 _QT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -22,12 +22,22 @@ class _Facts:
 
     def __init__(self, codec):
         self.why = _layout_unsupported(codec)
-        self.heads = None if self.why else codec.fused_layout().rotation.num_heads
+        self.heads = None if self.why else _heads(codec.fused_layout())
         self.config = None if self.why else _default_config(codec)
         self.launches: dict = {}  # (q dtype, G, config items) -> launch_defs' result
 
 
 _FACTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _sketch_heads(res) -> int:
+    return res.matrix.shape[0] if res.sketch == Sketch.GAUSSIAN else res.rotation.num_heads
+
+
+def _heads(layout) -> int:
+    """The heads of the layout's per-head parts (rotation signs, sketch): 1 or the cache's KV heads."""
+    res = layout.residual
+    return max(layout.rotation.num_heads, _sketch_heads(res) if res is not None else 1)
 
 
 def _facts(codec) -> _Facts:
@@ -50,8 +60,13 @@ def _layout_unsupported(codec) -> str | None:
     D = codec.head_dim
     if D not in (64, 128) or layout.padded != D:
         return f"head_dim {D} not in (64, 128)"
-    if layout.residual is not None and layout.residual.m != D:
-        return f"QJL sketch of {layout.residual.m} rows, not head_dim {D}"
+    res = layout.residual
+    if res is not None:
+        if res.m != D:
+            return f"QJL sketch of {res.m} rows, not head_dim {D}"
+        rh, sh = layout.rotation.num_heads, _sketch_heads(res)
+        if 1 not in (rh, sh) and rh != sh:
+            return f"the QJL sketch has {sh} heads, the rotation {rh}"
     if layout.keys == KeyCodes.OCTAHEDRAL:
         b_u, b_r = layout.bits
         if not (1 <= b_u <= 5 and 0 <= b_r <= 3):

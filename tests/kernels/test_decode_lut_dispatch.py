@@ -2,8 +2,8 @@
 then the PyTorch reference, one decision (kernels.backend.decide) that keeps each refusal's reason.
 
 CPU: the decision itself (fake paths, and the real ones asked about a CUDA device with CuPy
-hidden). GPU (sm_90 and CuPy; skipped elsewhere): 'auto' runs the LUT kernel for OCTOPUS and
-TurboQuant-MSE and matches the reference; what it does not cover falls back to the Triton kernel with the reason.
+hidden). GPU (sm_90 and CuPy; skipped elsewhere): 'auto' runs the LUT kernel for OCTOPUS,
+TurboQuant-MSE and their QJL forms and matches the reference; what it does not cover falls back to the Triton kernel with the reason.
 """
 from __future__ import annotations
 

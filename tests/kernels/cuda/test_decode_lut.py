@@ -41,13 +41,16 @@ GPU_FORMS = FORMS + [("octopus-qjl", {"fused": True}), ("octopus-qjl", {"fused":
 
 def _form_unsupported(name, bits, form) -> str | None:
     """Why (name, bits, form) is not a case: a bit width the codec lacks, or OCTOPUS's unfused table
-    at b_r = 0 (no triplet-length code: only the fused table carries the one length centroid)."""
+    at b_r = 0 (no triplet-length code: only the fused table carries the one length centroid), or a
+    layout the kernel does not cover (supports(), values of 2-4 bits)."""
     from kernels.registry import codec_class
 
     if bits not in codec_class(name).bits_supported:
         return f"{name} has no {bits}-bit form"
-    layout = make_codec(name, bits, 128).fused_layout()
-    if form.get("fused") is False and layout.bits[1] == 0:
+    codec = make_codec(name, bits, 128, value_bits=min(max(bits, 2), 4))
+    if supports(codec):
+        return supports(codec)
+    if form.get("fused") is False and codec.fused_layout().bits[1] == 0:
         return "unfused table without a length code"
     return None
 
@@ -162,7 +165,7 @@ def test_supports_reasons():
     assert "split" in supports(make_codec("octopus", 3, 128, split=(6, 2)))
     if not torch.cuda.is_available():
         assert "CUDA device" in supports(make_codec("octopus", 3, 128), device="cpu")
-    assert "rotation has 2 heads" in supports(make_codec("octopus", 3, 128, num_heads=2), Hkv=4)
+    assert "has 2 heads, the cache 4" in supports(make_codec("octopus", 3, 128, num_heads=2), Hkv=4)
 
 
 def test_qjl_constants_and_refusals():
@@ -195,18 +198,95 @@ def test_qjl_constants_and_refusals():
 
 @pytest.mark.parametrize("name", QJL)
 @pytest.mark.parametrize("num_heads", [1, 3])
-def test_sketch_matrices_are_the_codecs_sketch(name, num_heads):
-    """M q (the matrices lut_qprep multiplies the query by) is the sketch the codec's own score takes:
-    S q for TurboQuant-prod, R2 R q for OCTOPUS-QJL, per head."""
+def test_sketch_matrices_give_the_codecs_score(name, num_heads):
+    """The QJL term the kernel computes from M (what lut_qprep multiplies the query by) and the stored
+    fields, coef * rnorm * <M q, 2 bits - 1>, is the codec's own score minus its MSE stage's <q, k>."""
     from kernels.cuda.decode_lut import sketch_matrices
+    from kernels.packing import BitField
 
+    g = torch.Generator().manual_seed(1)
     codec = make_codec(name, 3, 128, seed=4, layer=3, num_heads=num_heads)
-    q = torch.randn(2, num_heads, 5, 128, generator=torch.Generator().manual_seed(1))
-    M = sketch_matrices(codec.fused_layout())
+    k = torch.randn(2, num_heads, 9, 128, generator=g) * (1 + torch.rand(2, num_heads, 9, 1, generator=g))
+    q = torch.randn(2, num_heads, 5, 128, generator=g)
+    st = codec.encode(k)
+    layout = codec.fused_layout()
+    res = layout.residual
+    M = sketch_matrices(layout)
     assert M.shape == (num_heads, 128, 128) and M.dtype == torch.float32
-    got = q @ M.transpose(-1, -2)
-    want = codec.sketch.project(q) if name == "turboquant-prod" else codec.rot2.forward(codec.rot.forward(q))
+    pm1 = BitField(res.m, 1).unpack(st.tensors[res.bits_field]).float() * 2 - 1  # [B, H, T, m]
+    rnorm = st.tensors[res.norm_field].float().transpose(-1, -2)  # [B, H, 1, T]
+    got = res.coef * rnorm * ((q @ M.transpose(-1, -2)) @ pm1.transpose(-1, -2))
+    want = codec.score(q, st) - q @ codec.stage.decode(st.tensors).transpose(-1, -2)
     assert torch.allclose(got, want, atol=1e-4 * float(want.abs().max())), float((got - want).abs().max())
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("G", [1, 7, 8])
+def test_qjl_fragments_pair_each_sign_with_its_sketch_row(D, G):
+    """The kernel's QJL product, emulated from its index arithmetic: lut_split's A registers from the
+    stored sign row (thread c's word c at D = 128, half word c spread by __byte_perm(x, 0, 0x4140) at
+    D = 64; qjl_pm1(w, 15 - s) and qjl_pm1(w, 15 - KSQ - s): bit 15 and 31 -> the fp16 sign, bit 1 = +1)
+    and lut_qprep's B registers (slot t of k-step s of lane 4 r + c holds row sk_coord(c, s, t)),
+    multiplied in the mma.m16n8k16 fragment layout, give (2 bits - 1) . Sq^T for 16 real tokens."""
+    from kernels.packing import BitField
+
+    gen = torch.Generator().manual_seed(D + G)
+    KSQ = D // 16
+    bits = torch.randint(0, 2, (16, D), generator=gen)
+    rows = BitField(D, 1).pack(bits)  # the stored field, [16, D / 8] uint8
+    sq = torch.randn(G, D, generator=gen, dtype=torch.float64)
+
+    def sk_coord(c, s, t):
+        return 4 * KSQ * c + s + KSQ * (0, 2, 1, 3)[t]
+
+    def word(tok, c):
+        b = [int(x) for x in rows[tok]]
+        if D == 128:
+            return b[4 * c] | b[4 * c + 1] << 8 | b[4 * c + 2] << 16 | b[4 * c + 3] << 24
+        return b[2 * c] | b[2 * c + 1] << 16  # __byte_perm(half word, 0, 0x4140): bytes (b0, 0, b1, 0)
+
+    def pm1(w, sh):  # lop3((w << sh), 0x80008000, 0x3C003C00, (~a & b) | c) as two fp16: (lo, hi)
+        x = (w << sh) & 0xFFFFFFFF
+        return tuple(-1.0 if (x >> bit) & 1 == 0 else 1.0 for bit in (15, 31))
+
+    def f64(v):
+        return torch.tensor(v, dtype=torch.float64)
+
+    assert sorted(sk_coord(c, s, t) for c in range(4) for s in range(KSQ) for t in range(4)) == list(range(D))
+    acc = torch.zeros(16, 8, dtype=torch.float64)
+    for s in range(KSQ):
+        A = torch.full((16, 16), float("nan"), dtype=torch.float64)
+        Bm = torch.full((16, 8), float("nan"), dtype=torch.float64)
+        for lane in range(32):
+            r, c = lane >> 2, lane & 3
+            w0, w1 = word(r, c), word(r + 8, c)
+            A[r, 2 * c:2 * c + 2] = f64(pm1(w0, 15 - s))
+            A[r + 8, 2 * c:2 * c + 2] = f64(pm1(w1, 15 - s))
+            A[r, 2 * c + 8:2 * c + 10] = f64(pm1(w0, 15 - KSQ - s))
+            A[r + 8, 2 * c + 8:2 * c + 10] = f64(pm1(w1, 15 - KSQ - s))
+            x = [float(sq[r, sk_coord(c, s, t)]) if r < G else 0.0 for t in range(4)]
+            Bm[2 * c:2 * c + 2, r] = f64(x[:2])  # b0 = pack_h2(x, y)
+            Bm[2 * c + 8:2 * c + 10, r] = f64(x[2:])  # b1 = pack_h2(z, w)
+        acc += A @ Bm
+    want = (bits.double() * 2 - 1) @ sq.T
+    assert torch.allclose(acc[:, :G], want, atol=1e-9) and not acc[:, G:].any()
+
+
+def test_sketch_heads_are_checked():
+    """A declared sketch whose heads are neither 1 nor the rotation's is refused (lut_qprep indexes the
+    sketch by KV head)."""
+    import dataclasses
+
+    codec = make_codec("turboquant-prod", 3, 128, num_heads=2)
+    layout = codec.fused_layout()
+    three = torch.randn(3, 128, 128)
+    codec.fused_layout = lambda: dataclasses.replace(layout, residual=dataclasses.replace(layout.residual,
+                                                                                          matrix=three))
+    assert "the QJL sketch has 3 heads, the rotation 2" in supports(codec)
+    one = make_codec("turboquant-prod", 3, 128, num_heads=1)
+    lay1 = one.fused_layout()
+    one.fused_layout = lambda: dataclasses.replace(lay1, residual=dataclasses.replace(lay1.residual, matrix=three))
+    assert supports(one) is None and "rotation or sketch has 3 heads, the cache 4" in supports(one, Hkv=4)
 
 
 def test_renamed_codec_gets_the_kernel():
@@ -244,7 +324,7 @@ def _lut(*a, **kw):
 
 
 @gpu
-@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("name,form", GPU_FORMS)
 @pytest.mark.parametrize("merge", ["kernel", "launch"])
 def test_bits_and_tables(bits, name, form, merge):
@@ -254,7 +334,7 @@ def test_bits_and_tables(bits, name, form, merge):
     if _form_unsupported(name, bits, form):
         pytest.skip(_form_unsupported(name, bits, form))
     codec, q, ks, vs, wk, wv = _case(bits, 128, B=2, Hkv=2, G=7, T=1000, W=24, seed=bits, dtype=torch.float32,
-                                     name=name, value_bits=max(bits, 2))  # (values of 2-4 bits)
+                                     name=name, value_bits=min(max(bits, 2), 4))  # (values of 2-4 bits)
     lengths = torch.tensor([1000, 613], dtype=torch.int32, device="cuda")
     lk = lookup_for(codec.fused_layout(), default_config(codec) | form)
     copies = default_config(codec)["copies"]
@@ -402,7 +482,7 @@ def test_launch_paths_agree(name, bits):
 
 @gpu
 @pytest.mark.parametrize("name,cfg", [("octopus", cfg) for cfg in LAUNCHES[1:]]
-                         + [("turboquant-prod", {"pdl": True, "qprep": "launch"})])
+                         + [(name, {"pdl": True, "qprep": "launch"}) for name in QJL])
 def test_pdl_launches_in_a_cuda_graph(name, cfg):
     """Captured in a CUDA graph (the benchmark's timing, and how decode steps can be replayed), the
     PDL launches become programmatic edges: replays on new queries and windows give the eager outputs,
