@@ -40,3 +40,6 @@ def _lut_gpu_missing() -> str | None:
 
 LUT_GPU_SKIP = _lut_gpu_missing()
 lut_gpu = pytest.mark.skipif(LUT_GPU_SKIP is not None, reason=LUT_GPU_SKIP or "")
+#: the codecs the table-lookup kernel reads, and those of them with a QJL residual
+LUT_CODECS = ("octopus", "turboquant-mse", "octopus-qjl", "turboquant-prod")
+LUT_QJL_CODECS = ("octopus-qjl", "turboquant-prod")
