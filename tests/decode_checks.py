@@ -1,5 +1,6 @@
 """Shared by the decode-attention tests (Triton and CUDA kernels): the error measure, the reference
-log-sum-exp and the readiness check of the table-lookup kernel's GPU tests."""
+log-sum-exp, the readiness check of the table-lookup kernel's GPU tests, and its codecs and lookup
+forms."""
 from __future__ import annotations
 
 import pytest
@@ -43,3 +44,31 @@ lut_gpu = pytest.mark.skipif(LUT_GPU_SKIP is not None, reason=LUT_GPU_SKIP or ""
 #: the codecs the table-lookup kernel reads, and those of them with a QJL residual
 LUT_CODECS = ("octopus", "turboquant-mse", "octopus-qjl", "turboquant-prod")
 LUT_QJL_CODECS = ("octopus-qjl", "turboquant-prod")
+
+
+#: the table-lookup kernel's lookup forms of each key layout (config keys): OCTOPUS fused / unfused, TurboQuant pairs / quads
+LUT_FORMS = [("octopus", {"fused": True}), ("octopus", {"fused": False}),
+         ("turboquant-mse", {"pairs": True}), ("turboquant-mse", {"pairs": False})]
+
+
+#: the GPU kernel's forms: FORMS and the QJL codecs' (the same key stages with the residual on top)
+LUT_GPU_FORMS = LUT_FORMS + [("octopus-qjl", {"fused": True}), ("octopus-qjl", {"fused": False}),
+                     ("turboquant-prod", {"pairs": True})]
+
+
+def lut_form_unsupported(name, bits, form) -> str | None:
+    """Why (name, bits, form) is not a case: a bit width the codec lacks, or OCTOPUS's unfused table
+    at b_r = 0 (no triplet-length code: only the fused table carries the one length centroid), or a
+    layout the kernel does not cover (supports(), values of 2-4 bits)."""
+    from kernels import make_codec
+    from kernels.cuda.decode_lut import supports
+    from kernels.registry import codec_class
+
+    if bits not in codec_class(name).bits_supported:
+        return f"{name} has no {bits}-bit form"
+    codec = make_codec(name, bits, 128, value_bits=min(max(bits, 2), 4))
+    if supports(codec):
+        return supports(codec)
+    if form.get("fused") is False and codec.fused_layout().bits[1] == 0:
+        return "unfused table without a length code"
+    return None
