@@ -183,6 +183,19 @@ class FusedLayout:
             return TripletCodes(self.triplets, *self.bits)
         return BitField(self.padded, self.bits[0])
 
+    def sketch_matrices(self) -> torch.Tensor:
+        """The QJL residual's sketch of the query as matrices, float64 [heads, m, dim] on the CPU:
+        sketch(q) = M q. Gaussian: the declared S; rotation: R2 R, exact (the product of the two ±1
+        Hadamard matrices, integers, over n). The kernels' query side of the residual reads these."""
+        res = self.residual
+        if res.sketch == Sketch.GAUSSIAN:
+            return res.matrix.double()
+        rot, rot2 = self.rotation, res.rotation
+        heads = max(rot.num_heads, rot2.num_heads)
+        mats = [rot2.pm1_matrix(min(h, rot2.num_heads - 1)) @ rot.pm1_matrix(min(h, rot.num_heads - 1))
+                for h in range(heads)]
+        return torch.stack(mats)[:, :, : rot.dim] / rot.padded
+
     @property
     def groups(self) -> CodeGroups:
         """The codes field as a stream of group codes: OCTAHEDRAL one group per triplet (its fused

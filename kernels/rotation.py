@@ -80,6 +80,10 @@ class Rotation:
         x = fwht(y) * self.scale * self._signs_for(y)
         return x[..., : self.dim]
 
+    def pm1_matrix(self, head: int = 0) -> torch.Tensor:
+        """sqrt(padded) * :meth:`matrix`, built exactly: H diag(signs), entries ±1, float64 on the CPU."""
+        return hadamard_matrix(self.padded, dtype=torch.float64) * self.signs[head, 0].cpu().double().unsqueeze(0)
+
     def matrix(self, head: int = 0) -> torch.Tensor:
         """The padded x padded rotation matrix R with y = x R^T (for kernels and tests)."""
         H = hadamard_matrix(self.padded)

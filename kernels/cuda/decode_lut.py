@@ -32,7 +32,6 @@ from pathlib import Path
 import torch
 
 from .._lengths import as_lengths
-from ..fused_layout import Sketch
 from ..split_k import choose_splits, num_sms
 from .launch import driver_missing
 from .launch import launch
@@ -116,16 +115,8 @@ class _Plan:
 
 
 def sketch_matrices(layout) -> torch.Tensor:
-    """The QJL residual's sketch of the query as matrices, float32 [heads, m, d]: sketch(q) = M q.
-    Gaussian: the declared S; rotation: R2 R (both normalised Walsh-Hadamard rotations, in float64)."""
-    res = layout.residual
-    if res.sketch == Sketch.GAUSSIAN:
-        return res.matrix.float()
-    rot, rot2 = layout.rotation, res.rotation
-    heads = max(rot.num_heads, rot2.num_heads)
-    mats = [rot2.matrix(min(h, rot2.num_heads - 1)).double() @ rot.matrix(min(h, rot.num_heads - 1)).double()
-            for h in range(heads)]
-    return torch.stack(mats)[:, :, : rot.dim].float()
+    """:meth:`FusedLayout.sketch_matrices` as lut_qprep reads them: float32 [heads, m, d]."""
+    return layout.sketch_matrices().float()
 
 
 #: the kernels' parameter types in order, as struct codes (Q pointer / u64, i int, I u32, f float, q int64):

@@ -10,7 +10,6 @@ import weakref
 import torch
 
 from ..fused_layout import FusedLayout, KeyCodes, Sketch
-from ..rotation import hadamard_matrix
 
 
 def _triplet_chunks(nt: int) -> tuple[int, int]:
@@ -18,11 +17,6 @@ def _triplet_chunks(nt: int) -> tuple[int, int]:
     small enough to be decoded and consumed by one tensor-core product at a time."""
     tn = 16 if nt <= 48 else 32
     return tn, -(-nt // tn)
-
-
-def _pm1_rotation(rot, head: int) -> torch.Tensor:
-    """sqrt(n) * Rotation.matrix(head), built exactly: H diag(signs), entries ±1 (float64)."""
-    return hadamard_matrix(rot.padded, dtype=torch.float64) * rot.signs[head, 0].cpu().double().unsqueeze(0)
 
 
 class _Plan:
@@ -58,8 +52,9 @@ class _Plan:
         n = rot.padded
         heads = rot.num_heads
         mats = []
+        sketch = layout.sketch_matrices() if self.qjl else None  # [heads, m, D] float64
         for hh in range(heads):
-            R = _pm1_rotation(rot, hh)  # y = x R^T / sqrt(n)
+            R = rot.pm1_matrix(hh)  # y = x R^T / sqrt(n)
             cols = []
             if self.octa:
                 for t0, tn in [(k * self.tn, self.tn) for k in range(self.nch)]:
@@ -73,10 +68,10 @@ class _Plan:
             else:
                 cols.append(R[:, :D].T)
             if self.qjl and res.sketch == Sketch.ROTATION:
-                R2 = _pm1_rotation(res.rotation, hh)
-                cols.append((R2 @ R)[:, :D].T)  # integer entries, |.| <= n: exact in bf16
+                # R2 R with both ±1 rotations: integer entries, |.| <= n: exact in bf16
+                cols.append((sketch[min(hh, sketch.shape[0] - 1)] * n).T)
             elif self.qjl:
-                S = res.matrix[hh].double()  # [m, d]
+                S = sketch[hh]  # [m, d]
                 hi = S.to(torch.bfloat16).double()
                 cols.append(S.T.to(torch.bfloat16).double())
                 cols.append((S - hi).T)
