@@ -20,8 +20,9 @@ Two pieces, used together:
   :class:`LayerKV`, so the cache's byte counts include it.
 
 ``with attach(model) as new_cache:`` switches the model's attention implementation to
-``kvcodec`` and restores it on exit; ``new_cache(cache_config)`` builds a cache to pass as
-``past_key_values=`` to ``model(...)`` or ``model.generate(...)``.
+``kvcodec`` and restores it on exit; ``new_cache(cache_config)`` builds a cache to pass to
+``model(...)`` or ``model.generate(...)`` under the keyword they take (``cache=`` from transformers
+5.24, ``past_key_values=`` before: :func:`adapters.hf_compat.cache_kwargs`).
 
 Left-padded batches (sequences of different lengths): the caller passes the model a 2-D
 attention mask over every column fed so far and position ids counted from each sequence's
@@ -52,7 +53,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from kernels import make_codec
 
 from .hf_arch import UnservableModel, attention_softcap, decoder_arch, geometry, refuse_padding, servable
+from .hf_compat import cache_kwargs, check_transformers, passed_cache
 from .kv_cache import CacheConfig, CompressedKVCache, LayerKV
+from .padded_batch import pads_from_mask
 
 ATTN_NAME = "kvcodec"
 _NATIVE_ATTR = "_kvcodec_native_attn"  # on the model config while attached: the implementation to delegate to
@@ -184,7 +187,7 @@ class NativeSlidingLayer(DynamicSlidingWindowLayer):
 
 
 class CompressedCache(Cache):
-    """``past_key_values`` for a transformers causal LM: one :class:`CompressedLayer` per full-attention
+    """The KV cache of a transformers causal LM: one :class:`CompressedLayer` per full-attention
     decoder layer, a :class:`NativeSlidingLayer` per sliding-window one (:mod:`adapters.hf_arch`).
 
     ``cache.kv`` is the underlying :class:`CompressedKVCache` (byte counts, ``stats()``); its
@@ -341,9 +344,12 @@ def attach(model) -> Iterator[Callable[[CacheConfig], CompressedCache]]:
 
     Yields ``new_cache(cache_config) -> CompressedCache``. Inside the block a plain
     ``DynamicCache`` (or no cache) still runs the model's own attention, unchanged. A model the
-    cache cannot serve (:func:`adapters.hf_arch.servable`) raises ``UnservableModel`` first.
+    cache cannot serve (:func:`adapters.hf_arch.servable`, a forward that takes no cache, a
+    transformers release below the tested range) raises ``UnservableModel`` first.
     """
     servable(model)  # one line naming why not, before the model is touched
+    check_transformers()
+    cache_kwargs(model, None)  # a forward that takes no cache is refused here, not silently left empty
     _register()
     config = model.config
     original = config._attn_implementation
@@ -368,25 +374,15 @@ def _padding_from_mask(module, args, kwargs) -> None:
     """Forward pre-hook while attached: a call with a :class:`CompressedCache`, a 2-D attention mask
     and no padding given (``model.generate`` on a left-padded batch) tells the cache the new tokens'
     padding, read from the mask's last t columns (which must be zeros, then ones)."""
-    cache, mask = kwargs.get("past_key_values"), kwargs.get("attention_mask")
+    cache, mask = passed_cache(kwargs), kwargs.get("attention_mask")
     if not isinstance(cache, CompressedCache) or mask is None or mask.dim() != 2:
         return
     if any(getattr(layer, "next_pads", None) is not None for layer in cache.layers):
         return  # the caller said it
-    tokens = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
-    if tokens is None and args:
-        tokens = args[0]
-    if tokens is None:
-        return
-    t = tokens.shape[1]
-    new = mask[:, -t:].bool()
-    pads = (t - new.sum(-1)).tolist()
-    if not any(pads):
-        return
-    if not bool((new == (torch.arange(t, device=new.device) >= new.new_tensor(pads, dtype=torch.long)[:, None])).all()):
-        raise ValueError("the compressed cache takes left-padded batches: each row's new tokens must be its "
-                         "pads, then its tokens (tokenize with padding_side='left')")
-    cache.set_padding(pads)
+    tokens = next((x for x in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1]) if x is not None), None)
+    pads = None if tokens is None else pads_from_mask(mask, tokens.shape[1])
+    if pads is not None:
+        cache.set_padding(pads)
 
 
 def _configs(model) -> list:

@@ -28,6 +28,7 @@ import torch
 
 from .hf_arch import decoder_arch, geometry, refuse_padding, servable
 from .hf_cache import CompressedCache, attach
+from .hf_compat import cache_kwargs
 from .kv_cache import CacheConfig
 from .loading import cache_root, resolve
 from .model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2
@@ -122,7 +123,7 @@ class CausalLM(ModelAdapter):
             return self._prefill(x, cache, padding, pads)
         if pads is not None and isinstance(cache, CompressedCache):
             cache.set_padding(pads)
-        return self.model(x, past_key_values=cache, use_cache=True, **padding).logits.float()
+        return self.model(x, **cache_kwargs(self.model, cache), use_cache=True, **padding).logits.float()
 
     @property
     def _keeps_logits(self) -> bool:
@@ -135,7 +136,7 @@ class CausalLM(ModelAdapter):
         if not self.share_prefill:
             if pads is not None and isinstance(cache, CompressedCache):
                 cache.set_padding(pads)
-            return self.model(x, past_key_values=cache, use_cache=True, **padding).logits.float()
+            return self.model(x, **cache_kwargs(self.model, cache), use_cache=True, **padding).logits.float()
         key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads), "logits_to_keep" in padding)
         if self._memo is None or self._memo[0] != key:
             from transformers import DynamicCache
@@ -143,7 +144,7 @@ class CausalLM(ModelAdapter):
             self._memo = None  # release the last prompt's cache and logits before computing these
 
             native = DynamicCache(config=self.model.config)
-            logits = self.model(x, past_key_values=native, use_cache=True, **padding).logits.float()
+            logits = self.model(x, **cache_kwargs(self.model, native), use_cache=True, **padding).logits.float()
             self._memo = (key, list(native.layers), logits)
         _, layers, logits = self._memo
         for i, layer in enumerate(layers):  # layers are never written in place: a copy shares their tensors

@@ -53,3 +53,16 @@ class LeftPadded:
     def fork(self) -> "LeftPadded":
         """An independent copy (``step`` replaces the lists and the mask, never writes them)."""
         return copy.copy(self)
+
+
+def pads_from_mask(mask: torch.Tensor, t: int) -> list[int] | None:
+    """The padding of a step's ``t`` new tokens read from a 2-D attention mask [B, columns] (its last
+    ``t`` columns: zeros, then ones, per row): pads per sequence, or None where there are none."""
+    new = mask[:, -t:].bool()
+    pads = (t - new.sum(-1)).tolist()
+    if not any(pads):
+        return None
+    if not bool((new == (torch.arange(t, device=new.device) >= new.new_tensor(pads, dtype=torch.long)[:, None])).all()):
+        raise ValueError("the compressed cache takes left-padded batches: each row's new tokens must be its "
+                         "pads, then its tokens (tokenize with padding_side='left')")
+    return pads

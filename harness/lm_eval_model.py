@@ -57,6 +57,7 @@ from tqdm import tqdm
 
 from adapters.cache_stats import cache_row_stats
 from adapters.hf_cache import attach
+from adapters.hf_compat import cache_kwargs
 from adapters.hf_causal_lm import load_checkpoint
 from adapters.kv_cache import DEFAULT_RESIDUAL, CacheConfig
 
@@ -198,7 +199,8 @@ class KVCodecLM(HFLM):
         decoded by ``model.generate`` through a compressed cache (which reads the padding from the mask)."""
         with attach(self.model) as new_cache:
             cache = new_cache(self.cache_cfg)
-            out = super()._model_generate(context, max_length, stop, past_key_values=cache, **generation_kwargs)
+            out = super()._model_generate(context, max_length, stop, **cache_kwargs(self.model, cache),
+                                          **generation_kwargs)
         for b in range(context.shape[0]):
             self._record("generate_until", cache, b)
         return out

@@ -15,6 +15,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 import adapters.hf_cache as hf_cache
+from adapters.hf_compat import cache_kwargs
 from adapters.hf_arch import UnservableModel, attention_softcap, decoder_arch, servable
 from adapters.hf_cache import CompressedLayer, attach
 from adapters.hf_causal_lm import CausalLM
@@ -71,7 +72,7 @@ def model_chunked(model, ids=IDS, chunks=CHUNKS) -> tuple[torch.Tensor, DynamicC
     """The model's own chunked logits [T, V] with a DynamicCache (independent of CausalLM), and the cache."""
     x, cache, out, s = torch.tensor([ids]), DynamicCache(config=model.config), [], 0
     for n in chunks:
-        out.append(model(x[:, s:s + n], past_key_values=cache, use_cache=True).logits[0].float())
+        out.append(model(x[:, s:s + n], **cache_kwargs(model, cache), use_cache=True).logits[0].float())
         s += n
     return torch.cat(out), cache
 
@@ -315,7 +316,7 @@ def test_sliding_models_take_no_padded_batch(arch):
     mask = torch.ones_like(x)
     mask[1, :3] = 0
     with attach(lm.model) as new_cache, pytest.raises(ValueError, match="sliding-window layers"):
-        lm.model.generate(x, attention_mask=mask, past_key_values=new_cache(OCTOPUS), max_new_tokens=2,
+        lm.model.generate(x, attention_mask=mask, **cache_kwargs(lm.model, new_cache(OCTOPUS)), max_new_tokens=2,
                           do_sample=False)
     one = lm.greedy(IDS[:40], 3, OCTOPUS, force="self")
     both = lm.greedy([IDS[:40], IDS[:40]], 3, OCTOPUS, force="self")
@@ -341,8 +342,8 @@ def test_repeat_batch_repeats_sliding_layers_too(arch):
     for i in SLIDING[arch]:
         assert three.layers[i].keys.shape[0] == 3
     with attach(lm.model):  # the compressed attention, as CausalLM runs it
-        want = lm.model(nxt, past_key_values=one, use_cache=True).logits[0, -1]
-        got = lm.model(nxt.expand(3, 1), past_key_values=three, use_cache=True).logits[:, -1]
+        want = lm.model(nxt, **cache_kwargs(lm.model, one), use_cache=True).logits[0, -1]
+        got = lm.model(nxt.expand(3, 1), **cache_kwargs(lm.model, three), use_cache=True).logits[:, -1]
     torch.testing.assert_close(got, want.expand(3, -1), rtol=1e-5, atol=1e-5)
     alone = lm.model(nxt).logits[0, -1]  # the token without its context: what a cache attending nothing gives
     assert not torch.allclose(alone, want, atol=1e-3)

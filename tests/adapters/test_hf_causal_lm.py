@@ -9,6 +9,7 @@ from output_checks import assert_moved_less_than_lost, kl
 from tiny_lm import save_tiny_checkpoint, tiny_causal_lm
 from transformers import DynamicCache
 
+from adapters.hf_compat import cache_kwargs
 from adapters.hf_cache import CompressedCache, attach
 from adapters.kv_cache import CacheConfig
 from adapters.registry import get_model
@@ -35,7 +36,7 @@ def ids():
 def _chunked(model, ids, cache, sizes=(50, 16, 16, 8)):
     out, s = [], 0
     for n in sizes:
-        out.append(model(ids[:, s:s + n], past_key_values=cache, use_cache=True).logits)
+        out.append(model(ids[:, s:s + n], **cache_kwargs(model, cache), use_cache=True).logits)
         s += n
     return torch.cat(out, 1)
 
@@ -64,7 +65,8 @@ def test_none_reproduces_native_exactly(lm, ids):
         cache = new_cache(CacheConfig())
         assert torch.equal(_chunked(model, ids, cache), native)
         assert cache.get_seq_length() == ids.shape[1]
-        gen = model.generate(ids[:, :40], past_key_values=new_cache(CacheConfig()), max_new_tokens=10, do_sample=False)
+        gen = model.generate(ids[:, :40], **cache_kwargs(model, new_cache(CacheConfig())), max_new_tokens=10,
+                             do_sample=False)
         assert torch.equal(gen, ref_gen)
         # a plain DynamicCache inside the block still runs the model's own attention
         assert torch.equal(_chunked(model, ids, DynamicCache(config=model.config)), native)
@@ -77,7 +79,8 @@ def test_every_codec_generates_and_scores(lm, ids, native_refs, codec):
     cfg = CacheConfig(codec=codec, bits=_bits(codec), residual=8)
     with attach(model) as new_cache:
         cache = new_cache(cfg)
-        gen = model.generate(ids[:, :60], past_key_values=cache, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+        gen = model.generate(ids[:, :60], **cache_kwargs(model, cache), max_new_tokens=6, do_sample=False,
+                             min_new_tokens=6)
         assert gen.shape == (1, 66)
         assert cache.get_seq_length() == 65  # the last generated token is never fed back
         cache2 = new_cache(cfg)
@@ -101,10 +104,10 @@ def test_prefill_attends_natively_then_commits(lm, ids):
     model = lm.model
     codec = next(c for c in CODECS if c != "none")
     native_cache = DynamicCache(config=model.config)
-    native = model(ids, past_key_values=native_cache).logits
+    native = model(ids, **cache_kwargs(model, native_cache)).logits
     with attach(model) as new_cache:
         cache = new_cache(CacheConfig(codec=codec, bits=_bits(codec), residual=8))
-        out = model(ids, past_key_values=cache).logits
+        out = model(ids, **cache_kwargs(model, cache)).logits
     assert torch.equal(out, native)  # the prefill is plain attention, whatever the codec
     block = cache.kv[0].codec.token_block
     for i, layer in enumerate(cache.kv.layers):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from tiny_lm import tiny_causal_lm
 
+from adapters.hf_compat import cache_kwargs
 from adapters.encoded_store import EncodedStore
 from adapters.kv_cache import CacheConfig, LayerKV
 from kernels import Encoded, make_codec
@@ -204,15 +205,16 @@ def test_generate_on_a_left_padded_batch_reads_the_padding_from_the_mask(lm, pro
     kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True)
     with attach(lm.model) as new_cache:
         cache = new_cache(CONFIGS["kivi"])
-        out = lm.model.generate(x, attention_mask=mask, past_key_values=cache, **kw)
+        out = lm.model.generate(x, attention_mask=mask, **cache_kwargs(lm.model, cache), **kw)
         for b, p in enumerate(prompts):
             alone = new_cache(CONFIGS["kivi"])
-            ref = lm.model.generate(torch.tensor([p]), past_key_values=alone, **kw)
+            ref = lm.model.generate(torch.tensor([p]), **cache_kwargs(lm.model, alone), **kw)
             assert out.sequences[b, T:].tolist() == ref.sequences[0, len(p):].tolist()
             torch.testing.assert_close(torch.stack(out.logits)[:, b], torch.stack(ref.logits)[:, 0], rtol=0, atol=ATOL)
             assert cache.kv.stats(b) == alone.kv.stats()
         with pytest.raises(ValueError, match="left-padded"):
-            lm.model.generate(x, attention_mask=mask.flip(-1), past_key_values=new_cache(CONFIGS["kivi"]), **kw)
+            lm.model.generate(x, attention_mask=mask.flip(-1), **cache_kwargs(lm.model, new_cache(CONFIGS["kivi"])),
+                              **kw)
 
 
 def test_left_padded_feed_counts_positions_per_sequence():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from tiny_lm import save_tiny_checkpoint, tiny_causal_lm
 
+from adapters.hf_compat import cache_kwargs
 from adapters.hf_cache import CompressedCache, attach
 from adapters.kv_cache import CacheConfig
 from harness.config import RunConfig, RunError
@@ -28,8 +29,9 @@ def test_each_layer_codec_follows_its_keys_device(codec):
     with attach(lm.model), torch.no_grad():
         for device in ("cpu", "meta"):  # meta: the device a layer would not run on
             cache = CompressedCache(lm.model.config, cc, device=device)
-            lm.model(ids[:, :30], past_key_values=cache, use_cache=True)  # the prefill commits through the codec
-            logits.append(lm.model(ids[:, 30:], past_key_values=cache, use_cache=True).logits)
+            # the prefill commits through the codec
+            lm.model(ids[:, :30], **cache_kwargs(lm.model, cache), use_cache=True)
+            logits.append(lm.model(ids[:, 30:], **cache_kwargs(lm.model, cache), use_cache=True).logits)
             caches.append(cache)
     assert torch.equal(logits[0], logits[1])
     assert {layer.kv.codec.device for layer in caches[1].layers} == {torch.device("cpu")}
@@ -50,7 +52,8 @@ def test_device_map_auto_reaches_the_loader_and_changes_no_row(tmp_path, monkeyp
                task_options={"perplexity": {"context": 100, "prefix": 40, "chunk": 20}})
     plain = run(RunConfig(**cfg), out=tmp_path / "plain", **QUIET)
     mapped = run(RunConfig(**cfg, device_map="auto"), out=tmp_path / "mapped", **QUIET)
-    assert placements == [None, "auto"]  # on this CPU machine accelerate places every layer on the CPU
+    # the plain load goes to the run's device (None: the CPU); accelerate puts every layer on the one device
+    assert placements == ["cuda" if torch.cuda.is_available() else None, "auto"]
     assert (mapped / "rows.jsonl").read_bytes() == (plain / "rows.jsonl").read_bytes()
     assert len(read_rows(mapped / "rows.jsonl")) == 2
 
