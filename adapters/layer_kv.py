@@ -11,7 +11,7 @@ import torch
 
 from kernels import Codec, Encoded
 from kernels.attention import attend, decode_attention
-from kernels.backend import fused_wanted
+from kernels.backend import fused_wanted, resolve_backend
 
 from . import ragged
 from .cache_config import CacheConfig
@@ -292,7 +292,7 @@ class LayerKV:
             lengths = self._lengths(self.seq_committed, self.committed, q.device)
             window_lengths = self._lengths(self.seq_window, 0 if self.window_k is None else self.window_k.shape[-2],
                                            q.device)
-        if self._decode_step(q, mask):
+        if self._decode_step(q, mask, softcap):
             wk, wv = self.window_k, self.window_v
             if k_new is not None:  # each sequence's new token right after its own window
                 wk, wl = ragged.append(wk, self.seq_window, k_new, None)
@@ -316,10 +316,14 @@ class LayerKV:
                       lengths=lengths, window_lengths=window_lengths, mask=mask, causal=causal, scale=scale,
                       softcap=softcap)
 
-    def _decode_step(self, q, mask) -> bool:
+    def _decode_step(self, q, mask, softcap) -> bool:
         """Whether this read is a single-token step over committed tokens that the fused kernel could
         take: the backend wants the fused kernels here (:func:`kernels.backend.fused_wanted`; asked
-        first, as the mask check may sync the device) and the mask masks nothing."""
+        first, as the mask check may sync the device) and the mask masks nothing. Under 'auto' a
+        soft-capped step is not one (the fused kernels never cap): it takes the reference path that
+        backend 'torch' takes, bit for bit; a named kernel still says it cannot cap."""
+        if softcap is not None and resolve_backend(self.config.backend) == "auto":
+            return False
         return (fused_wanted(self.config.backend, q.device) and q.shape[2] == 1 and self.codec is not None
                 and (mask is None or _keeps_everything(mask)) and self.committed > 0)
 

@@ -67,13 +67,15 @@ def psnr_video(pred: torch.Tensor, ref: torch.Tensor) -> float:
 def ssim_frames(pred: torch.Tensor, ref: torch.Tensor, device: str | None = None) -> torch.Tensor:
     """[T] SSIM per frame (torchmetrics: Gaussian window 11, sigma 1.5, K = 0.01, 0.03, range 2).
 
-    Computed in float32 (float64 convolutions are slow on CPUs); a frame identical to its
-    reference is exactly 1, as SSIM defines it, rather than 1 up to float32 rounding.
+    Computed in float64 on CUDA and float32 on a CPU (float64 convolutions are slow there; CUDA's
+    float32 convolutions may round through TF32); a frame identical to its reference is exactly 1,
+    as SSIM defines it, rather than 1 up to rounding.
     """
     from torchmetrics.functional.image import structural_similarity_index_measure as ssim
     _check(pred, ref)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    out = [ssim(p.float().to(device), r.float().to(device), data_range=DATA_RANGE, reduction="none").double().cpu()
+    dtype = torch.float64 if torch.device(device).type == "cuda" else torch.float32
+    out = [ssim(p.to(device, dtype), r.to(device, dtype), data_range=DATA_RANGE, reduction="none").double().cpu()
            for p, r in zip(pred.split(FRAME_CHUNK), ref.split(FRAME_CHUNK))]
     s = torch.cat(out)
     same = (pred == ref).flatten(1).all(1)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from importlib import metadata
+
 import numpy
 import pytest
 
@@ -24,7 +26,7 @@ def test_environment_fields():
     e = environment("cpu")
     assert set(e) == {"python", "platform", "packages", "cuda", "device", "device_name", "cpu", "cpu_count", "git"}
     assert e["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert e["packages"]["numpy"] == numpy.__version__ and e["packages"]["torch"] == torch.__version__
+    assert e["packages"]["numpy"] == numpy.__version__ and e["packages"]["torch"] == metadata.version("torch")
     assert set(e["packages"]) >= {"torch", "transformers", "triton", "diffusers", "numpy", "kvcodec-harness"}
     assert e["cuda"] == torch.version.cuda and e["device"] == "cpu" and e["cpu_count"] == os.cpu_count()
     assert e["device_name"] == e["cpu"]  # on a CPU the device is the CPU

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from checkout_env import checkout_env
 from tiny_lm import save_tiny_checkpoint
 
 from harness.cli import main
@@ -54,7 +55,7 @@ def _bytes(out):
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    return checkout_env()
 
 
 def _launch(*argv) -> subprocess.Popen:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkout_env import checkout_env
 from tiny_lm import save_tiny_checkpoint
 
 from harness.lock import LOCK_NAME, RunLock, RunLocked
@@ -22,7 +23,7 @@ def ckpt(tmp_path_factory):
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = checkout_env()
     return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -40,7 +41,7 @@ def test_second_writer_is_refused_and_a_stale_lock_taken_over(ckpt, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], cwd=ROOT, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              stdout=subprocess.PIPE, text=True, env=checkout_env())
     try:
         assert holder.stdout.readline().strip() == "held"
         second = _cli(*_run_args(ckpt, text, out))

@@ -17,7 +17,7 @@ QUIET = dict(progress=False, log=lambda *_: None)
 SCALES = (1, 2, 4, 8)
 CONFIGS = {
     "video": dict(model="causvid-tiny", tasks=["video"], task_options={"video": {"stills": "2"}}),
-    "audio": dict(model="aar-tiny", tasks=["audio"],
+    "audio": dict(model="aar-tiny", tasks=["audio"], prompts="synthetic",
                   task_options={"audio": {"clip_seconds": "1", "top_k": "8", "save_audio": "false"}}),
 }
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from checkout_env import pythonpath
 
 from harness.cli import main
 from harness.config import RunError
@@ -58,7 +59,7 @@ def test_a_local_array_with_a_preempted_task_merges_to_the_single_process(tmp_pa
     single = tmp_path / "single"
     assert main(["run", *args, "--quiet", "--out", str(single)]) == 0
 
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the tasks import this checkout's harness
+    monkeypatch.setenv("PYTHONPATH", pythonpath())  # the tasks import this checkout's harness
     out = tmp_path / "run"
     result = {}
     launcher = threading.Thread(target=lambda: result.setdefault("rc", main(

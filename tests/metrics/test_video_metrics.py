@@ -100,6 +100,7 @@ def fake_alexnet(tmp_path, monkeypatch):
 def test_lpips_local_matches_lpips_package(fake_alexnet, monkeypatch):
     ok, _ = vm.lpips_status()
     assert ok
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # the local path, where torchvision is installed too
     x, y = _frames(0, H=64, W=64), _frames(1, H=64, W=64)
     d = vm.lpips_frames(x, y, device="cpu")
     assert d.shape == (3,) and (d > 0).all()
