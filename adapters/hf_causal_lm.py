@@ -179,7 +179,8 @@ class CausalLM(ModelAdapter):
 
     @torch.no_grad()
     def teacher_force(self, ids: list[int] | list[list[int]], chunks: list[int] | list[list[int]],
-                      cache_config: CacheConfig | None, on_chunk: Callable, speed: RolloutClock | None = None) -> object:
+                      cache_config: CacheConfig | None, on_chunk: Callable,
+                      speed: RolloutClock | None = None) -> object:
         """Chunked teacher forcing: feed ``ids`` in pieces of the given sizes (summing to its length).
 
         ``ids``: one sequence, or a batch: a list of sequences of any lengths. ``chunks``: the

@@ -14,7 +14,8 @@ full-precision key tensor), and encode throughput of the fused encoders vs the P
 With ``--ncu``: warp instructions per token and KV head and the DRAM bytes of each decode path's
 kernels, read by Nsight Compute (:mod:`harness.bench_ncu`; "—" with a note where ncu cannot run).
 Writes bench.json and bench.md under --out
-(default reports/bench-<timestamp>/) and prints the table.
+(default reports/bench-<timestamp>/) and prints the table. ``harness bench --generate`` times whole
+decode steps of ``model.generate`` instead (:mod:`harness.bench_generate`).
 
 Timing: CUDA-graph replays (triton.testing.do_bench_cudagraph, median); each timed call cycles
 through enough copies of its inputs (up to 32) that they do not sit in L2. Compressed states are

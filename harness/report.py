@@ -136,7 +136,7 @@ def write_report(out: Path, notes: list[str] = ()) -> Path:
     (out / "report.md").write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
     from .html_report import write_run_page  # report.html beside it, from the same summary and rows
 
-    write_run_page(out, config, model, summary, rows, speed)
+    write_run_page(out, config, model, summary, rows, speed, speed_problem)
     return out / "report.md"
 
 

@@ -107,14 +107,16 @@ def task_section(out: Path, task: str, t: dict, rows: list[dict], speed: list[di
 
 
 def write_run_page(out: Path, config: dict, model: dict, summary: dict, rows: list[dict],
-                   speed: dict[str, list[dict]] | None = None) -> Path:
+                   speed: dict[str, list[dict]] | None = None, speed_problem: str | None = None) -> Path:
     """report.html (and plotly.min.js) in run folder ``out``; ``speed``: per task the entries of
-    :func:`harness.speed.summarize_speed` (none: no speed section)."""
+    :func:`harness.speed.summarize_speed` (none: no speed section); ``speed_problem``: why speed.jsonl
+    could not be read."""
     out = Path(out)
     order = [t for t in config.get("tasks", []) if t in summary["tasks"]]
     tasks = [task_section(out, task, summary["tasks"][task], rows, (speed or {}).get(task, ()))
              for task in order + [t for t in summary["tasks"] if t not in order]]
     header = [line for line in _header(config, model.get("model", {}), summary) if line != INTERVALS]
+    header += [f"**Speed and memory** not shown: {speed_problem}"] if speed_problem else []
     files = [name for name in ("report.md", "config.json", "model.json", "summary.json", "rows.jsonl")
              if (out / name).is_file()]
     return render("report.html.j2", out / HTML_NAME, title=f"KV-cache codec report: {config['model']}",

@@ -139,3 +139,4 @@ def test_an_unreadable_speed_file_is_named_not_fatal(tmp_path):
     md = write_report(out).read_text()
     assert re.search(r"\*\*Speed and memory\*\* not shown: .*speed\.jsonl:1: not a JSON row", md)
     assert "## perplexity" in md and "### Speed and memory" not in md
+    assert "not shown: " in (out / "report.html").read_text()
