@@ -35,6 +35,7 @@ from .model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2
 from .padded_batch import LeftPadded
 from .protocol import CachePolicy, Geometry, ModelAdapter
 from .registry import register_model
+from .rollout_clock import OFF, RolloutClock, wall
 
 QWEN_1M_HUB_ID = "Qwen/Qwen2.5-7B-Instruct-1M"
 
@@ -47,7 +48,8 @@ class CausalLM(ModelAdapter):
     attention whatever the codec (nothing is cached yet; see :mod:`adapters.hf_cache`), so its
     keys/values and logits are computed once per prompt and replayed into each cache, which then
     commits and encodes them exactly as after a live prefill. Results are bit-identical to
-    running it (tests check); only the time differs.
+    running it (tests check); only the time differs. A timed rollout's prefill is then the shared
+    forward's measured seconds plus its own replay and encode (:class:`adapters.rollout_clock.RolloutClock`).
     """
 
     model: object
@@ -105,22 +107,28 @@ class CausalLM(ModelAdapter):
         return LeftPadded(batch, 0 if pad is None else pad, self.device)
 
     @functools.cached_property
+    def devices(self) -> tuple[torch.device, ...]:
+        """Every device holding a parameter (several where ``device_map`` spread the model)."""
+        return tuple(dict.fromkeys(p.device for p in self.model.parameters()))
+
+    @functools.cached_property
     def sliding_layers(self) -> tuple[int, ...]:
         """The layers that attend through a sliding window (kept native; they take no padded batch)."""
         return tuple(sorted(decoder_arch(self.model.config).native))
 
-    def _forward(self, feed: LeftPadded, pieces: list[list[int]], cache, last: bool = False) -> torch.Tensor:
+    def _forward(self, feed: LeftPadded, pieces: list[list[int]], cache, last: bool = False,
+                 clock: RolloutClock = OFF) -> torch.Tensor:
         """One step of ``feed`` (sequence b's next tokens ``pieces[b]``) through ``cache``; returns
-        the logits [B, t, V] float32 (the first step, into an empty cache, is the prefill).
-        ``last``: only the last column's logits are wanted ([B, 1, V] where the model can skip the
-        others: a long prompt's full logits would dwarf its KV cache)."""
+        the logits [B, t, V] float32 (the first step, into an empty cache, is the prefill: ``clock``
+        marks its end). ``last``: only the last column's logits are wanted ([B, 1, V] where the
+        model can skip the others: a long prompt's full logits would dwarf its KV cache)."""
         x, padding, pads = feed.step(pieces)
         if pads is not None and any(pads):
             refuse_padding(self.sliding_layers)
         if last and self._keeps_logits:
             padding = {**padding, "logits_to_keep": 1}
         if feed.columns == x.shape[1]:
-            return self._prefill(x, cache, padding, pads)
+            return self._prefill(x, cache, padding, pads, clock)
         if pads is not None and isinstance(cache, CompressedCache):
             cache.set_padding(pads)
         return self.model(x, **cache_kwargs(self.model, cache), use_cache=True, **padding).logits.float()
@@ -130,28 +138,36 @@ class CausalLM(ModelAdapter):
         """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs mostly do)."""
         return _takes_logits_to_keep(type(self.model))
 
-    def _prefill(self, x: torch.Tensor, cache, padding: dict, pads: list[int] | None) -> torch.Tensor:
+    def _prefill(self, x: torch.Tensor, cache, padding: dict, pads: list[int] | None,
+                 clock: RolloutClock = OFF) -> torch.Tensor:
         """x [B, t] into an empty ``cache`` (``padding``, ``pads``: :meth:`LeftPadded.step`'s, plus
         ``logits_to_keep``); returns the logits [B, t or 1, V] float32."""
         if not self.share_prefill:
             if pads is not None and isinstance(cache, CompressedCache):
                 cache.set_padding(pads)
-            return self.model(x, **cache_kwargs(self.model, cache), use_cache=True, **padding).logits.float()
+            logits = self.model(x, **cache_kwargs(self.model, cache), use_cache=True, **padding).logits.float()
+            clock.prefill_done()
+            return logits
         key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads), "logits_to_keep" in padding)
+        shared_s = None
         if self._memo is None or self._memo[0] != key:
             from transformers import DynamicCache
 
             self._memo = None  # release the last prompt's cache and logits before computing these
 
             native = DynamicCache(config=self.model.config)
+            t0 = wall(self.devices)  # once per prompt batch: the timed rollouts that replay it count it
             logits = self.model(x, **cache_kwargs(self.model, native), use_cache=True, **padding).logits.float()
-            self._memo = (key, list(native.layers), logits)
-        _, layers, logits = self._memo
+            self._memo = (key, list(native.layers), logits, wall(self.devices) - t0)
+        else:
+            shared_s = self._memo[3]
+        _, layers, logits, _ = self._memo
         for i, layer in enumerate(layers):  # layers are never written in place: a copy shares their tensors
             if isinstance(cache, CompressedCache):
                 cache.replay(i, layer, pads)
             else:
                 cache.layers[i] = copy.copy(layer)
+        clock.prefill_done(shared_s)
         return logits
 
     def _session(self, cache_config: CacheConfig | None):
@@ -164,7 +180,8 @@ class CausalLM(ModelAdapter):
 
     @torch.no_grad()
     def teacher_force(self, ids: list[int] | list[list[int]], chunks: list[int] | list[list[int]],
-                      cache_config: CacheConfig | None, on_chunk: Callable) -> object:
+                      cache_config: CacheConfig | None, on_chunk: Callable,
+                      speed: RolloutClock | None = None) -> object:
         """Chunked teacher forcing: feed ``ids`` in pieces of the given sizes (summing to its length).
 
         ``ids``: one sequence, or a batch: a list of sequences of any lengths. ``chunks``: the
@@ -176,7 +193,8 @@ class CausalLM(ModelAdapter):
         another order); no pad enters a cache. ``on_chunk(start, logits)`` is called per chunk
         with the logits [t, V] float32 of one sequence; for a batch ``on_chunk(b, start, logits)``
         per sequence b and chunk, logits [t_b, V] (so the logits of a long context never pile up).
-        Returns the cache.
+        ``speed``: a clock that times the first chunk as the prefill (nothing is decoded). Returns
+        the cache.
         """
         batched = bool(ids) and isinstance(ids[0], (list, tuple))
         rows = [list(r) for r in ids] if batched else [list(ids)]
@@ -189,22 +207,25 @@ class CausalLM(ModelAdapter):
                 raise ValueError(f"chunk sizes {plan} must be >= 1 and sum to the {len(row)} tokens"
                                  + (f" of sequence {b}" if batched else ""))
         emit = on_chunk if batched else (lambda b, start, logits: on_chunk(start, logits))
+        clock = speed or OFF
         with self._session(cache_config) as new_cache:
             cache = new_cache()
             feed, starts = self._feed(len(rows)), [0] * len(rows)
+            clock.start(len(rows), self.devices)
             for i in range(max(map(len, plans))):
                 pieces = [row[s:s + plan[i]] if i < len(plan) else [] for row, plan, s in zip(rows, plans, starts)]
-                logits = self._forward(feed, pieces, cache)
+                logits = self._forward(feed, pieces, cache, clock=clock if i == 0 else OFF)
                 for b, piece in enumerate(pieces):
                     if piece:
                         emit(b, starts[b], logits[b, logits.shape[1] - len(piece):])
                         starts[b] += len(piece)
+            clock.stop()
         return cache
 
     @torch.no_grad()
     def greedy(self, prompt: list[int] | list[list[int]], max_new_tokens: int, cache_config: CacheConfig | None,
                force: list[int] | list[list[int]] | str | None = None,
-               prefill: int | list[int] | None = None) -> dict | list[dict]:
+               prefill: int | list[int] | None = None, speed: RolloutClock | None = None) -> dict | list[dict]:
         """Prefill ``prompt`` (its tokens attend to each other natively), then decode greedily one
         token at a time through the cache, stopping at EOS or after ``max_new_tokens``.
 
@@ -216,7 +237,8 @@ class CausalLM(ModelAdapter):
         the prompt ("self": the tokens this call generated); their logits say how this cache
         scores that continuation. Returns {'tokens': [...], 'logits': [n, V] float32 of the
         generated steps, 'forced_logits': [len(force), V] or None, 'cache': the cache after
-        generation}.
+        generation}. ``speed``: a clock that times the first forward (the prefill) and the decode
+        loop (every token after the first; the prompt's tail and the forced pass are in neither).
 
         A batch: ``prompt`` a list of prompts (any lengths: left-padded, see
         :mod:`adapters.padded_batch`) and ``force`` None, "self" or one list per prompt. A finished
@@ -239,10 +261,12 @@ class CausalLM(ModelAdapter):
         if len(ns) != B or not all(0 < n <= len(p) for n, p in zip(ns, prompts)):
             raise ValueError(f"greedy: prefill {prefill} must give each prompt a count in [1, its length] "
                              f"(lengths {[len(p) for p in prompts]})")
+        clock = speed or OFF
         with self._session(cache_config) as new_cache:
             cache = new_cache()
             feed = self._feed(B)
-            out = self._forward(feed, [p[:n] for p, n in zip(prompts, ns)], cache, last=True)
+            clock.start(B, self.devices)
+            out = self._forward(feed, [p[:n] for p, n in zip(prompts, ns)], cache, last=True, clock=clock)
             last = [out[b, -1] for b in range(B)]
             rest = [p[n:] for p, n in zip(prompts, ns)]
             if any(rest):  # the prompt's tail goes through the cache as one chunk (kvpress: the question)
@@ -254,6 +278,7 @@ class CausalLM(ModelAdapter):
                 branch = (cache.fork() if isinstance(cache, CompressedCache) else copy.deepcopy(cache), feed.fork())
             tokens: list[list[int]] = [[] for _ in range(B)]
             live = list(range(B))
+            clock.decode_start()
             for step in range(max_new_tokens):
                 picks = torch.stack([logits[b][-1] for b in live]).argmax(-1).tolist()
                 for b, t in zip(live, picks):
@@ -264,6 +289,7 @@ class CausalLM(ModelAdapter):
                 out = self._forward(feed, [tokens[b][-1:] if b in live else [] for b in range(B)], cache, last=True)
                 for b in live:
                     logits[b].append(out[b, -1])
+            clock.decode_done(sum(max(len(t) - 1, 0) for t in tokens))
             forced = [None] * B
             if force is not None:
                 pieces = [(tokens[b] if forces[b] == "self" else forces[b])[:-1] for b in range(B)]
@@ -272,6 +298,7 @@ class CausalLM(ModelAdapter):
                     forced[b] = logits[b][0][None]
                     if piece:
                         forced[b] = torch.cat([forced[b], f[b, f.shape[1] - len(piece):]], 0)
+            clock.stop()
         out = [{"tokens": tokens[b], "logits": torch.stack(logits[b][:len(tokens[b])]), "forced_logits": forced[b],
                 "cache": cache, "sequence": b} for b in range(B)]
         return out if batched else {k: v for k, v in out[0].items() if k != "sequence"}

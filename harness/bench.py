@@ -14,7 +14,8 @@ full-precision key tensor), and encode throughput of the fused encoders vs the P
 With ``--ncu``: warp instructions per token and KV head and the DRAM bytes of each decode path's
 kernels, read by Nsight Compute (:mod:`harness.bench_ncu`; "—" with a note where ncu cannot run).
 Writes bench.json and bench.md under --out
-(default reports/bench-<timestamp>/) and prints the table.
+(default reports/bench-<timestamp>/) and prints the table. ``harness bench --generate`` times whole
+decode steps of ``model.generate`` instead (:mod:`harness.bench_generate`).
 
 Timing: CUDA-graph replays (triton.testing.do_bench_cudagraph, median); each timed call cycles
 through enough copies of its inputs (up to 32) that they do not sit in L2. Compressed states are
@@ -93,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per row, read the decode kernels' warp instructions and DRAM bytes with Nsight Compute "
                         "(a child process under ncu; several seconds per row)")
     p.add_argument("--out", default=None, help="output folder (default reports/bench-<timestamp>)")
+    p.add_argument("--generate", action="store_true", help="instead: decode tokens/s of model.generate, native "
+                   "against each codec, beside the memory roofline (harness bench --generate --help)")
     return p
 
 
@@ -356,6 +359,11 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--generate" in argv:  # whole-model decode against the native cache: its own options
+        from .bench_generate import main as generate_main
+
+        return generate_main([a for a in argv if a != "--generate"])
     args = build_parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else None
     if not torch.cuda.is_available():

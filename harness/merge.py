@@ -3,9 +3,11 @@
 A run folder's rows are the union of ``rows.jsonl`` and the shard files ``rows.shard-I-of-N.jsonl``
 (:mod:`harness.shard`), deduplicated by row key (the same key gives the same row, whoever
 computed it). ``finish`` writes them back to rows.jsonl in plan order, the order one process
-writes them, so the merged rows.jsonl, summary.json and report.md are byte-identical to a
-single-process run's; once every planned row is there the shard files go. Rows a run planned but
-does not hold are named in report.md, per shard, with how to resume them.
+writes them, so the merged rows.jsonl and summary.json are byte-identical to a single-process
+run's (report.md and report.html too, but for their measured speed sections); once every planned
+row is there the shard files go. Each row's speed line (``speed.jsonl``, :mod:`harness.speed`) is
+merged the same way, by the same key. Rows a run planned but does not hold are named in report.md,
+per shard, with how to resume them.
 """
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from pathlib import Path
 
 from .lock import LOCK_NAME, RunLock, holder
 from .report import write_report
-from .rows import atomic_write, dumps, read_rows, row_key
-from .shard import ROWS_NAME, Plan, Shard, read_plan, shard_files
+from .rows import atomic_write, dumps, row_key
+from .shard import ROWS_NAME, ROWS_STEM, SPEED_STEM, Plan, Shard, in_plan_order, read_plan, shard_files, stored_lines
+from .speed import merge_speed
 from .summary import summarize
 
 #: seconds a process waits for another's brief hold of the folder's lock (a shard starting, a merge)
@@ -23,27 +26,9 @@ MERGE_WAIT_S = 600.0
 
 
 def stored_rows(out: Path, repair: Path | None = None) -> list[dict]:
-    """Every complete row of rows.jsonl and the shard files, first occurrence of each key kept.
-    ``repair``: the one file this process writes, whose torn last line (a crash) is cut off; the
-    others may be mid-append by their own process, and their partial last line is only skipped."""
-    out = Path(out)
-    seen, rows = set(), []
-    for path in [out / ROWS_NAME, *shard_files(out).values()]:
-        for r in read_rows(path, repair=path == repair):
-            key = row_key(r)
-            if key not in seen:
-                seen.add(key)
-                rows.append(r)
-    return rows
-
-
-def in_plan_order(rows: list[dict], plan: Plan | None) -> list[dict]:
-    """``rows`` sorted into plan order; rows the plan does not name keep their order, at the end."""
-    if plan is None:
-        return rows
-    pos = {k: i for i, k in enumerate(plan.keys())}
-    end = len(pos)
-    return [r for _, _, r in sorted((pos.get(row_key(r), end), i, r) for i, r in enumerate(rows))]
+    """Every complete row of rows.jsonl and the shard files, first occurrence of each key kept
+    (:func:`harness.shard.stored_lines`; ``repair``: the file this process writes)."""
+    return stored_lines(out, ROWS_STEM, repair)
 
 
 @dataclass
@@ -125,20 +110,22 @@ def finish(out: Path) -> bool:
     report.html; the caller holds the folder's lock. Returns whether every planned row is stored
     (then the shard files whose shard is not running are removed)."""
     out = Path(out)
-    plan, files = read_plan(out), shard_files(out)
+    plan, files, speed_files = read_plan(out), shard_files(out), shard_files(out, SPEED_STEM)
     rows = stored_rows(out)
     if files:
         atomic_write(out / ROWS_NAME, "".join(dumps(r) + "\n" for r in in_plan_order(rows, plan)))
+    merge_speed(out, plan)
     note = incomplete_note(out, plan, rows)
     atomic_write(out / "summary.json", dumps(summarize(out), indent=2) + "\n")
     write_report(out, note)
     if note:
         return False
-    for shard, path in files.items():
+    for shard in {**files, **speed_files}:
         lock = RunLock(out, shard.lock_name, role="merge")
-        if lock.try_acquire() is None:  # its process is gone: rows.jsonl holds its rows now
+        if lock.try_acquire() is None:  # its process is gone: rows.jsonl (speed.jsonl) holds its lines now
             try:
-                path.unlink(missing_ok=True)
+                (out / shard.rows_name).unlink(missing_ok=True)
+                (out / shard.speed_name).unlink(missing_ok=True)
             finally:
                 lock.release()
     return True

@@ -1,11 +1,14 @@
 """report.md for a run folder.
 
 Everything is computed from config.json, model.json, summary.json and rows.jsonl, so a report
-can be rebuilt at any time (``harness report RUN``) and is byte-identical for identical rows.
+can be rebuilt at any time (``harness report RUN``) and is byte-identical for identical rows
+(outside its speed sections, which speed.jsonl's measured figures fill).
 Plots (matplotlib, Agg): each metric against the TRUE bits per key coordinate (counted from
 the bytes each codec stored), one line per codec with 95% intervals as error bars, the
 uncompressed baseline dashed. Each task's section opens with the ranking on its headline metric
-and the rate-matched front. ``harness compare`` is in :mod:`harness.compare`.
+and the rate-matched front, and ends with its speed and memory where the run measured them
+(:mod:`harness.speed`: the one part that differs between identical runs). ``harness compare`` is
+in :mod:`harness.compare`.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from pathlib import Path
 
 from .compare import compare  # noqa: F401  (harness compare; importable from here as before)
 from .rows import BASELINE_LABEL, num, read_rows
+from .speed import markdown as speed_markdown
+from .speed import problem_note, read_speed, summarize_speed
 from .summary import SUMMARY_VERSION, summarize
 from .tables import (arrow, display, fmt, fmt_ci, fmt_diff, pair_tables, per_prompt_table, ranking_tables,
                      values)
@@ -117,17 +122,21 @@ def write_report(out: Path, notes: list[str] = ()) -> Path:
     if not summary or summary.get("version") != SUMMARY_VERSION:  # none yet, or an older layout
         summary = summarize(out)
     rows = read_rows(out / "rows.jsonl")
+    speed_lines, speed_problem = read_speed(out)
     md = [f"# KV-cache codec report: {config['model']}", "", *notes]
-    md += _header(config, model.get("model", {}), summary)
+    md += _header(config, model.get("model", {}), summary) + problem_note(speed_problem)
     order = [t for t in config.get("tasks", []) if t in summary["tasks"]]
+    speed = {}
     for task in order + [t for t in summary["tasks"] if t not in order]:
-        md += _task_section(out, task, summary["tasks"][task], rows)
+        t = summary["tasks"][task]
+        speed[task] = summarize_speed(speed_lines, task, [g["label"] for g in t["groups"]])
+        md += _task_section(out, task, t, rows, speed[task])
     md += _unavailable(rows)
     md += _artifacts(rows)
     (out / "report.md").write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
     from .html_report import write_run_page  # report.html beside it, from the same summary and rows
 
-    write_run_page(out, config, model, summary, rows)
+    write_run_page(out, config, model, summary, rows, speed, speed_problem)
     return out / "report.md"
 
 
@@ -179,7 +188,7 @@ def pivot(groups: list[dict], value, title: str) -> list[str]:
     return md + [""]
 
 
-def _task_section(out: Path, task: str, t: dict, rows: list[dict]) -> list[str]:
+def _task_section(out: Path, task: str, t: dict, rows: list[dict], speed: list[dict] = ()) -> list[str]:
     metrics = t["metrics"]
     seeds = t.get("codec_seeds") or [0]
     md = [f"## {task}", "", f"{len(t['prompts'])} prompt(s): " + ", ".join(f"`{p}`" for p in t["prompts"])
@@ -220,6 +229,7 @@ def _task_section(out: Path, task: str, t: dict, rows: list[dict]) -> list[str]:
             md += [f"![{task} {display(m)} against true bits per coordinate]({png})", ""]
     if head is not None:
         md += pair_tables(t, head)
+    md += speed_markdown(speed)  # before the per-prompt values: never the report's last lines
     md += ["<details><summary>Per-prompt values (mean over codec seeds)</summary>", ""]
     for m in metrics:
         base = values(rows, task, BASELINE_LABEL, m["name"])

@@ -11,10 +11,10 @@ from .config import RunConfig, RunError
 from .lock import LOCK_NAME, holder
 from .rows import atomic_write, dumps
 
-RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "report.html", "plotly.min.js", "timings.jsonl", "model.json",
-             "config.json", "plan.json", "slurm.json")
+RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "report.html", "plotly.min.js", "speed.jsonl", "timings.jsonl",
+             "model.json", "config.json", "plan.json", "slurm.json")
 #: files of shards (harness.shard), removed with the run by --fresh
-RUN_GLOBS = ("rows.shard-*.jsonl", "timings.shard-*.jsonl", "*.png", "*.tmp")
+RUN_GLOBS = ("rows.shard-*.jsonl", "speed.shard-*.jsonl", "timings.shard-*.jsonl", "*.png", "*.tmp")
 #: baselines; the tasks' media; the logs of `harness launch` and submitit's folder
 RUN_DIRS = ("baselines", "video", "audio", "logs", "slurm")
 

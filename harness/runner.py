@@ -16,12 +16,14 @@ otherwise):
                     and the rate-matched front (see :mod:`harness.summary`, :mod:`harness.stats`)
 - ``report.md``     tables and plots (see :mod:`harness.report`); ``report.html`` the same as
                     one page with interactive plots and the rollouts' media side by side
-- ``timings.jsonl`` wall seconds per batch and configuration (the only file that differs between
-                    identical runs)
+- ``speed.jsonl``   per row, its rollout's prefill seconds, decode rate and peak device memory
+                    (:mod:`harness.speed`); measured, so it differs between identical runs
+- ``timings.jsonl`` wall seconds per batch and configuration (measured, as speed.jsonl is)
 - ``plan.json``     the batches and cache configurations in the order one process runs them
 
 A run may be split over processes (``shard``; :mod:`harness.shard`): shard I of N runs its share of
-the batches and appends to ``rows.shard-I-of-N.jsonl`` and ``timings.shard-I-of-N.jsonl``; the last
+the batches and appends to ``rows.shard-I-of-N.jsonl``, ``speed.shard-I-of-N.jsonl`` and
+``timings.shard-I-of-N.jsonl``; the last
 to end merges the rows into rows.jsonl in plan order (:mod:`harness.merge`), byte-identical to one
 process's.
 
@@ -46,9 +48,10 @@ from .config import DEFAULT_TASKS, RunConfig, RunError, seeded
 from .environment import environment, environment_diff
 from .lock import RunLock, RunLocked, describe
 from .merge import MERGE_WAIT_S, complete, finish, stored_rows
-from .rows import append_line, atomic_write, dumps, inside, row_key, safe_name
+from .rows import append_line, atomic_write, dumps, inside, read_rows, row_key, safe_name
 from .run_folder import claim_out, make_out, refuse_live_shards, start_out, write_config
 from .shard import ROWS_NAME, Plan, Shard, adopt_plan, write_plan
+from .speed import SPEED_NAME, speed_line
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -269,6 +272,9 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
 
     rows_path = out / (shard.rows_name if shard else ROWS_NAME)
     timings_path = out / (shard.timings_name if shard else "timings.jsonl")
+    speed_path = out / (shard.speed_name if shard else SPEED_NAME)
+    read_rows(speed_path, repair=True)  # a torn last line (a crash) is cut before this process appends
+    device = env.get("device_name") or env.get("device")
     done = {row_key(r) for r in stored_rows(out, repair=rows_path)}
     planned = [(name, p.id, c.label, c.seed) for name, _, batches in mine for b in batches for c in runs for p in b]
     bar = tqdm(total=len(planned), initial=sum(k in done for k in planned), desc=str(shard or "rows"),
@@ -290,16 +296,21 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
                     append_line(timings_path, json.dumps(
                         {"task": name, "prompts": [p.id for p in batch], "label": c.label, "codec_seed": c.seed,
                          "seconds": round(time.perf_counter() - t0, 3)}))
+                    rollouts: dict[int, str] = {}  # a speed record's id -> the first prompt of its rollout
                     for prompt, key, result in zip(batch, batch_keys, results):
+                        speed = result.get("speed")  # one record per rollout, shared by the rows it scored
+                        rollout = rollouts.setdefault(id(speed), prompt.id)
                         if key in done:  # a resumed batch: the rows already stored stay as they are
                             continue
                         row = {"task": name, "prompt": prompt.id, "codec": c.codec, "bits": c.bits,
                                "label": c.label, "codec_seed": c.seed}
-                        row.update({k: result[k] for k in sorted(result) if k not in row})
+                        row.update({k: result[k] for k in sorted(result) if k not in row and k != "speed"})
                         if prompt.meta:
                             row.setdefault("prompt_meta", prompt.meta)
                         row["codec_config"] = codec_json[(c.label, c.seed)]
                         append_line(rows_path, dumps(row))
+                        if speed is not None:  # after its row: a crash between them loses a line, never repeats one
+                            append_line(speed_path, speed_line(key, rollout, speed, device))
                         done.add(key)
                         bar.update(1)
                         if on_row is not None:

@@ -13,8 +13,9 @@ the merge restores, :mod:`harness.merge`). Batches go to shards by a hash of (ta
 id): within each task the batches are ranked by that hash and dealt round robin, so shards get
 equal counts (±1) and the assignment depends only on the run's own prompts and N.
 
-Shard I of N appends to ``rows.shard-I-of-N.jsonl`` and ``timings.shard-I-of-N.jsonl`` and holds
-``.lock.shard-I-of-N`` (:mod:`harness.lock`); no two processes append to one file.
+Shard I of N appends to ``rows.shard-I-of-N.jsonl``, ``speed.shard-I-of-N.jsonl`` and
+``timings.shard-I-of-N.jsonl`` and holds ``.lock.shard-I-of-N`` (:mod:`harness.lock`); no two
+processes append to one file.
 """
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ from typing import Mapping
 
 from .config import RunError
 from .lock import LOCK_NAME
-from .rows import atomic_write, dumps
+from .rows import atomic_write, dumps, read_rows, row_key
 
 PLAN_NAME = "plan.json"
 PLAN_VERSION = 1
 ROWS_NAME = "rows.jsonl"
-SHARD_FILE = re.compile(r"rows\.shard-(\d+)-of-(\d+)\.jsonl")
+#: the keyed line files of a run (one line per row key): rows, and each row's rollout speed (harness.speed)
+ROWS_STEM, SPEED_STEM = "rows", "speed"
 
 Key = tuple[str, str, str, int]  # (task, prompt, label, codec seed): harness.rows.row_key
 
@@ -56,7 +58,14 @@ class Shard:
 
     @property
     def rows_name(self) -> str:
-        return f"rows.{self.tag}.jsonl"
+        return self.file_name(ROWS_STEM)
+
+    @property
+    def speed_name(self) -> str:
+        return self.file_name(SPEED_STEM)
+
+    def file_name(self, stem: str) -> str:
+        return f"{stem}.{self.tag}.jsonl"
 
     @property
     def timings_name(self) -> str:
@@ -97,14 +106,30 @@ class Shard:
         return None
 
 
-def shard_files(out: Path) -> dict[Shard, Path]:
-    """The shard rows files of a run folder, ordered by (count, index)."""
-    found = {}
-    for p in Path(out).glob("rows.shard-*.jsonl"):
-        m = SHARD_FILE.fullmatch(p.name)
+def shard_files(out: Path, stem: str = ROWS_STEM) -> dict[Shard, Path]:
+    """The shard files ``STEM.shard-I-of-N.jsonl`` (rows by default) of a run folder, ordered by
+    (count, index)."""
+    found, pattern = {}, re.compile(re.escape(stem) + r"\.shard-(\d+)-of-(\d+)\.jsonl")
+    for p in Path(out).glob(f"{stem}.shard-*.jsonl"):
+        m = pattern.fullmatch(p.name)
         if m and 0 <= int(m[1]) < int(m[2]):
             found[Shard(int(m[1]), int(m[2]))] = p
     return dict(sorted(found.items(), key=lambda kv: (kv[0].count, kv[0].index)))
+
+
+def stored_lines(out: Path, stem: str = ROWS_STEM, repair: Path | None = None, last: bool = False) -> list[dict]:
+    """Every complete line of ``STEM.jsonl`` and its shard files, one per row key: its first
+    occurrence (``last``: its latest, in its first occurrence's place). ``repair``: the one file this
+    process writes, whose torn last line (a crash) is cut off; the others may be mid-append by their
+    own process, and their partial last line is only skipped."""
+    out = Path(out)
+    found: dict = {}
+    for path in [out / f"{stem}.jsonl", *shard_files(out, stem).values()]:
+        for r in read_rows(path, repair=path == repair):
+            key = row_key(r)
+            if last or key not in found:
+                found[key] = r
+    return list(found.values())
 
 
 def pin_local_gpu(env: dict) -> str | None:
@@ -172,6 +197,15 @@ class Plan:
         owners = self.owners(shard.count)
         return [k for (task, batches), owner in zip(self.tasks, owners)
                 for b, o in zip(batches, owner) if o == shard.index for k in self.batch_keys(task, b)]
+
+
+def in_plan_order(rows: list[dict], plan: Plan | None) -> list[dict]:
+    """``rows`` sorted into plan order; rows the plan does not name keep their order, at the end."""
+    if plan is None:
+        return rows
+    pos = {k: i for i, k in enumerate(plan.keys())}
+    end = len(pos)
+    return [r for _, _, r in sorted((pos.get(row_key(r), end), i, r) for i, r in enumerate(rows))]
 
 
 def _digest(task: str, prompt: str) -> str:

@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.hf_cache import attach  # noqa: E402
-from scripts.gpu_generate_throughput import (QWEN25_7B, cache_makers, generate, load_model,  # noqa: E402
-                                             prefilled, timed_generate)
+from harness.bench_generate import (QWEN25_7B, cache_makers, generate, load_model,  # noqa: E402
+                                    prefilled, timed_generate)
 
 #: host-device synchronisations (CUDA runtime calls; aten::item etc. name the operators that cause them)
 SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

@@ -62,3 +62,13 @@ def write_run(out: Path, rows: list[dict], model: dict | None = None, environmen
     (out / "model.json").write_text(json.dumps(model_json, indent=2))
     (out / "rows.jsonl").write_text("".join(dumps(r) + "\n" for r in rows))
     return out
+
+
+def run_bytes(out: Path, names) -> dict[str, bytes]:
+    """{name: bytes} of run files ``names`` in ``out``; report.md and report.html without their speed
+    sections, the one part of them measured (harness.speed) and so different between identical runs."""
+    from harness.speed import without_speed
+
+    out = Path(out)
+    return {n: without_speed((out / n).read_text(encoding="utf-8")).encode() if n.startswith("report.")
+            else (out / n).read_bytes() for n in names}

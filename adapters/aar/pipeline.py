@@ -17,6 +17,7 @@ import torch
 
 from adapters.kv_cache import CacheConfig, CompressedKVCache
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
+from adapters.rollout_clock import OFF, RolloutClock
 
 from .sat import SAT
 from .transformer import AARTransformer
@@ -118,20 +119,28 @@ class AARPipeline(ModelAdapter):
 
     @torch.no_grad()
     def rollout(self, emb: torch.Tensor, config: CacheConfig, generator: torch.Generator | None = None,
-                sampling: SamplingConfig | None = None, teacher: list[torch.Tensor] | None = None) -> Rollout:
+                sampling: SamplingConfig | None = None, teacher: list[torch.Tensor] | None = None,
+                speed: RolloutClock | None = None) -> Rollout:
         """Generate one pyramid (or, with ``teacher`` tokens, score it teacher-forced: the given
-        tokens are fed instead of sampled ones and no random number is drawn)."""
+        tokens are fed instead of sampled ones and no random number is drawn). ``speed`` times the
+        first scale (into the empty cache) as the prefill and the scales after it as the decode,
+        in tokens of the B sequences (guidance's unconditional rows not counted)."""
         if teacher is None and generator is None:
             raise ValueError("a free-running rollout needs a generator (kernels.private_generator)")
         s = sampling or SamplingConfig()
         aar, vq, scales = self.aar, self.sat.vq, self.aar.cfg.scales
         S, B = len(scales), emb.shape[0]
         cache = self.new_cache(config)
+        clock = speed or OFF
+        clock.start(B, [self.device])
         cond = aar.condition(emb.to(self.device, self.dtype))  # [2B, C]
         x = aar.first_input(cond)
         f_hat = torch.zeros(B, vq.dim, scales[-1], device=self.device)
         tokens, logits_out = [], []
         for si in range(S):
+            if si == 1:
+                clock.prefill_done()
+                clock.decode_start()
             logits = aar.step(x, cond, cache)  # [2B, l, V]
             t = s.cfg * si / (S - 1)
             guided = (1 + t) * logits[:B] - t * logits[B:]
@@ -142,6 +151,11 @@ class AARPipeline(ModelAdapter):
             f_hat, nxt = vq.next_input(si, f_hat, vq.layers[si].lookup(idx))
             if si < S - 1:
                 x = aar.scale_input(si + 1, nxt.transpose(1, 2).to(self.dtype)).repeat(2, 1, 1)
+        if S == 1:
+            clock.prefill_done()
+        else:
+            clock.decode_done(B * sum(scales[1:]))
+        clock.stop()
         audio = None if teacher is not None else self.sat.fhat_to_audio(f_hat)[:, 0].float().cpu()
         return Rollout(tokens, logits_out, f_hat.float().cpu(), audio, cache)
 

@@ -23,6 +23,7 @@ import torch
 
 from adapters.kv_cache import CacheConfig, CompressedKVCache
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
+from adapters.rollout_clock import OFF, RolloutClock
 from kernels import private_generator
 
 from .attention import BlockState, causal_attention
@@ -188,10 +189,13 @@ class CausalWan(ModelAdapter):
 
     @torch.no_grad()
     def rollout(self, prompt_embeds: torch.Tensor, cache: CompressedKVCache, generator: torch.Generator,
-                on_block: Callable[[int, dict], None] | None = None) -> torch.Tensor:
+                on_block: Callable[[int, dict], None] | None = None,
+                speed: RolloutClock | None = None) -> torch.Tensor:
         """Generate one video's latents [1, C, F, h, w] block by block over ``cache``.
 
         ``on_block(index, info)`` is called after each block with its wall time and the cache's bytes.
+        ``speed`` times the first block (into the empty cache) as the prefill and the blocks after it
+        as the decode, in latent frames.
         """
         C, F, h, w = self.latent_shape
         n = self.spec.frames_per_block
@@ -200,8 +204,13 @@ class CausalWan(ModelAdapter):
         noise = self._randn((1, C, F, h, w), generator)
         out = torch.empty_like(noise)
         state = BlockState(cache=cache)
+        clock = speed or OFF
+        clock.start(1, [self.device])
         with causal_attention(self.transformer, state):
             for b in range(F // n):
+                if b == 1:
+                    clock.prefill_done()
+                    clock.decode_start()
                 t0 = time.perf_counter()
                 f0 = b * n
                 state.rotary = self._rotary(f0, n)
@@ -223,6 +232,11 @@ class CausalWan(ModelAdapter):
                         torch.cuda.synchronize(self.device)
                     on_block(b, {"frames": (f0, f0 + n), "seconds": time.perf_counter() - t0,
                                  "cache": cache.nbytes()})
+        if F // n == 1:  # one block: it is all prefill
+            clock.prefill_done()
+        else:
+            clock.decode_done(F - n)
+        clock.stop()
         return out
 
     @torch.no_grad()

@@ -1,13 +1,15 @@
 """report.html of one run folder, from the same config.json, model.json, summary.json and rows as
 report.md (:mod:`harness.report`): per task the ranking on the headline metric with its 95%
 intervals, the rate-matched front, an interactive rate–quality plot per metric, every
-configuration, the paired comparisons, sortable per-prompt tables, and the media per prompt
-(:mod:`harness.html_report.media`)."""
+configuration, the paired comparisons, sortable per-prompt tables, the media per prompt
+(:mod:`harness.html_report.media`), and the measured speed and memory per configuration
+(:mod:`harness.speed`, between its markers: the page is byte-identical for identical rows outside them)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..report import INTERVALS, _bytes, _header, _unavailable
+from .. import speed as speed_mod
 from ..rows import BASELINE_LABEL, num
 from ..tables import _title, display, fmt, fmt_ci, values
 from . import media as media_mod
@@ -71,7 +73,20 @@ def pairs(t: dict) -> list[tuple[str, dict]]:
          number(p["n"])] for p in b["pairs"]])) for b in t.get("ranking", []) if b["pairs"]]
 
 
-def task_section(out: Path, task: str, t: dict, rows: list[dict]) -> dict:
+def speed_table(entries: list[dict]) -> dict | None:
+    """Per configuration: rollouts, sequences, prefill s, decode rate, peak MiB (each mean ± 95%), device."""
+    if not entries:
+        return None
+    rows = []
+    for e in entries:
+        text = speed_mod.cells_text(e, fmt_ci)
+        sort = [None, e["rollouts"], e["sequences"][-1], *((e[k] or {}).get("mean") for k in ("prefill", "decode", "peak")),
+                None]
+        rows.append([cell(x, s) for x, s in zip(text, sort)])
+    return {"table": table(speed_mod.columns(entries), rows, cls="speed"), "notes": prose(speed_mod.notes(entries))}
+
+
+def task_section(out: Path, task: str, t: dict, rows: list[dict], speed: list[dict] = ()) -> dict:
     metrics = t["metrics"]
     head = next((m for m in metrics if m["name"] == t.get("headline")), None)
     seeds = t.get("codec_seeds") or [0]
@@ -87,18 +102,23 @@ def task_section(out: Path, task: str, t: dict, rows: list[dict]) -> dict:
         "ranking": ranking(t, head) if head else None, "front": rate_front(t, head) if head else None,
         "plots": [p for p in plot_list if p], "configs": configurations(t), "pairs": pairs(t), "per_prompt": tables,
         "media": media_mod.sections(media, task, rows, metrics, slug(task)), "missing": media.missing,
+        "speed": speed_table(speed),
     }
 
 
-def write_run_page(out: Path, config: dict, model: dict, summary: dict, rows: list[dict]) -> Path:
-    """report.html (and plotly.min.js) in run folder ``out``."""
+def write_run_page(out: Path, config: dict, model: dict, summary: dict, rows: list[dict],
+                   speed: dict[str, list[dict]] | None = None, speed_problem: str | None = None) -> Path:
+    """report.html (and plotly.min.js) in run folder ``out``; ``speed``: per task the entries of
+    :func:`harness.speed.summarize_speed` (none: no speed section); ``speed_problem``: why speed.jsonl
+    could not be read."""
     out = Path(out)
     order = [t for t in config.get("tasks", []) if t in summary["tasks"]]
-    tasks = [task_section(out, task, summary["tasks"][task], rows)
+    tasks = [task_section(out, task, summary["tasks"][task], rows, (speed or {}).get(task, ()))
              for task in order + [t for t in summary["tasks"] if t not in order]]
     header = [line for line in _header(config, model.get("model", {}), summary) if line != INTERVALS]
+    header += [f"**Speed and memory** not shown: {speed_problem}"] if speed_problem else []
     files = [name for name in ("report.md", "config.json", "model.json", "summary.json", "rows.jsonl")
              if (out / name).is_file()]
     return render("report.html.j2", out / HTML_NAME, title=f"KV-cache codec report: {config['model']}",
                   files=files, header=prose(header), intervals=prose([INTERVALS]), tasks=tasks,
-                  unavailable=prose(_unavailable(rows)))
+                  unavailable=prose(_unavailable(rows)), speed_markers=(speed_mod.BEGIN, speed_mod.END))

@@ -22,6 +22,7 @@ import torch
 from adapters.aar.pipeline import Rollout
 from adapters.cache_stats import cache_row_stats
 from adapters.kv_cache import CacheConfig
+from adapters.rollout_clock import RolloutClock
 from kernels import private_generator
 from metrics import audio as am
 
@@ -165,7 +166,9 @@ class AudioTask(Task):
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: AudioBaseline, out_dir: Path) -> dict:
         base = baseline.rollout
-        free = model.rollout(baseline.emb, cache_config, self._generator(model, prompt, seed), self.sampling)
+        clock = RolloutClock(model.device)  # the free-running rollout: the teacher-forced pass decodes nothing
+        free = model.rollout(baseline.emb, cache_config, self._generator(model, prompt, seed), self.sampling,
+                             speed=clock)
         tf = model.rollout(baseline.emb, cache_config, sampling=self.sampling, teacher=base.tokens)
         sr = model.sample_rate
         ref_wav, wav = base.audio[0].numpy(), free.audio[0].numpy()
@@ -180,6 +183,7 @@ class AudioTask(Task):
             "free_token_match": m("free_token_match")(base.tokens, free.tokens),
         }
         row.update(cache_row_stats(free.cache))  # the teacher-forced pass holds the same tokens
+        row["speed"] = clock.record()
         label = artifact_label(cache_config)
         row["artifacts"] = self._write_artifacts(model, prompt, label, base, free, tf, row, Path(out_dir))
         return row

@@ -9,7 +9,9 @@ every codec), then for each cache configuration (one per codec seed of a randomi
 prompt a flat dict of metric name -> float (plus optional 'artifacts': {label: relative path})
 and the rate fields of the scored rollout's cache, from
 :func:`adapters.cache_stats.cache_row_stats` (called once per rollout: it also checks that a
-codec really compressed). A task implements ``baseline``/``evaluate`` for one prompt, or the
+codec really compressed), plus optional 'speed': the timed rollout's
+:meth:`adapters.rollout_clock.RolloutClock.record`, one dict shared by the rows it scored (the
+runner writes it to speed.jsonl, not to the row: :mod:`harness.speed`). A task implements ``baseline``/``evaluate`` for one prompt, or the
 batch methods where running prompts together is faster.
 Rollouts must be byte-identical for a (prompt, seed) and batch: every random draw comes from a
 private generator derived from (prompt id, seed); ``seed`` is the prompt seed, the codec's own

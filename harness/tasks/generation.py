@@ -12,6 +12,7 @@ each prompt's row is the one it gets alone, to float rounding.
 from __future__ import annotations
 
 from adapters.cache_stats import cache_row_stats
+from adapters.rollout_clock import RolloutClock
 from metrics.text import topk_logprobs
 
 from .text_corpus import text_hash
@@ -43,14 +44,17 @@ def graded_answers(task, model, prompt_ids: list[str], ids: list[list[int]], cac
                    max_new_tokens: int, prefill: list[int] | None = None) -> list[tuple[str, dict]]:
     """Each prompt's greedy answer through ``cache_config``'s cache and its graded row part: (answer
     text, {'output_match', 'kl', 'top1_agree', and the rate fields of its own sequence in the
-    cache}). ``task`` gives the metric implementations (:meth:`harness.tasks.base.Task.metric`)."""
+    cache}, and 'speed': the batch's rollout's record, one dict shared by its rows,
+    :class:`adapters.rollout_clock.RolloutClock`). ``task`` gives the metric implementations
+    (:meth:`harness.tasks.base.Task.metric`)."""
     for pid, p, pre, baseline in zip(prompt_ids, ids, _prefills(prefill, len(ids)), baselines):
         if _ids_sha(p, pre) != baseline["ids_sha"]:
             raise RuntimeError(f"prompt '{pid}': the stored baseline was made from another prompt "
                                f"(another tokenizer or haystack?); start a fresh run")
     kw = {} if prefill is None else {"prefill": list(prefill)}
-    results = model.greedy(ids, max_new_tokens, cache_config, force=[b["tokens"] for b in baselines], **kw)
-    out = []
+    clock = RolloutClock(model.device)
+    results = model.greedy(ids, max_new_tokens, cache_config, force=[b["tokens"] for b in baselines], speed=clock, **kw)
+    speed, out = clock.record(), []
     for r, baseline in zip(results, baselines):
         forced = r["forced_logits"]
         row = {
@@ -59,5 +63,6 @@ def graded_answers(task, model, prompt_ids: list[str], ids: list[list[int]], cac
             "top1_agree": float(task.metric("top1_agree")(baseline["top_ids"][:, 0], forced).double().mean()),
         }
         row.update(cache_row_stats(r["cache"].kv, r["sequence"]))  # the prompt's own tokens, as if alone
+        row["speed"] = speed
         out.append((model.decode(r["tokens"]), row))
     return out

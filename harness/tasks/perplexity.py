@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from adapters.cache_stats import cache_row_stats
+from adapters.rollout_clock import RolloutClock
 from metrics.text import token_nll, topk_logprobs
 
 from .base import Prompt, Task, register_task
@@ -79,10 +80,10 @@ class PerplexityTask(Task):
             self._plan(model, p)
         return [prompts[i:i + size] for i in range(0, len(prompts), size)]
 
-    def _rollout(self, model, plans: list[tuple[list[int], list[int]]], cache_config, on_scored
-                 ) -> tuple[list[list[int]], object]:
+    def _rollout(self, model, plans: list[tuple[list[int], list[int]]], cache_config, on_scored,
+                 speed: RolloutClock | None = None) -> tuple[list[list[int]], object]:
         """Teacher-force the batch of ``_plan``s; ``on_scored(b, rows, targets, logits [n, V])`` per
-        sequence and scored chunk. Returns (token ids per prompt, the cache)."""
+        sequence and scored chunk; ``speed`` times it. Returns (token ids per prompt, the cache)."""
         ids = [ids for ids, _ in plans]
 
         def on_chunk(b, start, logits):  # logits [t, V] of sequence b
@@ -91,7 +92,7 @@ class PerplexityTask(Task):
                 rows, tgt = s
                 on_scored(b, rows, tgt, logits[: tgt.shape[0]])
 
-        cache = model.teacher_force(ids, [sizes for _, sizes in plans], cache_config, on_chunk)
+        cache = model.teacher_force(ids, [sizes for _, sizes in plans], cache_config, on_chunk, speed=speed)
         return ids, cache
 
     # --- the contract --------------------------------------------------------------------
@@ -130,8 +131,9 @@ class PerplexityTask(Task):
             acc[b]["kl"].append(kl_fn(base["top_ids"][rows], base["top_logp"][rows], lg))
             acc[b]["agree"].append(agree_fn(base["top_ids"][rows, 0], lg).float())
 
-        ids, cache = self._rollout(model, plans, cache_config, on_scored)
-        out = []
+        clock = RolloutClock(model.device)  # the prefix is the prefill; nothing is decoded
+        ids, cache = self._rollout(model, plans, cache_config, on_scored, clock)
+        speed, out = clock.record(), []
         for b, a in enumerate(acc):
             nll_t = torch.cat(a["nll"])
             out.append({
@@ -142,5 +144,6 @@ class PerplexityTask(Task):
                 "tokens": len(ids[b]),
                 "scored_tokens": int(nll_t.numel()),
                 **cache_row_stats(cache.kv, b),  # the sequence's own tokens: as if it ran alone
+                "speed": speed,  # the batch's one rollout: the runner keeps it out of rows.jsonl
             })
         return out

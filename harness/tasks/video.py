@@ -26,6 +26,7 @@ import torch
 
 from adapters.cache_stats import cache_row_stats
 from adapters.kv_cache import CacheConfig, CompressedKVCache
+from adapters.rollout_clock import RolloutClock
 from kernels import private_generator
 from metrics import video as vm
 
@@ -41,6 +42,7 @@ class VideoRollout:
     latents: torch.Tensor  # [1, C, F, h, w] on the CPU, model dtype
     frames: torch.Tensor | None  # [T, 3, H, W] float32 in [-1, 1], CPU (None: not decoded yet)
     cache: CompressedKVCache | None = None  # the cache at the end of the rollout (None: dropped, a baseline)
+    speed: dict | None = None  # RolloutClock.record() of a timed rollout
 
 
 def _slug(text: str) -> str:
@@ -199,14 +201,16 @@ class VideoTask(Task):
         # CPU generator: the model draws its noise on the CPU and moves it, so every device agrees
         return private_generator("video", prompt.id, seed)
 
-    def generate(self, model, prompt: Prompt, cache_config: CacheConfig, seed: int) -> VideoRollout:
-        """One rollout of ``prompt`` under ``cache_config`` (window in frames), decoded."""
+    def generate(self, model, prompt: Prompt, cache_config: CacheConfig, seed: int, timed: bool = False) -> VideoRollout:
+        """One rollout of ``prompt`` under ``cache_config`` (window in frames), decoded; ``timed``:
+        with its speed record (the VAE's decode is not in it)."""
         if getattr(model, "modality", None) != "video":
             raise TypeError(f"the video task drives a video model (causvid, causal-forcing and their -tiny and "
                             f"-random variants), got {type(model).__name__}")
         cache = model.new_cache(cache_config, window=self.residual_frames)
-        latents = model.rollout(model.encode_prompt(prompt.data), cache, self._generator(prompt, seed))
-        return VideoRollout(latents.cpu(), model.decode(latents), cache)
+        clock = RolloutClock(model.device, unit="latent frame") if timed else None
+        latents = model.rollout(model.encode_prompt(prompt.data), cache, self._generator(prompt, seed), speed=clock)
+        return VideoRollout(latents.cpu(), model.decode(latents), cache, clock.record() if clock else None)
 
     def baseline(self, model, prompt: Prompt, seed: int) -> VideoRollout:
         return replace(self.generate(model, prompt, CacheConfig(codec="none"), seed), cache=None)
@@ -222,9 +226,10 @@ class VideoTask(Task):
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: VideoRollout, out_dir: Path) -> dict:
         if baseline.frames is None:
             baseline.frames = model.decode(baseline.latents)
-        r = self.generate(model, prompt, cache_config, seed)
+        r = self.generate(model, prompt, cache_config, seed, timed=True)
         row, curves = self.score(r, baseline)
         row.update(cache_row_stats(r.cache))
+        row["speed"] = r.speed
         if self.unavailable:
             row["unavailable"] = dict(self.unavailable)
         label = artifact_label(cache_config)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from checkout_env import checkout_env
+from run_folder import run_bytes
 from tiny_lm import save_tiny_checkpoint
 
 from harness.cli import main
@@ -51,7 +52,7 @@ def single(args, tmp_path_factory):
 
 
 def _bytes(out):
-    return {n: (out / n).read_bytes() for n in FILES}
+    return run_bytes(out, FILES)
 
 
 def _env():

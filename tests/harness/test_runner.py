@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from run_folder import run_bytes
 from tiny_lm import tiny_causal_lm
 
 from harness.report import compare
@@ -40,7 +41,7 @@ def _config(textfile, **kw) -> RunConfig:
 
 
 def _files(out):
-    return {n: (out / n).read_bytes() for n in ("rows.jsonl", "summary.json", "report.md")}
+    return run_bytes(out, ("rows.jsonl", "summary.json", "report.md"))
 
 
 class Crash(Exception):

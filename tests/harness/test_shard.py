@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from run_folder import run_bytes
 from tiny_lm import tiny_causal_lm
 
 from harness.config import RunConfig, RunError
@@ -47,7 +48,7 @@ def _config(textfile, **kw) -> RunConfig:
 
 
 def _bytes(out):
-    return {n: (out / n).read_bytes() for n in FILES}
+    return run_bytes(out, FILES)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +95,8 @@ def test_shards_merge_to_the_single_process_bytes(lm, textfile, single, tmp_path
         assert [row_key(r) for r in rows] == plan.shard_keys(Shard(i, count))
     assert sorted(baselines) == sorted(p for _, batches in plan.tasks for b in batches for p in b)
     assert (out / f"timings.shard-0-of-{count}.jsonl").exists() if count > 1 else (out / "timings.jsonl").exists()
+    # each row's speed line, merged like the rows: one per key, in plan order, the shard files gone
+    assert [row_key(s) for s in read_rows(out / "speed.jsonl")] == plan.keys() and not shard_files(out, "speed")
 
 
 def test_plan_assigns_whole_batches_by_hash_evenly():

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from checkout_env import pythonpath
+from run_folder import run_bytes
 
 from harness.cli import main
 from harness.config import RunError
@@ -76,7 +77,7 @@ def test_a_local_array_with_a_preempted_task_merges_to_the_single_process(tmp_pa
     os.kill(who[0], signal.SIGUSR2)
     launcher.join(timeout=300)
     assert result.get("rc") == 0, capsys.readouterr().err
-    assert {n: (out / n).read_bytes() for n in FILES} == {n: (single / n).read_bytes() for n in FILES}
+    assert run_bytes(out, FILES) == run_bytes(single, FILES)
     assert SlurmConfig.from_json(json.loads((out / "slurm.json").read_text())) == SlurmConfig(executor="local",
                                                                                              time_min=60)
     logs = {p: p.read_text() for p in (out / "slurm").rglob("*_log.*")}

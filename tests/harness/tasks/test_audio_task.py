@@ -86,6 +86,10 @@ def test_evaluate_none_and_a_codec(model, task, tmp_path):
     assert row["cache_bytes"] == row["uncompressed_bytes"] and row["bits_per_coord"] == 32.0
     row2 = task.evaluate(model, p, CacheConfig("octopus", 2), 0, base, tmp_path)
     assert row2["cache_bytes"] < row2["uncompressed_bytes"] and 2 < row2["bits_per_coord"] < 5
+    # the free-running rollout timed: scale 0 (into the empty cache) the prefill, the later scales the decode
+    speed = row2["speed"]
+    assert speed["decode_units"] == sum(SCALES[1:]) and speed["prefill_s"] > 0 and speed["decode_per_s"] > 0
+    assert speed["sequences"] == 1 and speed["peak_bytes"] is None
     # reference: the baseline's tokens teacher-forced through the compressed cache, its guided logits against
     # the baseline's, pooled over every position of the pyramid, in float64 numpy (scipy's log-softmax)
     tf = model.rollout(base.emb, CacheConfig("octopus", 2), sampling=task.sampling, teacher=base.rollout.tokens)

@@ -94,6 +94,12 @@ def test_run_through_the_runner_and_resume(model, tmp_path):
         video = iio.mimread(str(out / arts["mp4"]))
         assert len(video) == 21 and video[0].shape == (48, 64, 3)
     assert "## video" in (out / "report.md").read_text()
+    # each rollout timed: block 0 (into the empty cache) the prefill, block 1's 3 latent frames the decode
+    speed = {s["label"]: s for s in read_rows(out / "speed.jsonl")}
+    assert set(speed) == {"none", "octopus@2"}
+    for s in speed.values():
+        assert s["decode_unit"] == "latent frame" and s["decode_units"] == 3 and s["sequences"] == 1
+        assert s["prefill_s"] > 0 and s["decode_per_s"] == pytest.approx(3 / s["decode_s"], rel=1e-5)
 
     # resume: drop the codec's row; the rerun reads the stored baseline (latents only, decoded
     # again) and writes the same bytes

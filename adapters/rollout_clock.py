@@ -1,0 +1,122 @@
+"""Speed and memory of one rollout, read at its phase boundaries.
+
+A rollout has two phases: the *prefill* (its first forward, into an empty cache) and the *decode*
+(the steps that generate from the cache after it). :class:`RolloutClock` reads the wall clock at
+each boundary after a device sync on CUDA (kernels run asynchronously: without the sync a reading
+says when work was queued, not when it ended); nothing inside a phase syncs for it, so a timed
+rollout pays four syncs (start, prefill end, decode start and end) and nothing per step.
+
+Peak device memory is ``torch.cuda.max_memory_allocated`` over the rollout (the peak counters
+reset at its start; model weights included), summed over the rollout's GPUs (a model spread by
+``device_map``). On the CPU there is no allocator counter to read, and the peak is None: a
+resident-set figure would count the Python process, not the rollout.
+
+A task makes one clock per timed rollout and passes it to the adapter (``speed=``); a rollout
+given none runs :data:`OFF`, whose boundaries do nothing (no sync, no counter reset). The clock's
+:meth:`RolloutClock.record` is the speed entry of every row the rollout produced; the harness
+keeps it out of rows.jsonl (timings differ from run to run).
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import torch
+
+
+def _cuda(devices: Iterable[torch.device]) -> list[torch.device]:
+    return [d for d in devices if d.type == "cuda"]
+
+
+def wall(devices: Iterable[torch.device]) -> float:
+    """Seconds on the wall clock once the work queued on ``devices`` has ended (a sync per GPU)."""
+    for d in _cuda(devices):
+        torch.cuda.synchronize(d)
+    return time.perf_counter()
+
+
+class RolloutClock:
+    """Times one rollout. ``device``: where it runs; ``unit``: what its decode generates (a text
+    token, a latent frame, ...), for the rate's name."""
+
+    def __init__(self, device, unit: str = "token"):
+        self.devices = [torch.device(device)]
+        self.unit = unit
+        self.sequences = 1
+        self.prefill_s: float | None = None
+        self.prefill_shared = False
+        self.decode_s: float | None = None
+        self.decode_units = 0
+        self.peak_bytes: int | None = None
+        self._t0 = self._t_decode = 0.0
+
+    def start(self, sequences: int = 1, devices: Iterable[torch.device] | None = None) -> None:
+        """Before the prefill: ``sequences`` in the rollout's batch; ``devices`` (default: the
+        clock's) every device the model occupies."""
+        self.sequences = int(sequences)
+        if devices is not None:
+            self.devices = list(dict.fromkeys(torch.device(d) for d in devices))
+        for d in _cuda(self.devices):
+            torch.cuda.reset_peak_memory_stats(d)
+        self._t0 = wall(self.devices)
+
+    def prefill_done(self, shared_s: float | None = None) -> None:
+        """After the prefill. ``shared_s``: where the prefill's forward ran once for several
+        rollouts and was replayed into this cache, the seconds that forward took (measured, synced,
+        when it ran): the prefill is then that forward plus this rollout's replay and encode."""
+        self.prefill_s = wall(self.devices) - self._t0 + (shared_s or 0.0)
+        self.prefill_shared = shared_s is not None
+
+    def decode_start(self) -> None:
+        self._t_decode = wall(self.devices)
+
+    def decode_done(self, units: int) -> None:
+        """After the last decode step; ``units``: what the decode generated (every sequence's,
+        the first token, which the prefill's logits give, not counted)."""
+        self.decode_s = wall(self.devices) - self._t_decode
+        self.decode_units = int(units)
+
+    def stop(self) -> None:
+        """At the rollout's end: read the peak memory (None on the CPU)."""
+        cuda = _cuda(self.devices)
+        self.peak_bytes = sum(torch.cuda.max_memory_allocated(d) for d in cuda) if cuda else None
+
+    @property
+    def decode_per_s(self) -> float | None:
+        """Generated units per second of decode, over the batch; None where nothing was decoded
+        (teacher forcing, a one-token answer)."""
+        if not self.decode_units or not self.decode_s or self.decode_s <= 0:
+            return None
+        return self.decode_units / self.decode_s
+
+    def record(self) -> dict:
+        """{sequences, prefill_s, prefill_shared, decode_s, decode_units, decode_unit, decode_per_s,
+        peak_bytes}: the figures of this rollout (None where not measured)."""
+        return {"sequences": self.sequences, "prefill_s": self.prefill_s, "prefill_shared": self.prefill_shared,
+                "decode_s": self.decode_s if self.decode_units else None, "decode_units": self.decode_units,
+                "decode_unit": self.unit, "decode_per_s": self.decode_per_s, "peak_bytes": self.peak_bytes}
+
+
+class _Off(RolloutClock):
+    """The clock of a rollout nobody times: every boundary does nothing."""
+
+    def __init__(self):
+        super().__init__("cpu")
+
+    def start(self, sequences: int = 1, devices=None) -> None:
+        pass
+
+    def prefill_done(self, shared_s: float | None = None) -> None:
+        pass
+
+    def decode_start(self) -> None:
+        pass
+
+    def decode_done(self, units: int) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+OFF = _Off()

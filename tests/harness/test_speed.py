@@ -1,0 +1,142 @@
+"""harness/speed.py through the runner and the reports: a speed line for every row of a tiny text
+run, keyed and ordered like the rows and kept out of them; a crashed run resumes without repeating
+a line; the reports' speed table (mean ± 95% over rollouts, a batch counted once) where speed.jsonl
+exists, and nothing of it where it does not."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+
+import pytest
+from run_folder import synthetic_rows, write_run
+from scipy.stats import t as student_t
+from tiny_lm import tiny_causal_lm
+
+from harness.config import RunConfig
+from harness.report import write_report
+from harness.rows import dumps, read_rows, row_key
+from harness.runner import run
+from harness.speed import BEGIN, END, NO_PEAK, NOTHING_DECODED, without_speed
+from harness.tables import fmt
+
+TEXT = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nine. " * 60).strip()
+OPTS = {"perplexity": {"context": 140, "prefix": 60, "chunk": 20},
+        "needle": {"contexts": [520], "depths": [0.2, 0.8], "needles": 2, "max_new_tokens": 3}}
+QUIET = dict(progress=False, log=lambda *_: None)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_causal_lm("qwen2")
+
+
+def _config(tmp_path) -> RunConfig:
+    f = tmp_path / "fox.txt"
+    f.write_text(TEXT)
+    return RunConfig(model="hf", model_path="(tiny)", tasks=["perplexity", "needle"], codecs=["kivi"], bits=[2],
+                     prompts=str(f), limit=2, residual=8, task_options=OPTS)
+
+
+def _table(md: str, task: str) -> dict[str, list[str]]:
+    """{config: its cells} of ``task``'s speed table in report.md."""
+    section = md[md.index(f"## {task}\n"):]
+    section = section[section.index(BEGIN):section.index(END)]
+    return {cells[0]: cells[1:] for line in section.splitlines() if line.startswith("| ") and "---" not in line
+            for cells in [[c.strip() for c in line.strip("|").split("|")]] if cells[0] != "config"}
+
+
+def test_every_row_has_its_speed_line_and_the_reports_show_them(lm, tmp_path):
+    out = run(_config(tmp_path), out=tmp_path / "run", model=lm, **QUIET)
+    rows, speed = read_rows(out / "rows.jsonl"), read_rows(out / "speed.jsonl")
+    assert [row_key(s) for s in speed] == [row_key(r) for r in rows] and len(rows) == 8
+    assert not {"speed", "prefill_s", "decode_per_s", "peak_bytes"} & {k for r in rows for k in r}
+    device = json.loads((out / "model.json").read_text())["environment"]["device_name"]
+    for s in speed:
+        # both tasks run their 2 prompts as one batch: one rollout per configuration, named by its first prompt
+        first = {"perplexity": "fox-000", "needle": "niah-c520-d0.2"}[s["task"]]
+        assert s["sequences"] == 2 and s["rollout"] == first and s["device"] == device
+        assert s["prefill_s"] > 0 and s["peak_bytes"] is None  # no allocator counter on the CPU
+        if s["task"] == "perplexity":  # teacher forcing decodes nothing: no rate, not a zero
+            assert s["decode_per_s"] is None and s["decode_units"] == 0
+        else:
+            assert s["decode_units"] > 0 and math.isfinite(s["decode_per_s"]) and s["decode_per_s"] > 0
+            assert s["decode_per_s"] == pytest.approx(s["decode_units"] / s["decode_s"], rel=1e-5)
+    md = (out / "report.md").read_text()
+    for task in ("perplexity", "needle"):
+        table = _table(md, task)
+        assert list(table) == ["none", "kivi@2"]
+        for label, cells in table.items():
+            mine = next(s for s in speed if s["task"] == task and s["label"] == label)
+            assert cells[:3] == ["1", "2", f"{fmt(mine['prefill_s'])} (n = 1)"]
+            assert cells[3] == (NOTHING_DECODED if task == "perplexity" else f"{fmt(mine['decode_per_s'])} (n = 1)")
+            assert cells[4:] == [NO_PEAK, device]
+    html = (out / "report.html").read_text()
+    assert html.count("<h3>Speed and memory</h3>") == 2 and html.count(BEGIN) == 2 and NOTHING_DECODED in html
+
+
+def test_a_crashed_run_resumes_without_repeating_a_line(lm, tmp_path):
+    class Crash(Exception):
+        pass
+
+    seen = []
+
+    def crash(row):
+        seen.append(row)
+        if len(seen) == 3:  # mid-batch: the perplexity prompts run together
+            raise Crash
+
+    out = tmp_path / "run"
+    with pytest.raises(Crash):
+        run(_config(tmp_path), out=out, model=lm, on_row=crash, **QUIET)
+    before = (out / "speed.jsonl").read_text()
+    assert len(before.splitlines()) == 3
+    with open(out / "speed.jsonl", "a") as f:  # a line torn by the crash
+        f.write('{"task": "perplexity", "prom')
+    run(_config(tmp_path), out=out, model=lm, **QUIET)
+    speed, rows = read_rows(out / "speed.jsonl"), read_rows(out / "rows.jsonl")
+    assert (out / "speed.jsonl").read_text().startswith(before)  # the stored lines stay as they were
+    assert [row_key(s) for s in speed] == [row_key(r) for r in rows] and len(speed) == 8
+
+
+def _line(label: str, prompt: str, rollout: str, prefill: float, rate: float | None, peak: float | None, seqs=1):
+    return {"task": "perplexity", "prompt": prompt, "label": label, "codec_seed": 0, "rollout": rollout,
+            "device": "NVIDIA H100 80GB HBM3", "sequences": seqs, "prefill_s": prefill, "prefill_shared": False,
+            "decode_s": None if rate is None else 1.0, "decode_units": 0 if rate is None else int(rate),
+            "decode_unit": "token", "decode_per_s": rate, "peak_bytes": peak}
+
+
+def test_the_table_is_a_mean_with_its_interval_over_rollouts(tmp_path):
+    out = write_run(tmp_path / "run", synthetic_rows({"octopus@2": (0.1, 2.1, (0,))}))
+    plain = write_report(out).read_text()
+    assert BEGIN not in plain and "Speed and memory" not in plain  # a run folder from before speed.jsonl
+    plain_html = (out / "report.html").read_text()
+    assert "Speed and memory" not in plain_html
+    prefill, rate = [1.0, 1.2, 1.4, 1.6], [10.0, 20.0, 30.0, 40.0]
+    lines = [_line("octopus@2", p, p, a, b, 100 * 2 ** 20) for p, a, b in zip(("p0", "p1", "p2", "p3"), prefill, rate)]
+    # the baseline ran its 4 prompts as 2 batches of 2: 2 rollouts, each counted once
+    lines += [_line("none", p, r, x, None, None, seqs=2) for p, r, x in
+              (("p0", "p0", 0.5), ("p1", "p0", 0.5), ("p2", "p2", 0.7), ("p3", "p2", 0.7))]
+    (out / "speed.jsonl").write_text("".join(dumps(x) + "\n" for x in lines))
+    md = write_report(out).read_text()
+    assert without_speed(md) == plain  # the section is all that speed.jsonl adds
+
+    def ci(xs):  # the t-interval over 4 (or 2) independent rollouts, computed here from its definition
+        half = student_t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+        return f"{fmt(statistics.mean(xs))} ± {fmt(half, 2)}"
+
+    table = _table(md, "perplexity")
+    assert table["octopus@2"] == ["4", "1", ci(prefill), ci(rate), "100 ± 0", "NVIDIA H100 80GB HBM3"]
+    assert table["none"] == ["2", "2", ci([0.5, 0.7]), NOTHING_DECODED, NO_PEAK, "NVIDIA H100 80GB HBM3"]
+    html = (out / "report.html").read_text()
+    assert ci(rate) in html and without_speed(html) == plain_html
+
+
+def test_an_unreadable_speed_file_is_named_not_fatal(tmp_path):
+    out = write_run(tmp_path / "run", synthetic_rows({"octopus@2": (0.1, 2.1, (0,))}))
+    (out / "speed.jsonl").write_text("not json\n" + dumps(_line("none", "p0", "p0", 1.0, None, None)) + "\n")
+    md = write_report(out).read_text()
+    assert re.search(r"\*\*Speed and memory\*\* not shown: .*speed\.jsonl:1: not a JSON row", md)
+    assert "## perplexity" in md and "### Speed and memory" not in md
+    assert "not shown: " in (out / "report.html").read_text()
