@@ -38,8 +38,10 @@ def ckpt(tmp_path_factory):
 def args(ckpt, tmp_path_factory):
     text = tmp_path_factory.mktemp("text") / "t.txt"
     text.write_text("The cat sat on the mat and looked at the dog. " * 100)
-    # 4 perplexity prompts one by one (4 batches, 2 a shard) x 3 configurations: a shard runs for seconds
-    return ["--model", "hf", "--model-path", str(ckpt), "--task", "perplexity", "--prompts", str(text), "--limit", "4",
+    # 4 perplexity prompts one by one (4 batches, 2 a shard) x 3 configurations: a shard runs for seconds;
+    # on the CPU, where --procs puts its shards, also on a GPU machine (the single run too)
+    return ["--model", "hf", "--model-path", str(ckpt), "--device", "cpu", "--task", "perplexity", "--prompts", str(text),
+            "--limit", "4",
             "--codec", "octopus", "--bits", "2", "3", "--codec-seeds", "0", "--residual", "8",
             *(x for o in ("context=100", "prefix=40", "chunk=20", "batch=1") for x in ("--task-opt", f"perplexity.{o}"))]
 
