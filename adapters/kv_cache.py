@@ -75,6 +75,8 @@ class CompressedKVCache:
         def count(xs: list[int]) -> int:
             return sum(xs) if seq is None else (xs[seq] if xs else 0)
 
+        for i, layer in enumerate(self.layers):  # what the decode steps noted without a sync
+            layer.finite.raise_if_any(f" of layer {i}")
         b = self.nbytes(seq)
         codec_layers = [layer for layer in self.layers if layer.codec is not None]
         committed = sum(count(layer.seq_committed) for layer in codec_layers)

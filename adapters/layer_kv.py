@@ -10,6 +10,7 @@ import math
 import torch
 
 from kernels import Codec, Encoded
+from kernels.base import DeferredFinite
 from kernels.attention import attend, decode_attention
 from kernels.backend import fused_wanted, resolve_backend
 
@@ -65,6 +66,8 @@ class LayerKV:
         self._dec_k: torch.Tensor | None = None
         self._dec_v: torch.Tensor | None = None
         self._dec_valid, self._dec_version = 0, -1
+        # non-finite keys/values of single-token (decode) steps, raised at the next chunk or stats()
+        self.finite = DeferredFinite()
 
     def fork(self) -> "LayerKV":
         """An independent copy that shares the codec and the encoded states (copied on write)."""
@@ -74,6 +77,7 @@ class LayerKV:
             other.store_k, other.store_v = self.store_k.fork(), self.store_v.fork()
         for name in ("_append_sizes", "seq_committed", "seq_window", "_seen"):
             setattr(other, name, list(getattr(self, name)))
+        other.finite = self.finite.fork()
         return other
 
     # --- writing --------------------------------------------------------------------------
@@ -108,9 +112,13 @@ class LayerKV:
             self.window_k, self.seq_window = ragged.append(self.window_k, lens, k, pads)
             self.window_v, _ = ragged.append(self.window_v, lens, v, pads)
         self._append_sizes.append(t)
-        self._flush()
+        # a decode step's tokens are checked on the device with no sync (the step stays host-free);
+        # a chunk of several tokens syncs for what it and the steps before it encoded
+        self._flush(self.finite if t == 1 else None)
+        if t > 1:
+            self.finite.raise_if_any()
 
-    def _flush(self) -> None:
+    def _flush(self, defer: DeferredFinite | None = None) -> None:
         if self.codec is None or self.window_k is None:
             return
         if self.config.residual_unit == "append":
@@ -129,8 +137,8 @@ class LayerKV:
             every = len(seqs) == len(counts)
             k_old = self.window_k[..., :n, :] if every else self.window_k[seqs, :, :n]
             v_old = self.window_v[..., :n, :] if every else self.window_v[seqs, :, :n]
-            self.store_k.append(self.codec.encode(k_old), None if every else seqs)
-            self.store_v.append(self.codec.encode_values(v_old), None if every else seqs)
+            self.store_k.append(self.codec.encode(k_old, defer), None if every else seqs)
+            self.store_v.append(self.codec.encode_values(v_old, defer), None if every else seqs)
         # drop the committed tokens (a copy: their native storage is released)
         lens = self.seq_window
         self.window_k, self.seq_window = ragged.drop_front(self.window_k, lens, counts)

@@ -38,13 +38,48 @@ def private_generator(*parts, device="cpu") -> torch.Generator:
     return g
 
 
-def check_finite(x: torch.Tensor, what: str = "keys") -> None:
+class DeferredFinite:
+    """Non-finite inputs noted on the device, raised later: :func:`check_finite` given one notes a
+    CUDA tensor's finiteness in a device flag (two launches, no host sync) instead of asking the
+    host at once, and :meth:`raise_if_any` reads every flag in one sync. A decode step, which
+    encodes a layer's keys and values every step, so pays no sync for the check (it cost two per
+    layer); its owner raises where it syncs anyway. The error then cannot name the index."""
+
+    def __init__(self):
+        self._bad: dict[str, torch.Tensor] = {}  # what -> device bool: some input was not finite
+
+    def note(self, x: torch.Tensor, what: str) -> None:
+        bad = ~torch.isfinite(x.detach().abs().amax())  # max propagates NaN; inf stays inf
+        prev = self._bad.get(what)
+        self._bad[what] = bad if prev is None else prev | bad
+
+    def raise_if_any(self, where: str = "") -> None:
+        """Raise the ValueError :func:`check_finite` raises, naming what was not finite; one sync."""
+        if not self._bad or not bool(torch.stack(list(self._bad.values())).any()):
+            return
+        what = next(w for w, bad in self._bad.items() if bool(bad))
+        raise ValueError(f"{what}{where} contained non-finite values (found after the step that encoded them). Check "
+                         f"the model's activations (fp16 overflow?) before compressing them.")
+
+    def fork(self) -> "DeferredFinite":
+        other = DeferredFinite()
+        other._bad = dict(self._bad)
+        return other
+
+
+def check_finite(x: torch.Tensor, what: str = "keys", defer: DeferredFinite | None = None) -> None:
     """Raise a ValueError that names the first non-finite entry of ``x``.
 
     The common case (all finite) costs two launches and one sync: the largest magnitude, which
-    is NaN or inf exactly when some entry is (max propagates NaN); a decode step calls this for
-    the keys and values of every layer."""
-    if x.numel() == 0 or math.isfinite(float(x.detach().abs().amax())):
+    is NaN or inf exactly when some entry is (max propagates NaN). ``defer``: on CUDA, note it
+    there instead, with no sync (:class:`DeferredFinite`); on the CPU a check costs no sync and
+    runs at once."""
+    if x.numel() == 0:
+        return
+    if defer is not None and x.is_cuda:
+        defer.note(x, what)
+        return
+    if math.isfinite(float(x.detach().abs().amax())):
         return
     bad = ~torch.isfinite(x)
     if bool(bad.any()):
@@ -57,7 +92,7 @@ def check_finite(x: torch.Tensor, what: str = "keys") -> None:
         )
 
 
-def check_input(x: torch.Tensor, head_dim: int, what: str = "keys") -> None:
+def check_input(x: torch.Tensor, head_dim: int, what: str = "keys", defer: DeferredFinite | None = None) -> None:
     if not torch.is_floating_point(x) or x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{what} must be float32, float16 or bfloat16, got {x.dtype}")
     if x.dim() < 2:
@@ -67,7 +102,7 @@ def check_input(x: torch.Tensor, head_dim: int, what: str = "keys") -> None:
             f"{what} have head dim {x.shape[-1]} but the codec was built for head_dim={head_dim}; "
             f"build it with head_dim={x.shape[-1]}"
         )
-    check_finite(x, what)
+    check_finite(x, what, defer)
 
 
 @dataclass(frozen=True)
@@ -115,12 +150,13 @@ class Codec:
                                               config.head_dim, group_size=config.value_group)
 
     # --- keys -------------------------------------------------------------------------
-    def encode(self, keys: torch.Tensor) -> Encoded:
-        """keys: [..., T, d] float -> Encoded (packed codes + side information)."""
+    def encode(self, keys: torch.Tensor, defer: DeferredFinite | None = None) -> Encoded:
+        """keys: [..., T, d] float -> Encoded (packed codes + side information). Non-finite keys
+        raise a ValueError, or on CUDA are noted in ``defer`` (:class:`DeferredFinite`)."""
         fused = self._fused_encode_fn(keys)
         if fused is not None:
-            return fused(self, keys)  # checks its input the same way
-        check_input(keys, self.head_dim)
+            return fused(self, keys, defer=defer)  # checks its input the same way
+        check_input(keys, self.head_dim, defer=defer)
         return self._encode(keys)
 
     def _fused_encode_fn(self, keys: torch.Tensor):
@@ -153,11 +189,11 @@ class Codec:
         raise NotImplementedError
 
     # --- values -------------------------------------------------------------------------
-    def encode_values(self, values: torch.Tensor) -> Encoded:
+    def encode_values(self, values: torch.Tensor, defer: DeferredFinite | None = None) -> Encoded:
         """values: [..., T, d] float -> the value quantizer's state; on the fused path (backend
         'auto' on CUDA, or 'triton') one Triton launch writes the same bytes
-        (:mod:`kernels.triton.value_encode`), else the PyTorch reference."""
-        check_input(values, self.head_dim, "values")
+        (:mod:`kernels.triton.value_encode`), else the PyTorch reference. ``defer`` as :meth:`encode`."""
+        check_input(values, self.head_dim, "values", defer)
         if fused_wanted(self._backend_arg, values.device) and triton_unavailable(values.device) is None:
             from .triton.value_encode import value_encode, value_encoder_unsupported
 

@@ -24,7 +24,7 @@ class Native(Codec):
     def score(self, q, state):
         return q.float() @ state.tensors["x"].float().transpose(-1, -2)
 
-    def encode_values(self, values):
+    def encode_values(self, values, defer=None):
         return self._encode(values)
 
     def decode_values(self, state):

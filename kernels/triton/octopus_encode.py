@@ -121,7 +121,7 @@ def supports(layout: FusedLayout | None) -> str | None:
     return None
 
 
-def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
+def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16, defer=None) -> Encoded:
     """keys [..., T, d] (``[..., H, T, d]`` when the codec has per-head signs) -> the OCTAHEDRAL key codes
     of ``codec.fused_layout()`` (norm and fused triplet codes), as ``codec.encode(keys)`` writes them (for
     OCTOPUS-QJL: its OCTOPUS stage's fields)."""
@@ -129,7 +129,7 @@ def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
     why = supports(layout)
     if why:
         raise ValueError(why)
-    check_input(keys, codec.head_dim)
+    check_input(keys, codec.head_dim, defer=defer)  # defer: Codec.encode's
     dev = keys.device
     per = _TABLES.setdefault(codec, {})
     tab = per.get(str(dev))

@@ -57,14 +57,14 @@ def supports(layout: FusedLayout | None) -> str | None:
     return None
 
 
-def turboquant_mse_encode(codec, keys: torch.Tensor, block_t: int = 16) -> Encoded:
+def turboquant_mse_encode(codec, keys: torch.Tensor, block_t: int = 16, defer=None) -> Encoded:
     """keys [..., T, d] -> the SCALAR key codes of ``codec.fused_layout()`` ("norm", "codes"), as
     ``codec.encode(keys)`` writes them (for TurboQuant-prod: its (b-1)-bit MSE stage's fields)."""
     layout = codec.fused_layout()
     why = supports(layout)
     if why:
         raise ValueError(why)
-    check_input(keys, codec.head_dim)
+    check_input(keys, codec.head_dim, defer=defer)  # defer: Codec.encode's
     dev = keys.device
     per = _TABLES.setdefault(codec, {})
     tab = per.get(str(dev))

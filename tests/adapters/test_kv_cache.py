@@ -54,9 +54,9 @@ def test_encode_once_in_order(codec):
     seen = []
     enc = layer.codec.encode
 
-    def spy(x):
+    def spy(x, defer=None):
         seen.append(x.clone())
-        return enc(x)
+        return enc(x, defer)
 
     layer.codec.encode = spy
     k, v = _kv(150)
@@ -208,7 +208,7 @@ def test_fork_is_independent():
     other = layer.fork()
     seen = []
     encode = layer.codec.encode
-    layer.codec.encode = lambda x: seen.append(x.shape[-2]) or encode(x)  # the codec is shared too
+    layer.codec.encode = lambda x, defer=None: seen.append(x.shape[-2]) or encode(x, defer)  # the codec is shared too
     other.append(k[..., 30:, :], v[..., 30:, :])
     layer.append(k[..., 30:35, :], v[..., 30:35, :])  # both commit after the fork point
     assert seen == [10, 5]  # only the new tokens were encoded
