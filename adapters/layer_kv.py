@@ -11,8 +11,8 @@ import torch
 
 from kernels import Codec, Encoded
 from kernels.base import DeferredFinite
-from kernels.attention import attend, decode_attention
-from kernels.backend import fused_wanted, resolve_backend
+from kernels.attention import attend, decide_attention, decode_attention
+from kernels.backend import fused_wanted
 
 from . import ragged
 from .cache_config import CacheConfig
@@ -300,17 +300,19 @@ class LayerKV:
             lengths = self._lengths(self.seq_committed, self.committed, q.device)
             window_lengths = self._lengths(self.seq_window, 0 if self.window_k is None else self.window_k.shape[-2],
                                            q.device)
-        if self._decode_step(q, mask, softcap):
+        keys = self.compressed_keys()
+        path = self._fused_path(q, mask, softcap, keys)
+        if path is not None:
             wk, wv = self.window_k, self.window_v
             if k_new is not None:  # each sequence's new token right after its own window
                 wk, wl = ragged.append(wk, self.seq_window, k_new, None)
                 wv, _ = ragged.append(wv, self.seq_window, v_new, None)
                 window_lengths = self._lengths(wl, wk.shape[-2], q.device)
-            return decode_attention(q, self.compressed_keys(), self.compressed_values(), self.codec, wk, wv,
+            return decode_attention(q, keys, self.compressed_values(), self.codec, wk, wv,
                                     scale=scale, backend=self.config.backend, lengths=lengths,
-                                    window_lengths=window_lengths, softcap=softcap)
+                                    window_lengths=window_lengths, path=path)
         prefix = {}
-        if self.compressed_keys() is not None:
+        if keys is not None:
             if self._uses_memo() or self.config.attend == "reconstruct":
                 prefix["decoded"] = self.decoded()
             else:
@@ -324,16 +326,18 @@ class LayerKV:
                       lengths=lengths, window_lengths=window_lengths, mask=mask, causal=causal, scale=scale,
                       softcap=softcap)
 
-    def _decode_step(self, q, mask, softcap) -> bool:
-        """Whether this read is a single-token step over committed tokens that the fused kernel could
-        take: the backend wants the fused kernels here (:func:`kernels.backend.fused_wanted`; asked
-        first, as the mask check may sync the device) and the mask masks nothing. Under 'auto' a
-        soft-capped step is not one (the fused kernels never cap): it takes the reference path that
-        backend 'torch' takes, bit for bit; a named kernel still says it cannot cap."""
-        if softcap is not None and resolve_backend(self.config.backend) == "auto":
-            return False
-        return (fused_wanted(self.config.backend, q.device) and q.shape[2] == 1 and self.codec is not None
-                and (mask is None or _keeps_everything(mask)) and self.committed > 0)
+    def _fused_path(self, q, mask, softcap, keys: Encoded | None) -> str | None:
+        """The fused kernel ('lut' or 'triton') that takes this read, or None: it must be a single-token
+        step over committed tokens that masks nothing, with a backend that wants the fused kernels
+        here (:func:`kernels.backend.fused_wanted`; asked first, as the mask check may sync the
+        device), and :func:`kernels.attention.decide_attention` must pick a kernel (a named one
+        raises where it cannot run). Wherever no kernel runs, the read takes the same reference path
+        as backend 'torch', bit for bit (soft-capped logits, a codec no kernel covers)."""
+        if not (fused_wanted(self.config.backend, q.device) and q.shape[2] == 1 and self.codec is not None
+                and keys is not None and (mask is None or _keeps_everything(mask))):
+            return None
+        path = decide_attention(q, self.codec, keys.shape[-3], self.config.backend, softcap=softcap).path
+        return None if path == "torch" else path
 
     # --- accounting -----------------------------------------------------------------------
     def nbytes(self, seq: int | None = None) -> dict[str, int]:

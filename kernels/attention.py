@@ -149,7 +149,7 @@ def decide_attention(q: torch.Tensor, codec: Codec, num_kv_heads: int, backend: 
 def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: Encoded | None, codec: Codec,
                      window_k: torch.Tensor | None = None, window_v: torch.Tensor | None = None,
                      lengths=None, scale: float | None = None, backend: str = "auto",
-                     window_lengths=None, softcap: float | None = None) -> torch.Tensor:
+                     window_lengths=None, softcap: float | None = None, path: str | None = None) -> torch.Tensor:
     """softmax(cap(q K^T * scale)) V over [compressed prefix, native window], for one decode step.
 
     q:            [B, Hq, 1, d] (bf16, fp16 or fp32); Hq a multiple of Hkv (query head h reads
@@ -166,11 +166,13 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
     backend:      'auto' (on CUDA the table-lookup kernel, else the Triton kernel, where they apply;
                   env KVCODEC_BACKEND overrides 'auto'), 'lut' / 'triton' (that kernel or an error
                   saying why not) or 'torch' (reference). :func:`decide_attention` says which runs.
+    path:         the path :func:`decide_attention` already picked for this very call (not asked again).
     Returns [B, Hq, 1, d] in q's dtype.
     """
     resolve_backend(backend)  # an unknown backend fails even with nothing to fuse
     has_prefix = key_state is not None and key_state.num_tokens > 0
-    path = decide_attention(q, codec, key_state.shape[-3], backend, softcap=softcap).path if has_prefix else "torch"
+    if path is None:
+        path = decide_attention(q, codec, key_state.shape[-3], backend, softcap=softcap).path if has_prefix else "torch"
     if path == "lut":
         from .cuda import decode_lut
 

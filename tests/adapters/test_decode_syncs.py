@@ -77,3 +77,18 @@ def test_a_decode_steps_non_finite_keys_raise_at_the_statistics():
     torch.cuda.synchronize()  # nothing raised so far
     with pytest.raises(ValueError, match="keys of layer 1 contained non-finite values"):
         cache.stats()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="'auto' runs no fused kernel on the CPU")
+def test_auto_without_a_kernel_is_the_torch_path_bit_for_bit():
+    """Where 'auto' finds no kernel for a step (KIVI has none), it reads as backend 'torch' does."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(1)
+    k, v = (torch.randn(1, HKV, 150, D, device=dev, generator=g, dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(1, HQ, 1, D, device=dev, generator=g, dtype=torch.bfloat16)
+    outs = []
+    for backend in ("torch", "auto"):
+        cache = CompressedKVCache(CacheConfig(codec="kivi", bits=2, residual=8, backend=backend), 1, HKV, D, device=dev)
+        cache.layers[0].append(k, v)
+        outs.append(cache.layers[0].attend(q, k_new=k[..., :1, :], v_new=v[..., :1, :], causal=True))
+    assert torch.equal(outs[0], outs[1])
