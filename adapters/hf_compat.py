@@ -36,6 +36,11 @@ def check_transformers(version: str | None = None) -> None:
         import transformers
 
         version = transformers.__version__
+    _check(version)
+
+
+@functools.lru_cache(maxsize=None)
+def _check(version: str) -> None:  # once per version: attach runs for every rollout
     low, high = TESTED
     if Version(version) < Version(low):
         raise UnservableModel(f"transformers {version} is older than this harness supports (tested {low} to "

@@ -12,7 +12,8 @@ reset at its start; model weights included), summed over the rollout's GPUs (a m
 resident-set figure would count the Python process, not the rollout.
 
 A task makes one clock per timed rollout and passes it to the adapter (``speed=``); a rollout
-given none runs :data:`OFF`, whose boundaries do nothing (no sync, no counter reset). The clock's
+given none runs :data:`OFF`, whose boundaries do nothing (no sync, no counter reset; a shared
+text prefill still times its one forward, with two syncs per prompt batch, for the rollouts that replay it). The clock's
 :meth:`RolloutClock.record` is the speed entry of every row the rollout produced; the harness
 keeps it out of rows.jsonl (timings differ from run to run).
 """

@@ -114,7 +114,7 @@ def finish(out: Path) -> bool:
     rows = stored_rows(out)
     if files:
         atomic_write(out / ROWS_NAME, "".join(dumps(r) + "\n" for r in in_plan_order(rows, plan)))
-    merge_speed(out, plan)
+    speed_merged = merge_speed(out, plan)
     note = incomplete_note(out, plan, rows)
     atomic_write(out / "summary.json", dumps(summarize(out), indent=2) + "\n")
     write_report(out, note)
@@ -125,7 +125,8 @@ def finish(out: Path) -> bool:
         if lock.try_acquire() is None:  # its process is gone: rows.jsonl (speed.jsonl) holds its lines now
             try:
                 (out / shard.rows_name).unlink(missing_ok=True)
-                (out / shard.speed_name).unlink(missing_ok=True)
+                if speed_merged:  # else its lines are still only there
+                    (out / shard.speed_name).unlink(missing_ok=True)
             finally:
                 lock.release()
     return True

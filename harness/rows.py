@@ -67,16 +67,26 @@ class CorruptRows(ValueError):
     """A line inside rows.jsonl that is not a JSON row (a torn last line is not: it is repaired)."""
 
 
+def cut_torn_line(path: Path) -> bytes:
+    """Cut a torn last line (a crash mid-write) off ``path`` before a process appends to it; returns
+    the complete lines' bytes (b'' where there is no file)."""
+    if not path.exists():
+        return b""
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(end)
+    return data[:end]
+
+
 def read_rows(path: Path, repair: bool = False) -> list[dict]:
     """Complete rows of ``path``; with ``repair`` a torn last line (a crash mid-write) is cut off.
     Any other line that is not a JSON object raises :class:`CorruptRows` naming the file and line."""
     if not path.exists():
         return []
-    data = path.read_bytes()
+    data = cut_torn_line(path) if repair else path.read_bytes()
     end = data.rfind(b"\n") + 1
-    if repair and end != len(data):
-        with open(path, "r+b") as f:
-            f.truncate(end)
     rows = []
     for i, line in enumerate(data[:end].split(b"\n"), 1):
         if not line.strip():

@@ -48,7 +48,7 @@ from .config import DEFAULT_TASKS, RunConfig, RunError, seeded
 from .environment import environment, environment_diff
 from .lock import RunLock, RunLocked, describe
 from .merge import MERGE_WAIT_S, complete, finish, stored_rows
-from .rows import append_line, atomic_write, dumps, inside, read_rows, row_key, safe_name
+from .rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name
 from .run_folder import claim_out, make_out, refuse_live_shards, start_out, write_config
 from .shard import ROWS_NAME, Plan, Shard, adopt_plan, write_plan
 from .speed import SPEED_NAME, speed_line
@@ -273,7 +273,7 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
     rows_path = out / (shard.rows_name if shard else ROWS_NAME)
     timings_path = out / (shard.timings_name if shard else "timings.jsonl")
     speed_path = out / (shard.speed_name if shard else SPEED_NAME)
-    read_rows(speed_path, repair=True)  # a torn last line (a crash) is cut before this process appends
+    cut_torn_line(speed_path)  # before this process appends; a damaged speed file never stops a run
     device = env.get("device_name") or env.get("device")
     done = {row_key(r) for r in stored_rows(out, repair=rows_path)}
     planned = [(name, p.id, c.label, c.seed) for name, _, batches in mine for b in batches for c in runs for p in b]

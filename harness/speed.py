@@ -47,13 +47,15 @@ def read_speed(out: Path) -> tuple[list[dict], str | None]:
         return [], str(e)
 
 
-def merge_speed(out: Path, plan: Plan | None) -> None:
-    """speed.jsonl := the union of the speed files in plan order (where shard files exist)."""
+def merge_speed(out: Path, plan: Plan | None) -> bool:
+    """speed.jsonl := the union of the speed files in plan order (where shard files exist). Returns
+    False where a damaged file kept it from merging: the shard files must then stay."""
     if not shard_files(out, SPEED_STEM):
-        return
+        return True
     lines, problem = read_speed(out)
     if problem is None:
         atomic_write(Path(out) / SPEED_NAME, "".join(dumps(r) + "\n" for r in in_plan_order(lines, plan)))
+    return problem is None
 
 
 # --- summaries ------------------------------------------------------------------------------------

@@ -116,9 +116,11 @@ def write_run_page(out: Path, config: dict, model: dict, summary: dict, rows: li
     tasks = [task_section(out, task, summary["tasks"][task], rows, (speed or {}).get(task, ()))
              for task in order + [t for t in summary["tasks"] if t not in order]]
     header = [line for line in _header(config, model.get("model", {}), summary) if line != INTERVALS]
-    header += [f"**Speed and memory** not shown: {speed_problem}"] if speed_problem else []
+    header = prose(header)
+    if speed_problem:  # between the markers, as in report.md: the one part that differs between identical runs
+        header += "\n" + speed_mod.BEGIN + prose([f"**Speed and memory** not shown: {speed_problem}"]) + speed_mod.END
     files = [name for name in ("report.md", "config.json", "model.json", "summary.json", "rows.jsonl")
              if (out / name).is_file()]
     return render("report.html.j2", out / HTML_NAME, title=f"KV-cache codec report: {config['model']}",
-                  files=files, header=prose(header), intervals=prose([INTERVALS]), tasks=tasks,
+                  files=files, header=header, intervals=prose([INTERVALS]), tasks=tasks,
                   unavailable=prose(_unavailable(rows)), speed_markers=(speed_mod.BEGIN, speed_mod.END))

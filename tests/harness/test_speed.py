@@ -135,8 +135,35 @@ def test_the_table_is_a_mean_with_its_interval_over_rollouts(tmp_path):
 
 def test_an_unreadable_speed_file_is_named_not_fatal(tmp_path):
     out = write_run(tmp_path / "run", synthetic_rows({"octopus@2": (0.1, 2.1, (0,))}))
+    plain = write_report(out).read_text(), (out / "report.html").read_text()
     (out / "speed.jsonl").write_text("not json\n" + dumps(_line("none", "p0", "p0", 1.0, None, None)) + "\n")
     md = write_report(out).read_text()
     assert re.search(r"\*\*Speed and memory\*\* not shown: .*speed\.jsonl:1: not a JSON row", md)
     assert "## perplexity" in md and "### Speed and memory" not in md
-    assert "not shown: " in (out / "report.html").read_text()
+    html = (out / "report.html").read_text()
+    assert "not shown: " in html
+    assert (without_speed(md), without_speed(html)) == plain  # the note sits inside the markers in both
+
+
+def test_a_damaged_speed_file_does_not_stop_a_resume_and_shard_lines_outlive_a_failed_merge(lm, tmp_path):
+    """speed.jsonl is never a reason to stop: a resume appends after a damaged line (the report names
+    it); and where a damaged speed shard file keeps the merge from happening, no shard's speed file
+    is removed with its rows file (its lines are nowhere else)."""
+    from harness.merge import finish
+    from harness.shard import SPEED_STEM, shard_files
+
+    out = run(_config(tmp_path), out=tmp_path / "run", model=lm, **QUIET)
+    lines = (out / "speed.jsonl").read_text().splitlines()
+    (out / "speed.jsonl").write_text("not json\n" + "\n".join(lines[1:]) + "\n")
+    rows = (out / "rows.jsonl").read_text().splitlines()
+    (out / "rows.jsonl").write_text("\n".join(rows[1:]) + "\n")  # one row to recompute
+    run(_config(tmp_path), out=out, model=lm, **QUIET)
+    assert len(read_rows(out / "rows.jsonl")) == len(rows)
+    assert "not shown: " in (out / "report.md").read_text()
+    # as two shards left them: shard files of rows and speed, one speed file damaged
+    (out / "speed.jsonl").unlink()
+    (out / "rows.shard-0-of-2.jsonl").write_text("")
+    (out / "speed.shard-0-of-2.jsonl").write_text("not json\n")
+    (out / "speed.shard-1-of-2.jsonl").write_text("\n".join(lines[1:]) + "\n")
+    assert finish(out)
+    assert len(shard_files(out, SPEED_STEM)) == 2 and not (out / "rows.shard-0-of-2.jsonl").exists()
