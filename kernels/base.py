@@ -46,24 +46,29 @@ class DeferredFinite:
     layer); its owner raises where it syncs anyway. The error then cannot name the index."""
 
     def __init__(self):
-        self._bad: dict[str, torch.Tensor] = {}  # what -> device bool: some input was not finite
+        # what -> the largest magnitude noted so far (float32 on the device): NaN or inf exactly when
+        # some input was not finite (max propagates NaN); two launches a note, in place
+        self._max: dict[str, torch.Tensor] = {}
 
     def note(self, x: torch.Tensor, what: str) -> None:
-        bad = ~torch.isfinite(x.detach().abs().amax())  # max propagates NaN; inf stays inf
-        prev = self._bad.get(what)
-        self._bad[what] = bad if prev is None else prev | bad
+        m = torch.linalg.vector_norm(x.detach(), float("inf"))
+        seen = self._max.get(what)
+        if seen is None:
+            self._max[what] = m.float()
+        else:
+            torch.maximum(seen, m, out=seen)
 
     def raise_if_any(self, where: str = "") -> None:
         """Raise the ValueError :func:`check_finite` raises, naming what was not finite; one sync."""
-        if not self._bad or not bool(torch.stack(list(self._bad.values())).any()):
+        if not self._max or bool(torch.isfinite(torch.stack(list(self._max.values()))).all()):
             return
-        what = next(w for w, bad in self._bad.items() if bool(bad))
+        what = next(w for w, m in self._max.items() if not bool(torch.isfinite(m)))
         raise ValueError(f"{what}{where} contained non-finite values (found after the step that encoded them). Check "
                          f"the model's activations (fp16 overflow?) before compressing them.")
 
     def fork(self) -> "DeferredFinite":
         other = DeferredFinite()
-        other._bad = dict(self._bad)
+        other._max = {w: m.clone() for w, m in self._max.items()}  # noted in place: not shared
         return other
 
 

@@ -10,6 +10,7 @@ import torch
 
 from adapters.kv_cache import CacheConfig, CompressedKVCache, LayerKV
 from kernels import list_codecs, make_codec
+from kernels.backend import Decision
 
 CODECS = [c for c in list_codecs() if c != "none"]
 B, HKV, HQ, D = 1, 2, 4, 64
@@ -270,6 +271,7 @@ def test_decode_fast_path_takes_masks_that_mask_nothing(monkeypatch):
 
     calls = []
     monkeypatch.setattr(kvc, "decode_attention", lambda *a, **kw: calls.append(kw) or "fused")
+    monkeypatch.setattr(kvc, "decide_attention", lambda *a, **kw: Decision("triton"))  # any machine: the mask decides
     codec = "octopus"  # a codec the Triton kernel covers (the decision is made before the stubbed call)
     layer = LayerKV(make_codec(codec, _bits(codec), D, num_heads=HKV),
                     CacheConfig(codec=codec, bits=_bits(codec), residual=4, backend="triton"))
