@@ -6,22 +6,7 @@ from pathlib import Path
 
 import torch
 
-EOS = "<|endoftext|>"
-
-
-def byte_tokenizer():
-    """One token per byte (256) + an EOS token; ByteLevel pre-tokenizer and decoder."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {ch: i for i, ch in enumerate(alphabet)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
-    fast.add_special_tokens({"eos_token": EOS})
-    return fast
+from adapters.byte_tokenizer import EOS, byte_tokenizer  # noqa: F401  (tests import both from here)
 
 
 def tiny_model(arch: str = "qwen2", layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,

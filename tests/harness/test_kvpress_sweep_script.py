@@ -1,0 +1,25 @@
+"""scripts/gpu_kvpress_sweep.py runs end to end on a tiny model on the CPU (its figures come from a GPU)."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_sweep_runs_tiny_on_the_cpu(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("sweep", ROOT / "scripts" / "gpu_kvpress_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    rows = sweep.rows(2, 3000)
+    assert [len(r["context"]) for r in rows] == [3000 - 64] * 2  # bytes: tokens of the byte tokenizer
+    assert all(f"is {r['answer'][0]}." in r["context"] for r in rows)  # the needle is in its haystack
+    assert sweep.main(["--tiny", "--device", "cpu", "--codecs", "kivi", "--bits", "2", "--codec-seeds", "0",
+                       "--new-tokens", "4", "--work", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    wall, configs, decode, rest, outside = (float(x) for x in re.findall(
+        r"wall ([\d.]+) s.*?configurations: ([\d.]+) s, of which decoding ([\d.]+) s.*?and ([\d.]+) s the rest.*?"
+        r"outside them: ([\d.]+) s", out, re.S)[0])
+    assert "2 configuration rollouts (2 rows)" in out  # none and kivi@2 on one prompt
+    assert 0 < decode <= configs < wall and abs(configs - decode - rest) < 0.2 and abs(wall - configs - outside) < 0.2
