@@ -44,7 +44,10 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 0 or n == 0:
         return torch.zeros(*lead, nbytes, dtype=torch.uint8, device=codes.device)
     c = codes.to(torch.int32)
-    if bool((c < 0).any()) or bool((c >= (1 << bits)).any()):
+    bad = ((c < 0) | (c >= (1 << bits))).any()
+    if c.is_cuda:  # our quantizers clamp their codes: on a GPU this guard must not cost a decode step a sync
+        torch._assert_async(~bad, f"codes out of range for {bits} bits")
+    elif bool(bad):
         raise ValueError(f"codes out of range for {bits} bits")
     byte, shift = _offsets(n, bits, codes.device)
     shifted = c << shift.to(torch.int32)  # a code spans at most 3 bytes (bits <= 16)
