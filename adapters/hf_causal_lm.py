@@ -50,7 +50,7 @@ class CausalLM(ModelAdapter):
     keys/values and logits are computed once per prompt and replayed into each cache, which then
     commits and encodes them exactly as after a live prefill. Results are bit-identical to
     running it (tests check); only the time differs. A timed rollout's prefill is then the shared
-    forward's measured seconds plus its own replay and encode (:class:`adapters.rollout_clock.RolloutClock`).
+    forward's measured seconds plus its own replay and encode (:mod:`adapters.shared_prefill`).
     """
 
     model: object
