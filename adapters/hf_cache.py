@@ -124,6 +124,9 @@ class CompressedLayer(CacheLayerMixin):
         layer's first prefill the new tokens themselves (the codec commits after the append)."""
         k, v = self.pending
         self.pending = None
+        # stored contiguous, as a DynamicCache stores them (and a shared prefill replays them): a
+        # window kept in the projection's transposed layout is read with other rounding in a batch
+        k, v = k.contiguous(), v.contiguous()
         self.kv.append(k, v, self._pads)
         if self.kv.codec is not None:  # the first prefill of a codec layer (which has just committed)
             return k, v

@@ -35,7 +35,8 @@ from .model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2
 from .padded_batch import LeftPadded
 from .protocol import CachePolicy, Geometry, ModelAdapter
 from .registry import register_model
-from .rollout_clock import OFF, RolloutClock, wall
+from .rollout_clock import OFF, RolloutClock
+from .shared_prefill import SharedPrefill
 
 QWEN_1M_HUB_ID = "Qwen/Qwen2.5-7B-Instruct-1M"
 
@@ -49,7 +50,7 @@ class CausalLM(ModelAdapter):
     keys/values and logits are computed once per prompt and replayed into each cache, which then
     commits and encodes them exactly as after a live prefill. Results are bit-identical to
     running it (tests check); only the time differs. A timed rollout's prefill is then the shared
-    forward's measured seconds plus its own replay and encode (:class:`adapters.rollout_clock.RolloutClock`).
+    forward's measured seconds plus its own replay and encode (:mod:`adapters.shared_prefill`).
     """
 
     model: object
@@ -57,7 +58,7 @@ class CausalLM(ModelAdapter):
     name: str
     source: str
     share_prefill: bool = True
-    _memo: tuple | None = field(default=None, repr=False)
+    _shared: SharedPrefill = field(default_factory=SharedPrefill, repr=False)
 
     modality = "text"
 
@@ -149,19 +150,7 @@ class CausalLM(ModelAdapter):
             clock.prefill_done()
             return logits
         key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads), "logits_to_keep" in padding)
-        shared_s = None
-        if self._memo is None or self._memo[0] != key:
-            from transformers import DynamicCache
-
-            self._memo = None  # release the last prompt's cache and logits before computing these
-
-            native = DynamicCache(config=self.model.config)
-            t0 = wall(self.devices)  # once per prompt batch: the timed rollouts that replay it count it
-            logits = self.model(x, **cache_kwargs(self.model, native), use_cache=True, **padding).logits.float()
-            self._memo = (key, list(native.layers), logits, wall(self.devices) - t0)
-        else:
-            shared_s = self._memo[3]
-        _, layers, logits, _ = self._memo
+        (layers, logits), shared_s = self._shared.get(key, lambda: self._native_prefill(x, padding), self.devices)
         for i, layer in enumerate(layers):  # layers are never written in place: a copy shares their tensors
             if isinstance(cache, CompressedCache):
                 cache.replay(i, layer, pads)
@@ -169,6 +158,14 @@ class CausalLM(ModelAdapter):
                 cache.layers[i] = copy.copy(layer)
         clock.prefill_done(shared_s)
         return logits
+
+    def _native_prefill(self, x: torch.Tensor, padding: dict) -> tuple[list, torch.Tensor]:
+        """x [B, t] into a fresh ``DynamicCache``: (its layers, the logits [B, t or 1, V] float32)."""
+        from transformers import DynamicCache
+
+        native = DynamicCache(config=self.model.config)
+        logits = self.model(x, **cache_kwargs(self.model, native), use_cache=True, **padding).logits.float()
+        return list(native.layers), logits
 
     def _session(self, cache_config: CacheConfig | None):
         """(context manager, cache factory): native rollouts touch nothing."""

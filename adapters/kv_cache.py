@@ -52,6 +52,17 @@ class CompressedKVCache:
         other.layers = [layer.fork() for layer in self.layers]
         return other
 
+    def replay(self, native: "CompressedKVCache") -> None:
+        """Append to this empty cache, layer by layer, what ``native`` holds: a native cache after a
+        first step computed elsewhere (one append per layer, [B, Hkv, t, d]; a shared first step,
+        :mod:`adapters.shared_prefill`). Each layer then holds and encodes exactly what that step,
+        run through it, would have left (its reads of an empty layer are plain attention)."""
+        for i, (layer, src) in enumerate(zip(self.layers, native.layers)):
+            if layer.columns:
+                raise RuntimeError(f"layer {i}: replay needs an empty cache layer")
+            if src.window_k is not None:
+                layer.append(src.window_k, src.window_v)
+
     def nbytes(self, seq: int | None = None) -> dict[str, int]:
         """Bytes held for sequence ``seq`` (default: the whole batch), by kind, and their ``total``."""
         tot: dict[str, int] = {}

@@ -18,6 +18,7 @@ import torch
 from adapters.kv_cache import CacheConfig, CompressedKVCache
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
 from adapters.rollout_clock import OFF, RolloutClock
+from adapters.shared_prefill import SharedPrefill
 
 from .sat import SAT
 from .transformer import AARTransformer
@@ -70,6 +71,10 @@ class AARPipeline(ModelAdapter):
         self.conditioner = conditioner
         self.device, self.dtype, self.name = torch.device(device), dtype, name
         self.weights = weights  # "random (seeded)" or the checkpoint files, for reports
+        #: scale 0 computed once per conditioning embedding, shared by every cache configuration
+        #: (:meth:`_first_scale`; False: through each rollout's own cache)
+        self.share_prefill = True
+        self._shared = SharedPrefill()
         if aar.cfg.latent_dim != sat.cfg.latent_dim or aar.cfg.vocab != sat.cfg.codebook_size \
                 or tuple(aar.cfg.scales) != tuple(sat.cfg.scales):
             raise ValueError(f"AAR (latent {aar.cfg.latent_dim}, vocab {aar.cfg.vocab}, scales {aar.cfg.scales}) "
@@ -133,15 +138,15 @@ class AARPipeline(ModelAdapter):
         cache = self.new_cache(config)
         clock = speed or OFF
         clock.start(B, [self.device])
-        cond = aar.condition(emb.to(self.device, self.dtype))  # [2B, C]
-        x = aar.first_input(cond)
+        cond, logits, shared_s = self._first_scale(emb.to(self.device, self.dtype), cache)
         f_hat = torch.zeros(B, vq.dim, scales[-1], device=self.device)
         tokens, logits_out = [], []
         for si in range(S):
             if si == 1:
-                clock.prefill_done()
+                clock.prefill_done(shared_s)
                 clock.decode_start()
-            logits = aar.step(x, cond, cache)  # [2B, l, V]
+            if si > 0:
+                logits = aar.step(x, cond, cache)  # [2B, l, V]
             t = s.cfg * si / (S - 1)
             guided = (1 + t) * logits[:B] - t * logits[B:]
             idx = teacher[si].to(self.device) if teacher is not None else \
@@ -152,12 +157,33 @@ class AARPipeline(ModelAdapter):
             if si < S - 1:
                 x = aar.scale_input(si + 1, nxt.transpose(1, 2).to(self.dtype)).repeat(2, 1, 1)
         if S == 1:
-            clock.prefill_done()
+            clock.prefill_done(shared_s)
         else:
             clock.decode_done(B * sum(scales[1:]))
         clock.stop()
         audio = None if teacher is not None else self.sat.fhat_to_audio(f_hat)[:, 0].float().cpu()
         return Rollout(tokens, logits_out, f_hat.float().cpu(), audio, cache)
+
+    def _first_scale(self, emb: torch.Tensor, cache: CompressedKVCache
+                     ) -> tuple[torch.Tensor, torch.Tensor, float | None]:
+        """The condition [2B, C] and scale 0's logits [2B, scales[0], V] (float32), its keys/values
+        appended to ``cache``, and the seconds a replayed scale took when computed (else None).
+
+        Scale 0 reads only itself: the cache keeps it native until scale 1 arrives (one native
+        append), so its logits are the same whatever the codec. With ``share_prefill`` it is
+        computed once per embedding into a native cache and appended to each rollout's
+        (:mod:`adapters.shared_prefill`); sampling stays in the rollout, so every draw is unchanged."""
+        def compute(into: CompressedKVCache) -> tuple[torch.Tensor, torch.Tensor, CompressedKVCache]:
+            cond = self.aar.condition(emb)
+            return cond, self.aar.step(self.aar.first_input(cond), cond, into), into
+
+        c = cache.config
+        if not (self.share_prefill and c.residual_unit == "append" and c.residual >= 1):
+            return *compute(cache)[:2], None
+        (cond, logits, native), shared_s = self._shared.get(
+            (emb,), lambda: compute(self.new_cache(CacheConfig(codec="none"))), [self.device])
+        cache.replay(native)
+        return cond, logits, shared_s
 
     @torch.no_grad()
     def masked_forward_logits(self, emb: torch.Tensor, tokens: list[torch.Tensor],

@@ -10,6 +10,8 @@ Rollout, per block of ``frames_per_block`` latent frames (the released samplers'
   commit: run the clean x0 at t = 0; each layer attends, then appends the block's K/V to its LayerKV.
 Every noise draw (the initial latents and each re-noising) comes, in a fixed order, from the
 generator the caller passes, so a rollout is a function of (prompt, seed) and the cache config.
+Block 0 reads nothing but itself, whatever the codec: it is computed once per (prompt, seed) and
+every cache configuration starts from it (``share_prefill``; :mod:`adapters.shared_prefill`).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 from adapters.kv_cache import CacheConfig, CompressedKVCache
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
 from adapters.rollout_clock import OFF, RolloutClock
+from adapters.shared_prefill import SharedPrefill
 from kernels import private_generator
 
 from .attention import BlockState, causal_attention
@@ -76,11 +79,25 @@ CAUSAL_FORCING = CausalWanSpec("causal-forcing", 1, FlowSchedule(shift=5.0, step
                                "causal-forcing")
 
 
+@dataclass
+class FirstBlock:
+    """A rollout's codec-independent start: its noise [1, C, F, h, w], block 0's clean latents
+    [1, C, n, h, w], the native cache holding block 0's committed keys/values (empty where the
+    video is one block), and the generator's state after block 0's draws."""
+
+    noise: torch.Tensor
+    x0: torch.Tensor
+    native: CompressedKVCache
+    generator_state: torch.Tensor
+
+
 class CausalWan(ModelAdapter):
     """A loaded causal Wan generator: what ``harness.tasks.video`` drives.
 
     ``text_encoder`` None means prompts are embedded as seeded random vectors (full-size
-    random-weight smoke runs, where the 5.7B UMT5 would only add load time).
+    random-weight smoke runs, where the 5.7B UMT5 would only add load time). ``share_prefill``:
+    block 0 is computed once per prompt and seed, shared by every cache configuration
+    (:mod:`adapters.shared_prefill`; False: through each rollout's own cache).
     """
 
     modality = "video"
@@ -96,6 +113,8 @@ class CausalWan(ModelAdapter):
         self.dtype = dtype
         self.source = source  # where the weights came from (a path, or "random init seed ...")
         self._prompt_cache: dict[str, torch.Tensor] = {}
+        self.share_prefill = True
+        self._shared = SharedPrefill()
 
     # --- geometry -------------------------------------------------------------------------
     @property
@@ -195,49 +214,87 @@ class CausalWan(ModelAdapter):
 
         ``on_block(index, info)`` is called after each block with its wall time and the cache's bytes.
         ``speed`` times the first block (into the empty cache) as the prefill and the blocks after it
-        as the decode, in latent frames.
+        as the decode, in latent frames. Block 0 is shared (``share_prefill``: :meth:`_first_block`).
         """
         C, F, h, w = self.latent_shape
         n = self.spec.frames_per_block
-        timesteps = self.spec.schedule.timesteps().tolist()
-        sigmas = self.spec.schedule.sigmas()
-        noise = self._randn((1, C, F, h, w), generator)
-        out = torch.empty_like(noise)
-        state = BlockState(cache=cache)
         clock = speed or OFF
         clock.start(1, [self.device])
-        with causal_attention(self.transformer, state):
-            for b in range(F // n):
-                if b == 1:
-                    clock.prefill_done()
-                    clock.decode_start()
-                t0 = time.perf_counter()
-                f0 = b * n
-                state.rotary = self._rotary(f0, n)
-                x = noise[:, :, f0:f0 + n]
-                for i, t in enumerate(timesteps):
-                    state.commit = False
-                    flow = self._flow(x, t, prompt_embeds)
-                    x0 = (x.double() - sigmas[i] * flow.double()).to(x.dtype)
-                    if i + 1 < len(timesteps):
-                        s = sigmas[i + 1]
-                        x = ((1 - s) * x0 + s * self._randn(x0.shape, generator)).to(x.dtype)
-                out[:, :, f0:f0 + n] = x0
-                if b + 1 < F // n:  # the last block is never attended to: no commit pass
-                    state.commit = True
-                    self._flow(x0, 0.0, prompt_embeds)
-                    state.commit = False
-                if on_block is not None:
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
-                    on_block(b, {"frames": (f0, f0 + n), "seconds": time.perf_counter() - t0,
-                                 "cache": cache.nbytes()})
+        t0 = time.perf_counter()
+        first, shared_s = self._first_block(prompt_embeds, cache, generator, commit=F // n > 1)
+        out = torch.empty_like(first.noise)
+        out[:, :, :n] = first.x0
+        self._block_done(on_block, 0, t0, cache)
+        clock.prefill_done(shared_s)
         if F // n == 1:  # one block: it is all prefill
-            clock.prefill_done()
-        else:
-            clock.decode_done(F - n)
+            clock.stop()
+            return out
+        clock.decode_start()
+        state = BlockState(cache=cache)
+        with causal_attention(self.transformer, state):
+            for b in range(1, F // n):
+                t0 = time.perf_counter()
+                # the last block is never attended to: no commit pass
+                out[:, :, b * n:(b + 1) * n] = self._block(state, b, first.noise, generator, prompt_embeds,
+                                                           commit=b + 1 < F // n)
+                self._block_done(on_block, b, t0, cache)
+        clock.decode_done(F - n)
         clock.stop()
         return out
+
+    def _block(self, state: BlockState, b: int, noise: torch.Tensor, generator: torch.Generator,
+               prompt_embeds: torch.Tensor, commit: bool) -> torch.Tensor:
+        """Block ``b``'s clean latents [1, C, n, h, w]: its timesteps read ``state.cache`` (the block
+        attends itself natively), drawing each re-noising from ``generator``; ``commit``: then the
+        clean block at t=0, whose self-attention appends its keys/values to the cache."""
+        n = self.spec.frames_per_block
+        timesteps = self.spec.schedule.timesteps().tolist()
+        sigmas = self.spec.schedule.sigmas()
+        state.rotary = self._rotary(b * n, n)
+        x = noise[:, :, b * n:(b + 1) * n]
+        for i, t in enumerate(timesteps):
+            state.commit = False
+            flow = self._flow(x, t, prompt_embeds)
+            x0 = (x.double() - sigmas[i] * flow.double()).to(x.dtype)
+            if i + 1 < len(timesteps):
+                s = sigmas[i + 1]
+                x = ((1 - s) * x0 + s * self._randn(x0.shape, generator)).to(x.dtype)
+        if commit:
+            state.commit = True
+            self._flow(x0, 0.0, prompt_embeds)
+            state.commit = False
+        return x0
+
+    def _first_block(self, prompt_embeds: torch.Tensor, cache: CompressedKVCache, generator: torch.Generator,
+                     commit: bool) -> tuple["FirstBlock", float | None]:
+        """The rollout's noise and block 0, which reads only itself (the cache is empty until it
+        commits): computed through ``cache``, or (``share_prefill``) once per (prompt embedding,
+        generator state) into a native cache whose keys/values are then appended to ``cache`` (its
+        codec encodes them as the commit pass would have), the generator set past block 0's draws.
+        Returns (block 0, the seconds a replayed block took when computed, else None)."""
+        def compute(into: CompressedKVCache) -> FirstBlock:
+            C, F, h, w = self.latent_shape
+            noise = self._randn((1, C, F, h, w), generator)
+            state = BlockState(cache=into)
+            with causal_attention(self.transformer, state):
+                x0 = self._block(state, 0, noise, generator, prompt_embeds, commit)
+            return FirstBlock(noise, x0, into, generator.get_state())
+
+        if not self.share_prefill:
+            return compute(cache), None
+        key = (prompt_embeds, generator.get_state(), commit)
+        first, shared_s = self._shared.get(key, lambda: compute(self.new_cache(CacheConfig(codec="none"))),
+                                           [self.device])
+        generator.set_state(first.generator_state)
+        cache.replay(first.native)
+        return first, shared_s
+
+    def _block_done(self, on_block, b: int, t0: float, cache: CompressedKVCache) -> None:
+        if on_block is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            n = self.spec.frames_per_block
+            on_block(b, {"frames": (b * n, (b + 1) * n), "seconds": time.perf_counter() - t0, "cache": cache.nbytes()})
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
