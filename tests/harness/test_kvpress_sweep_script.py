@@ -22,4 +22,5 @@ def test_the_sweep_runs_tiny_on_the_cpu(tmp_path, capsys):
         r"wall ([\d.]+) s.*?configurations: ([\d.]+) s, of which decoding ([\d.]+) s.*?and ([\d.]+) s the rest.*?"
         r"outside them: ([\d.]+) s", out, re.S)[0])
     assert "2 configuration rollouts (2 rows)" in out  # none and kivi@2 on one prompt
-    assert 0 < decode <= configs < wall and abs(configs - decode - rest) < 0.2 and abs(wall - configs - outside) < 0.2
+    # decoding may be 0 s where the random model says EOS at once (its argmax differs from CPU to CPU)
+    assert 0 <= decode <= configs < wall and abs(configs - decode - rest) < 0.2 and abs(wall - configs - outside) < 0.2
