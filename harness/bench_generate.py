@@ -1,5 +1,7 @@
-"""``harness bench --generate``: decode tokens/s of ``model.generate`` through each compressed cache
-against the native cache, beside the memory roofline.
+"""``harness bench --generate``: decode tokens/s through each compressed cache against the native
+cache, beside the memory roofline. On CUDA the steps are replayed from a CUDA graph
+(:mod:`adapters.graphed_decode`) where the cache allows, as the harness's rollouts run them; the row's
+``decode`` says 'graphed' or why they ran eagerly (``--graphs off``: ``model.generate``'s eager steps).
 
     harness bench --generate                                   # random Qwen2.5-7B shape, 32k context, CUDA
     harness bench --generate --contexts 32k,128k --batches 1,max
@@ -40,7 +42,7 @@ QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28
 TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096)
 TINY_MAX_CONTEXT = 1024  # --tiny: contexts are cut to this
-HEADER = ("ctx", "B", "cache", "backend", "decode tok/s", "vs native", "cache MiB", "native MiB", "roofline tok/s",
+HEADER = ("ctx", "B", "cache", "backend", "steps", "decode tok/s", "vs native", "cache MiB", "native MiB", "roofline tok/s",
           "of roofline", "prefill s", "peak GiB")
 
 
@@ -74,6 +76,28 @@ def timed_generate(model, ids, cache, n_new, device, steps: list | None = None):
     if steps is not None:
         steps[:] = [b - a for a, b in zip([t0] + t[:-1], t)]
     return t[0] - t0, (len(t) - 1) / max(t[-1] - t[0], 1e-9), out
+
+
+def timed_graphed(model, cache, first: list[int], n_new: int, device, steps: list | None = None):
+    """The decode of ``timed_generate`` through :class:`adapters.graphed_decode.GraphedDecode`: ``first``
+    the B tokens after the prefill, then ``n_new - 1`` steps (the first eager, the second captured,
+    the rest replays). -> (decode steps/s over the replays, the tokens [B, n_new]); ``steps``
+    receives each step's seconds."""
+    from adapters.graphed_decode import GraphedDecode
+
+    graph = GraphedDecode(model, cache, first, n_new - 1)
+    t, tokens = [wall([device])], [torch.tensor(first, device=device)]
+    try:
+        for _ in range(n_new - 1):
+            graph.step()
+            tokens.append(graph.ids[:, 0].clone())
+            t.append(wall([device]))
+    finally:
+        graph.close()
+    if steps is not None:
+        steps[:] = [b - a for a, b in zip(t, t[1:])]
+    replays = t[3:] if len(t) > 3 else t[-2:]
+    return (len(replays) - 1) / max(replays[-1] - replays[0], 1e-9), torch.stack(tokens, 1)
 
 
 def repeat_batch(cache, batch: int) -> None:
@@ -135,13 +159,14 @@ def parse_codecs(specs: str) -> list[tuple[str, str, int]]:
     return out
 
 
-def cache_makers(specs: str, backends: str, new_cache):
-    """[(label, backend, make_cache)]: native first, then each codec@bits per backend."""
+def cache_makers(specs: str, backends: str, new_cache, graphs: bool = False):
+    """[(label, backend, make_cache)]: native first (a DynamicCache; with ``graphs`` codec 'none', which
+    graphed steps need), then each codec@bits per backend."""
     from transformers import DynamicCache
 
     from adapters.kv_cache import CacheConfig
 
-    runs = [("native", "-", DynamicCache)]
+    runs = [("native", "-", (lambda: new_cache(CacheConfig())) if graphs else DynamicCache)]
     for label, name, bits in parse_codecs(specs):
         for backend in backends.split(","):
             cc = CacheConfig(codec=name, bits=bits, backend=backend)
@@ -186,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help=f"a tiny random model, contexts cut to {TINY_MAX_CONTEXT} "
                                                         f"(checks the benchmark runs, e.g. on a CPU)")
+    p.add_argument("--graphs", choices=("auto", "off"), default="auto",
+                   help="auto: on CUDA, decode steps replayed from a CUDA graph (adapters.graphed_decode) where "
+                        "the cache allows; off: model.generate's eager steps")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     return p
 
@@ -215,13 +243,14 @@ def run(args) -> dict:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, shape["vocab_size"], (1, max(contexts)), generator=g).to(device)  # 0 is the pad id
     with torch.no_grad(), attach(model) as new_cache:
-        runs = cache_makers(args.codecs, args.backends, new_cache)
+        graphs = args.graphs == "auto" and device.type == "cuda"
+        runs = cache_makers(args.codecs, args.backends, new_cache, graphs)
         for _, _, make in runs:  # warm-up: kernels compiled
             timed_generate(model, ids[:, :min(256, max(contexts))], make(), 4, device)
         for context in contexts:
             for batch in resolve_batches(args.batches, shape, context + args.new_tokens + 1, device, args.reserve_gib):
                 for label, backend, make in runs:
-                    row = _measure(model, ids[:, :context], make, batch, args.new_tokens, device, result)
+                    row = _measure(model, ids[:, :context], make, batch, args.new_tokens, device, result, graphs)
                     row.update(cache=label, backend=backend)
                     result["rows"].append(row)
                     print(json.dumps(row), flush=True)
@@ -232,17 +261,25 @@ def run(args) -> dict:
     return result
 
 
-def _measure(model, ids, make, batch: int, new_tokens: int, device, result: dict) -> dict:
-    """One (context, batch, cache): prefill, repeat, time the decode; its cache and roofline."""
+def _measure(model, ids, make, batch: int, new_tokens: int, device, result: dict, graphs: bool = False) -> dict:
+    """One (context, batch, cache): prefill, repeat, time the decode (graphed where ``graphs`` and the
+    cache allows: the row's 'decode' says which); its cache and roofline."""
+    from adapters.graphed_decode import why_not
+
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     cache, cont, prefill_s = prefilled(model, ids, make, batch, device)
     steps: list[float] = []
-    _, steps_s, _ = timed_generate(model, cont, cache, new_tokens, device, steps)
+    why = why_not(model, cache, new_tokens - 1) if graphs else "--graphs off"
+    if why is None:
+        steps_s, _ = timed_graphed(model, cache, cont[:, -1].tolist(), new_tokens, device, steps)
+    else:
+        _, steps_s, _ = timed_generate(model, cont, cache, new_tokens, device, steps)
     held, native = cache_bytes(cache)
     ms = sorted(x * 1e3 for x in steps[1:])
     return {"context": ids.shape[1], "batch": batch, "new_tokens": new_tokens, "prefill_s": prefill_s,
+            "decode": "graphed" if why is None else f"eager ({why})",
             "decode_steps_s": steps_s, "decode_tok_s": steps_s * batch, "step_ms_median": ms[len(ms) // 2],
             "step_ms_max": ms[-1], "cache_bytes": held, "native_bytes": native,
             "roofline_tok_s": roofline_tok_s(batch, result["copy_bandwidth_Bps"], result["weight_bytes"], held),
@@ -254,7 +291,8 @@ def table(result: dict) -> list[str]:
     md = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in result["rows"]:
         peak = "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**30:.2f}"
-        cells = [str(r["context"]), str(r["batch"]), r["cache"], r["backend"], f"{r['decode_tok_s']:.4g}",
+        cells = [str(r["context"]), str(r["batch"]), r["cache"], r["backend"], r.get("decode", "eager").split(" ")[0],
+                 f"{r['decode_tok_s']:.4g}",
                  f"{r['vs_native']:.2f}x", f"{r['cache_bytes'] / 2**20:.2f}", f"{r['native_bytes'] / 2**20:.2f}",
                  f"{r['roofline_tok_s']:.4g}", f"{r['decode_tok_s'] / r['roofline_tok_s']:.3f}",
                  f"{r['prefill_s']:.3f}", peak]

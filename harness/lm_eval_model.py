@@ -4,7 +4,7 @@
 ``lm_eval --model kvcodec`` after ``import harness.lm_eval_model``). ``model_args``:
 
   pretrained   a local checkpoint folder or a ``.gguf`` file (loaded as ``harness run --model hf``
-               loads it: :func:`adapters.hf_causal_lm.load_checkpoint`)
+               loads it: :func:`adapters.hf_models.load_checkpoint`)
   codec, bits  the key codec and its bit width (``codec=none``: the native cache; bits not needed)
   value_bits   value bit width (default: bits)     residual  native window in tokens (default 32)
   protect      none | boundary-1 | layer indices joined by ':' (e.g. 0:23)
@@ -24,7 +24,7 @@ How each request type meets the cache:
   the batch is done, so that request's cache statistics count those tokens too.
 - ``loglikelihood``: the context is prefilled into the cache, then the continuation is
   teacher-forced in chunks of ``chunk`` tokens, each attending to the compressed past + the
-  native window + itself (:meth:`~adapters.hf_causal_lm.CausalLM.teacher_force`). The first
+  native window + itself (:meth:`~adapters.hf_models.CausalLM.teacher_force`). The first
   continuation token is scored from the prefill's last logit. The prefill of a context shared
   by several requests (multiple choice) is computed once and replayed into each cache.
 - ``loglikelihood_rolling``: lm-eval's rolling windows, each scored as above: its one-token
@@ -58,7 +58,7 @@ from tqdm import tqdm
 from adapters.cache_stats import cache_row_stats
 from adapters.hf_cache import attach
 from adapters.hf_compat import cache_kwargs
-from adapters.hf_causal_lm import load_checkpoint
+from adapters.hf_models import load_checkpoint
 from adapters.kv_cache import DEFAULT_RESIDUAL, CacheConfig
 
 MODEL_NAME = "kvcodec"

@@ -34,8 +34,19 @@ def _direction_grid_cpu(b_u: int) -> torch.Tensor:
 
 
 def direction_grid(b_u: int, device="cpu") -> torch.Tensor:
-    """Decoded directions of every centroid pair: [K*K, 3] float32, row ``iu * K + iv`` (K = 2^b_u)."""
+    """Decoded directions of every centroid pair: [K*K, 3] float32, row ``iu * K + iv`` (K = 2^b_u),
+    made once per device (shared: read only)."""
+    return _direction_grid_on(b_u, str(torch.device(device)))
+
+
+@lru_cache(maxsize=None)
+def _direction_grid_on(b_u: int, device: str) -> torch.Tensor:
     return _direction_grid_cpu(b_u).to(device)
+
+
+@lru_cache(maxsize=None)
+def _offsets(device: str) -> torch.Tensor:
+    return torch.tensor(_OFFSETS, device=device)  # [9, 2]
 
 
 def round_directions(s: torch.Tensor, b_u: int, rounding: str = "local") -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +67,7 @@ def round_directions(s: torch.Tensor, b_u: int, rounding: str = "local") -> tupl
         return iu, iv
     if rounding != "local":
         raise ValueError(f"rounding must be 'local', 'full' or 'nearest', got {rounding!r}")
-    off = torch.tensor(_OFFSETS, device=s.device)  # [9, 2]
+    off = _offsets(str(s.device))  # [9, 2]
     cu = (iu.unsqueeze(-1) + off[:, 0]).clamp(0, K - 1)  # [..., 9]
     cv = (iv.unsqueeze(-1) + off[:, 1]).clamp(0, K - 1)
     dirs = grid[cu * K + cv]  # [..., 9, 3]

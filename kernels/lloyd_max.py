@@ -159,9 +159,15 @@ def _codebook_cached(kind: str, d: int, bits: int) -> tuple[float, ...]:
 
 
 def codebook(kind: str, d: int, bits: int, device="cpu") -> torch.Tensor:
-    """Sorted float32 centroids [2**bits] for (kind, d, bits)."""
+    """Sorted float32 centroids [2**bits] for (kind, d, bits), made once per device (shared: read
+    only). No host-to-device copy per call, so an encode can be captured in a CUDA graph."""
     if bits < 0 or bits > 10:
         raise ValueError(f"codebook bits must be in 0..10, got {bits}")
+    return _codebook_on(kind, d, bits, str(torch.device(device)))
+
+
+@lru_cache(maxsize=None)
+def _codebook_on(kind: str, d: int, bits: int, device: str) -> torch.Tensor:
     return torch.tensor(_codebook_cached(kind, d, bits), dtype=torch.float32, device=device)
 
 

@@ -53,6 +53,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rows", type=int, default=20)
     ap.add_argument("--trace", type=Path, default=None, help="write a Chrome trace per cache into this folder")
+    ap.add_argument("--graphs", action="store_true",
+                    help="profile the graphed steps instead (adapters.graphed_decode): wall ms per replay, and the "
+                         "kernels a replay runs (the static steps run eagerly under the profiler)")
     a = ap.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
 
@@ -64,13 +67,17 @@ def main(argv=None) -> int:
           f"{a.steps} steps", flush=True)
     summary = []
     with torch.no_grad(), attach(model) as new_cache:
-        runs = cache_makers(a.codecs, a.backends, new_cache)
+        runs = cache_makers(a.codecs, a.backends, new_cache, graphs=a.graphs)
         for label, backend, make in runs:  # warm-up: kernels compiled
             generate(model, ids[:, :256], make(), 4)
         for label, backend, make in runs:
             torch.cuda.empty_cache()
             cache, cont, _ = prefilled(model, ids, make, a.batch, dev)
             path = attention_path(cache, shape["num_attention_heads"], dev)
+            if a.graphs:
+                summary.append((label, backend, path, *graphed_profile(model, cache, cont, a.steps, a.rows)))
+                del cache, cont
+                continue
             # the first decode step after the prefill, alone
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -106,12 +113,52 @@ def main(argv=None) -> int:
                 prof.export_chrome_trace(str(a.trace / f"trace_{label.replace('@', '_')}.json"))
             summary.append((label, backend, path, first, wall, host, devt, syncs, launches))
             del cache, cont, out
+    if a.graphs:
+        print("\n| cache | backend | attention path | wall ms/replay | device ms/step | kernels/step |")
+        print("|---|---|---|---|---|---|")
+        for label, backend, path, wall, devt, n in summary:
+            print(f"| {label} | {backend} | {path} | {wall:.2f} | {devt:.2f} | {n:.0f} |")
+        return 0
     print("\n| cache | backend | attention path | first step ms | wall ms/step | host ms/step | device ms/step | "
           "syncs/step | launches/step |")
     print("|---|---|---|---|---|---|---|---|---|")
     for label, backend, path, first, wall, host, devt, ns, nl in summary:
         print(f"| {label} | {backend} | {path} | {first:.1f} | {wall:.2f} | {host:.2f} | {devt:.2f} | {ns:.0f} | {nl:.0f} |")
     return 0
+
+
+def graphed_profile(model, cache, cont, steps: int, rows: int) -> tuple[float, float, float]:
+    """(wall ms per replayed step, device ms per step, kernels per step) of the graphed steps from
+    ``cache``; prints the kernels by device time (the static steps run eagerly: the kernels a replay runs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from adapters.graphed_decode import GraphedDecode
+
+    ids = cont[:, -1].tolist()
+    graph = GraphedDecode(model, cache, ids, steps + 2)
+    graph.step(), graph.step()  # the warm-up and the capture
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        graph.step()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3 / steps
+    graph.close()
+    static = GraphedDecode(model, cache, ids, steps + 1, capture=False)
+    static.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            static.step()
+        torch.cuda.synchronize()
+    static.close()
+    ka = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    devt = sum(e.self_device_time_total for e in ka) / 1e3 / steps
+    kernels = sum(e.count for e in ka) / steps
+    print(f"\ngraphed: {wall:.2f} ms per replayed step; its kernels {devt:.2f} ms of device time, {kernels:.0f} per step")
+    for e in sorted(ka, key=lambda e: -e.self_device_time_total)[:rows]:
+        print(f"  {e.self_device_time_total / 1e3 / steps:8.3f} ms  {e.count / steps:6.1f}x  {e.key[:110]}")
+    return wall, devt, kernels
 
 
 if __name__ == "__main__":

@@ -23,6 +23,25 @@ def fwht_rows(x, BT: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr):
 
 
 @triton.jit
+def sum_rows(x, BT: tl.constexpr, N: tl.constexpr, LOG2N: tl.constexpr):
+    """Row sums of x [BT, N] (N a power of two) -> [BT], by a fixed pairwise tree (the second half
+    added to the first, N / 2 then N / 4 ... wide), so the rounding does not depend on BT or on how
+    the compiler lays the block out: an encoder gives a row the same bytes in any block of rows."""
+    for stage in tl.static_range(LOG2N):
+        a, b = tl.split(tl.permute(tl.reshape(x, [BT, 2, N >> (stage + 1)]), (0, 2, 1)))
+        x = a + b
+    return tl.reshape(x, [BT])
+
+
+def rows_per_program(n: int) -> tuple[int, int]:
+    """(rows each encoder program takes, its warps) for ``n`` rows: 16 rows on 4 warps for a prefill's
+    many; 2 rows on one warp for a decode step's few (B x Hkv), which one program of 16 rows would
+    encode one after another (an OCTOPUS key encode of 4 rows: 25 us in one program, 9 us in two,
+    on an H200). One warp keeps a small block's gathers within the warp, as Triton requires."""
+    return (16, 4) if n > 1024 else (2, 1)
+
+
+@triton.jit
 def load_rows(X, N, D: tl.constexpr, NP: tl.constexpr, BT: tl.constexpr):
     """This program's BT rows of X [N, D] as fp32 [BT, NP], columns past D zero (the references'
     padding) -> (row indices, row mask, x)."""

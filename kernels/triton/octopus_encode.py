@@ -22,7 +22,8 @@ import triton.language as tl
 from ..base import Encoded, check_input
 from ..fused_layout import FusedLayout, KeyCodes
 from ..joint_rounding import direction_grid
-from ._common import count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, thresholds
+from ._common import (count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, rows_per_program,
+                      sum_rows, thresholds)
 
 # token counts change with every call: no specialisation on them (one compiled kernel for all)
 @triton.jit(do_not_specialize=["N", "T"])
@@ -35,7 +36,7 @@ def _octopus_encode_kernel(
     rows, rm, x = load_rows(X, N, D, NP, BT)
     cols = tl.arange(0, NP)
     # norm and unit direction (zero keys stay zero)
-    norm = tl.sqrt_rn(tl.sum(x * x, 1))
+    norm = tl.sqrt_rn(sum_rows(x * x, BT, NP, LOG2N))
     unit = tl.div_rn(x, tl.where(norm > 0, norm, 1.0)[:, None])
     head = (rows // T) % H
     sg = tl.load(SIGNS + head[:, None] * NP + cols[None, :])
@@ -121,7 +122,7 @@ def supports(layout: FusedLayout | None) -> str | None:
     return None
 
 
-def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16, defer=None) -> Encoded:
+def octopus_encode(codec, keys: torch.Tensor, block_t: int | None = None, defer=None) -> Encoded:
     """keys [..., T, d] (``[..., H, T, d]`` when the codec has per-head signs) -> the OCTAHEDRAL key codes
     of ``codec.fused_layout()`` (norm and fused triplet codes), as ``codec.encode(keys)`` writes them (for
     OCTOPUS-QJL: its OCTOPUS stage's fields)."""
@@ -144,13 +145,15 @@ def octopus_encode(codec, keys: torch.Tensor, block_t: int = 16, defer=None) -> 
     lead = tuple(keys.shape[:-1])
     norm = torch.empty(lead + (1,), dtype=torch.float32, device=dev)
     u = torch.empty(lead + (UB,), dtype=torch.uint8, device=dev)
+    # rows per program and warps: fewer for a decode step's few rows (rows_per_program)
+    bt, warps = (block_t, 4) if block_t else rows_per_program(N)
     if N:
-        _octopus_encode_kernel[(triton.cdiv(N, block_t),)](
+        _octopus_encode_kernel[(triton.cdiv(N, bt),)](
             x, tab.signs, tab.oc_thr, tab.grid, tab.rho_thr, norm, u, N, T, H,
             1.0 / math.sqrt(NP),
-            D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=block_t, NT=NT, NTP=triton.next_power_of_2(NT),
+            D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=bt, NT=NT, NTP=triton.next_power_of_2(NT),
             BU=b_u, BR=b_r, UB=UB, UBP=triton.next_power_of_2(UB), LOCAL=layout.rounding == "local",
-            enable_fp_fusion=False, num_warps=4,
+            enable_fp_fusion=False, num_warps=warps,
         )
     fields = {layout.norm_field: norm, layout.codes_field: u}
     return Encoded(fields, tuple(keys.shape), keys.dtype)

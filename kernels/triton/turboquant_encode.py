@@ -19,7 +19,8 @@ import triton.language as tl
 
 from ..base import Encoded, check_input
 from ..fused_layout import FusedLayout, KeyCodes
-from ._common import count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, thresholds
+from ._common import (count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, rows_per_program,
+                      sum_rows, thresholds)
 
 
 # token counts change with every call: no specialisation on them (one compiled kernel for all)
@@ -31,7 +32,7 @@ def _turboquant_encode_kernel(
 ):
     rows, rm, x = load_rows(X, N, D, NP, BT)
     cols = tl.arange(0, NP)
-    norm = tl.sqrt_rn(tl.sum(x * x, 1))
+    norm = tl.sqrt_rn(sum_rows(x * x, BT, NP, LOG2N))
     unit = tl.div_rn(x, tl.where(norm > 0, norm, 1.0)[:, None])
     head = (rows // T) % H
     sg = tl.load(SIGNS + head[:, None] * NP + cols[None, :])
@@ -57,7 +58,7 @@ def supports(layout: FusedLayout | None) -> str | None:
     return None
 
 
-def turboquant_mse_encode(codec, keys: torch.Tensor, block_t: int = 16, defer=None) -> Encoded:
+def turboquant_mse_encode(codec, keys: torch.Tensor, block_t: int | None = None, defer=None) -> Encoded:
     """keys [..., T, d] -> the SCALAR key codes of ``codec.fused_layout()`` ("norm", "codes"), as
     ``codec.encode(keys)`` writes them (for TurboQuant-prod: its (b-1)-bit MSE stage's fields)."""
     layout = codec.fused_layout()
@@ -79,10 +80,12 @@ def turboquant_mse_encode(codec, keys: torch.Tensor, block_t: int = 16, defer=No
     lead = tuple(keys.shape[:-1])
     norm = torch.empty(lead + (1,), dtype=torch.float32, device=dev)
     codes = torch.empty(lead + (CB,), dtype=torch.uint8, device=dev)
+    # rows per program and warps: fewer for a decode step's few rows (rows_per_program)
+    bt, warps = (block_t, 4) if block_t else rows_per_program(N)
     if N:
-        _turboquant_encode_kernel[(triton.cdiv(N, block_t),)](
+        _turboquant_encode_kernel[(triton.cdiv(N, bt),)](
             x, signs, thr, norm, codes, N, T, H, 1.0 / math.sqrt(NP),
-            D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=block_t, BITS=bits, CB=CB,
-            CBP=triton.next_power_of_2(CB), enable_fp_fusion=False, num_warps=4,
+            D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=bt, BITS=bits, CB=CB,
+            CBP=triton.next_power_of_2(CB), enable_fp_fusion=False, num_warps=warps,
         )
     return Encoded({layout.norm_field: norm, layout.codes_field: codes}, tuple(keys.shape), keys.dtype)

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..backend import triton_unavailable
 from ..encoded import Encoded
-from ._common import load_rows, pack_bytes
+from ._common import load_rows, pack_bytes, rows_per_program
 
 
 @triton.jit
@@ -73,7 +73,7 @@ def value_encoder_unsupported(vq, device) -> str | None:
     return None
 
 
-def value_encode(vq, values: torch.Tensor, block_t: int = 16) -> Encoded:
+def value_encode(vq, values: torch.Tensor, block_t: int | None = None) -> Encoded:
     """values [..., T, d] (fp32/fp16/bf16, checked by the caller) -> ``vq.encode(values)``'s state."""
     why = value_encoder_unsupported(vq, values.device)
     if why:
@@ -89,10 +89,12 @@ def value_encode(vq, values: torch.Tensor, block_t: int = 16) -> Encoded:
     codes = torch.empty(lead + (CB,), dtype=torch.uint8, device=dev)
     scale = torch.empty(lead + (NG,), dtype=torch.float16, device=dev)
     zero = torch.empty(lead + (NG,), dtype=torch.float16, device=dev)
+    # rows per program and warps: fewer for a decode step's few rows (rows_per_program)
+    bt, warps = (block_t, 4) if block_t else rows_per_program(N)
     if N:
-        _value_encode_kernel[(triton.cdiv(N, block_t),)](
+        _value_encode_kernel[(triton.cdiv(N, bt),)](
             x, codes, scale, zero, N, float((1 << vq.bits) - 1),
-            D=D, NP=NP, GROUP=G, NG=NG, BITS=vq.bits, CB=CB, CBP=triton.next_power_of_2(CB), BT=block_t,
-            enable_fp_fusion=False, num_warps=4,
+            D=D, NP=NP, GROUP=G, NG=NG, BITS=vq.bits, CB=CB, CBP=triton.next_power_of_2(CB), BT=bt,
+            enable_fp_fusion=False, num_warps=warps,
         )
     return Encoded({"codes": codes, "scale": scale, "zero": zero}, tuple(values.shape), values.dtype)

@@ -47,7 +47,7 @@ def test_changed_file_is_hashed_again_unchanged_is_remembered(tmp_path, monkeypa
 def test_a_replaced_gguf_is_prepared_again(tmp_path, monkeypatch):
     """The reported case: a different model.gguf ran as the earlier one with exit code 0."""
     monkeypatch.setenv("KVCODEC_CACHE", str(tmp_path / "cache"))
-    import adapters.hf_causal_lm as hf
+    import adapters.hf_models as hf
 
     prepared = []
 

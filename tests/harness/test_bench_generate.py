@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from harness.bench_generate import HEADER, cache_bytes, roofline_tok_s, weight_bytes
 from harness.cli import main
@@ -51,8 +52,22 @@ def test_the_printed_table(bench, capsys):
     lines = [line for line in out.splitlines() if line.startswith("| ")]
     assert lines[0] == "| " + " | ".join(HEADER) + " |"
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[1:]]
-    assert [c[:4] for c in cells] == [["64", "1", "native", "-"], ["64", "1", "kivi@2", "auto"]]
-    assert cells[0][5] == "1.00x" and all(float(c[4]) > 0 and float(c[8]) > 0 for c in cells)
+    assert [c[:5] for c in cells] == [["64", "1", "native", "-", "eager"], ["64", "1", "kivi@2", "auto", "eager"]]
+    assert cells[0][6] == "1.00x" and all(float(c[5]) > 0 and float(c[9]) > 0 for c in cells)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_on_cuda_the_steps_are_graphed_where_the_cache_allows(tmp_path):
+    path = tmp_path / "gen.json"
+    assert main(["bench", "--generate", "--tiny", "--device", "cuda", "--contexts", "300", "--codecs", "kivi@2",
+                 "--new-tokens", "8", "--json", str(path)]) == 0
+    rows = {r["cache"]: r for r in json.loads(path.read_text())["rows"]}
+    assert rows["native"]["decode"] == "graphed" and rows["native"]["decode_tok_s"] > 0
+    assert rows["kivi@2"]["decode"].startswith("eager (layer 0: codec 'kivi' commits blocks of 32 tokens")
+    off = tmp_path / "off.json"
+    assert main(["bench", "--generate", "--tiny", "--device", "cuda", "--contexts", "300", "--codecs", "kivi@2",
+                 "--new-tokens", "8", "--graphs", "off", "--json", str(off)]) == 0
+    assert {r["decode"] for r in json.loads(off.read_text())["rows"]} == {"eager (--graphs off)"}
 
 
 def test_what_a_step_reads():

@@ -154,7 +154,7 @@ def test_load_errors_are_one_line(ckpt, capsys, tmp_path, monkeypatch):
     def corrupt(*a, **k):
         raise CheckpointError("checkpoint /x/model.pt is empty or corrupt\nre-download it")
 
-    import adapters.hf_causal_lm as hf
+    import adapters.hf_models as hf
 
     monkeypatch.setattr(hf, "load_checkpoint", corrupt)
     assert main(["run", "--model", "hf", "--model-path", str(ckpt), "--codec", CODEC, "--bits", "2", "--task",

@@ -202,3 +202,23 @@ def test_codec_encode_values_dispatches_to_the_fused_encoder(monkeypatch):
     n = len(calls)
     _same_bytes(wide.encode_values(v), wide.value_quantizer.encode(v))
     assert len(calls) == n
+
+
+@pytest.mark.parametrize("name", ["octopus", "turboquant-mse", "values"])
+def test_a_row_encodes_to_the_same_bytes_in_any_block_of_rows(name):
+    """A decode step encodes its few rows two to a program, a prefill sixteen: a token's bytes must
+    not depend on which (the key norm is summed by a fixed tree, not by the compiler's reduction)."""
+    codec = make_codec("octopus" if name == "values" else name, 3, 128, num_heads=2, seed=1, device=DEV)
+    keys = _keys((1, 2, 24, 128), seed=5)
+    if name == "values":
+        outs = [value_encode(codec.value_quantizer, keys, block_t=bt) for bt in (16, 2, 1)]
+    else:
+        fn = octopus_encode if name == "octopus" else turboquant_mse_encode
+        outs = [fn(codec, keys, block_t=bt) for bt in (16, 2, 1)]
+        outs.append(fn(codec, keys[:, :, 5:6]))  # one token alone: the rows_per_program default
+        for f, t in outs[-1].tensors.items():
+            assert torch.equal(t, outs[0].tensors[f][:, :, 5:6]), f
+        outs.pop()
+    for out in outs[1:]:
+        for f, t in out.tensors.items():
+            assert torch.equal(t, outs[0].tensors[f]), f

@@ -1,0 +1,151 @@
+"""Greedy decode steps replayed from a CUDA graph: :class:`GraphedDecode`.
+
+Eager, one decode step of a 7B transformers model is some 1,300 kernel launches, each dispatched
+from Python, so the host sets the pace: issue #24's profile at 32k context measured 41-85 ms of
+host time against 15-21 ms of kernels per step. A graph replays the step's kernels with one launch.
+
+A rollout that generates greedily from an equal-length batch hands its :class:`CompressedCache`
+(codec 'none' for the native baseline) to a ``GraphedDecode`` once every layer can take the static
+layout (:func:`why_not`: e.g. once a short prompt's window has filled). Every layer then takes it
+(:mod:`adapters.static_kv`); the first step runs eagerly on a side stream (the warm-up compiles
+kernels and allocates what a capture cannot: workspaces, counters, the device flags of the
+non-finite check), the second is captured, and each step from then on is one replay of: the model's
+forward of the last token, the argmax of its logits written to the next step's input, the positions
+and lengths advanced on the device. Nothing in it syncs; the caller reads the picks, one sync per
+token, to stop at EOS. :meth:`GraphedDecode.close` hands the layers back to the eager cache.
+
+``capture=False`` runs every step eagerly in the static layout (the same kernels a replay runs, so
+the same bytes: the check that a replay equals its eager step) and works on any device.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from kernels.attention import decide_attention
+
+from .hf_cache import CompressedCache, CompressedLayer
+from .hf_compat import cache_kwargs, takes_keyword
+from .static_kv import StaticCounters, StaticKV
+from .static_kv import why_not as layer_why_not
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+#: at least this many steps left to generate, or building a graph does not pay (a warm-up and a capture)
+MIN_STEPS = 4
+
+
+def why_not(model, cache, steps: int, capture: bool = True) -> str | None:
+    """None when ``cache`` (after a prefill, before a decode step) can decode its next ``steps``
+    single-token steps graphed, else the first reason it cannot (some pass after more eager steps)."""
+    if capture and model.device.type != "cuda":
+        return "CUDA graphs need a CUDA device"
+    if steps < MIN_STEPS:
+        return f"{steps} steps left (a graph pays from {MIN_STEPS})"
+    if not isinstance(cache, CompressedCache):
+        return "not a CompressedCache (the native baseline graphs through codec 'none')"
+    if getattr(model.config.get_text_config(decoder=True), "attn_logit_softcapping", None) is not None:
+        return "attention logit soft-capping (the fused kernels do not cap)"
+    for i, layer in enumerate(cache.layers):
+        if not isinstance(layer, CompressedLayer):
+            return f"layer {i} attends through a sliding window (transformers' own cache layer)"
+        why = layer_why_not(layer.kv)
+        if why is not None:
+            return f"layer {i}: {why}"
+    return None
+
+
+def _decode_path(model, layer: CompressedLayer) -> str:
+    kv = layer.kv
+    q = torch.empty(len(kv.seq_window), model.config.get_text_config(decoder=True).num_attention_heads, 1,
+                    kv.codec.head_dim, dtype=model.dtype, device="meta")
+    return decide_attention(q, kv.codec, kv.window_k.shape[1], kv.config.backend, device=model.device).path
+
+
+class GraphedDecode:
+    """The next ``steps`` greedy steps of ``cache`` (module docstring).
+
+    ``ids``: the B tokens the first step feeds (one per sequence: the picks of the logits before it).
+    :meth:`step` runs one step and returns its logits [B, V] float32; :attr:`picks` their argmax, the
+    next step's input; :meth:`close` hands the cache back (call it before reading the cache)."""
+
+    def __init__(self, model, cache: CompressedCache, ids: list[int], steps: int, capture: bool = True):
+        why = why_not(model, cache, steps, capture)
+        if why is not None:
+            raise ValueError(f"graphed decode: {why}")
+        self.model, self.cache, self.capture, self.steps = model, cache, capture, steps
+        dev = model.device
+        kvs = [layer.kv for layer in cache.layers]
+        committed = next((kv.committed for kv in kvs if kv.codec is not None), 0)
+        self.counters = StaticCounters(len(ids), committed, kvs[0].columns, cache.kv.config.residual, dev)
+        for layer in cache.layers:
+            path = None if layer.kv.codec is None else _decode_path(model, layer)
+            layer.static = StaticKV(layer.kv, self.counters, steps, path)
+        self.ids = torch.tensor(ids, dtype=torch.long, device=dev)[:, None]  # [B, 1]: the next input
+        self._keep = {"logits_to_keep": 1} if takes_keyword(model, "logits_to_keep") else {}
+        self.taken = 0
+        self._graph = None
+        self._logits: torch.Tensor | None = None  # the captured step's output
+
+    def _run(self) -> torch.Tensor:
+        """One step from the static buffers: logits [B, V] float32; the argmax becomes the next input."""
+        out = self.model(self.ids, position_ids=self.counters.positions, use_cache=True,
+                         **cache_kwargs(self.model, self.cache), **self._keep)
+        logits = out.logits[:, -1].float()
+        self.ids.copy_(logits.argmax(-1, keepdim=True))
+        self.counters.advance()
+        return logits
+
+    def step(self) -> torch.Tensor:
+        """Run the next step; its logits [B, V] float32 (a tensor of the caller's)."""
+        if self.taken >= self.steps:
+            raise RuntimeError(f"graphed decode: all {self.steps} steps taken")
+        self.taken += 1
+        if not self.capture:
+            return self._run()
+        if self._graph is not None:
+            self._graph.replay()
+            return self._logits.clone()
+        if self.taken == 1:  # the warm-up, eagerly on a side stream (as torch.cuda.graphs asks)
+            side = torch.cuda.Stream(self.model.device)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                logits = self._run()
+            torch.cuda.current_stream().wait_stream(side)
+            return logits
+        self._graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self._graph):  # recorded, not run: the replay below runs it
+                self._logits = self._run()
+        except RuntimeError as e:  # an operation a capture cannot take (nothing of the step ran)
+            self._graph, self.capture = None, False
+            for layer in self.cache.layers:
+                layer.pending = None
+            _warn_once(f"graphed decode: a step could not be captured in a CUDA graph ({str(e).splitlines()[0]}); "
+                       f"this rollout's steps run eagerly in the static layout")
+            return self._run()
+        self._graph.replay()
+        return self._logits.clone()
+
+    @property
+    def picks(self) -> list[int]:
+        """The argmax of the last step's logits per sequence (one sync)."""
+        return self.ids[:, 0].tolist()
+
+    def close(self) -> int:
+        """Hand every layer back to the eager cache; returns the steps taken."""
+        for layer in self.cache.layers:
+            if layer.static is not None:
+                layer.static.write_back(self.taken)
+                layer.static = None
+        self._graph = self._logits = None
+        return self.taken
+
