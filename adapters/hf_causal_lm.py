@@ -84,6 +84,9 @@ class CausalLM(ModelAdapter):
         out = {"name": self.name, "source": self.source, "model_type": c.model_type, "layers": n_layers,
                "q_heads": c.get_text_config(decoder=True).num_attention_heads, "kv_heads": n_kv,
                "head_dim": head_dim, "dtype": str(self.model.dtype).replace("torch.", ""), "device": str(self.device)}
+        # how greedy decode steps ran: graphed steps equal eager ones to float rounding, not bit for bit
+        out["decode_steps"] = {"capture": "CUDA graphs where the cache allows (adapters.graphed_decode)",
+                               "static": "the graphs' static layout, run eagerly", "off": "eager"}[self._graph_mode]
         native = decoder_arch(c).native_layers()
         return {**out, "native_layers": native} if native else out
 
@@ -242,9 +245,11 @@ class CausalLM(ModelAdapter):
     @torch.no_grad()
     def greedy(self, prompt: list[int] | list[list[int]], max_new_tokens: int, cache_config: CacheConfig | None,
                force: list[int] | list[list[int]] | str | None = None,
-               prefill: int | list[int] | None = None, speed: RolloutClock | None = None) -> dict | list[dict]:
+               prefill: int | list[int] | None = None, speed: RolloutClock | None = None,
+               stop: Callable[[list[int]], bool] | None = None) -> dict | list[dict]:
         """Prefill ``prompt`` (its tokens attend to each other natively), then decode greedily one
-        token at a time through the cache, stopping at EOS or after ``max_new_tokens``.
+        token at a time through the cache, stopping at EOS, once ``stop(tokens so far)`` is true (a
+        stop string: lm-eval's ``until``), or after ``max_new_tokens``.
 
         ``prefill``: prefill only the first ``prefill`` tokens (a batch: one count for all, or one per
         prompt); the rest of ``prompt`` then goes
@@ -303,7 +308,8 @@ class CausalLM(ModelAdapter):
                     picks = graph.picks
                 for b, t in zip(live, picks):
                     tokens[b].append(t)
-                live = [b for b in live if tokens[b][-1] not in eos and step < max_new_tokens - 1]
+                live = [b for b in live if tokens[b][-1] not in eos and step < max_new_tokens - 1
+                        and not (stop is not None and stop(tokens[b]))]
                 if graph is not None and len(live) < B:  # a sequence ended: the rest are fed padding, eagerly
                     feed.advance(graph.close())
                     graph = None

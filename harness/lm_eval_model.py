@@ -18,9 +18,12 @@
 How each request type meets the cache:
 
 - ``generate_until``: the context is prefilled (plain attention: nothing is cached yet), then
-  ``model.generate`` decodes through the :class:`~adapters.hf_cache.CompressedCache`; tokens are
-  encoded as they leave the native window, so every decode step reads the compressed context.
-  In a batch, ``model.generate`` keeps feeding a finished request (its pad token, unmasked) until
+  decoded through the :class:`~adapters.hf_cache.CompressedCache`; tokens are encoded as they leave
+  the native window, so every decode step reads the compressed context. A greedy request (lm-eval's
+  default) is decoded by :meth:`~adapters.hf_causal_lm.CausalLM.greedy`, whose steps are replayed
+  from a CUDA graph on CUDA, stopping at EOS or at the first of its ``until`` strings; in a batch a
+  finished request is fed padding, so its statistics count its own tokens only. Sampling requests go
+  through ``model.generate``, which keeps feeding a finished request (its pad token, unmasked) until
   the batch is done, so that request's cache statistics count those tokens too.
 - ``loglikelihood``: the context is prefilled into the cache, then the continuation is
   teacher-forced in chunks of ``chunk`` tokens, each attending to the compressed past + the
@@ -196,7 +199,11 @@ class KVCodecLM(HFLM):
     # --- generate_until -------------------------------------------------------------------------------
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs):
         """context [B, T] (left-padded, its attention_mask in ``generation_kwargs``): prefilled, then
-        decoded by ``model.generate`` through a compressed cache (which reads the padding from the mask)."""
+        decoded through a compressed cache; greedy requests by :meth:`CausalLM.greedy` (graphed steps on
+        CUDA), others by ``model.generate`` (which reads the padding from the mask). Returns [B, T + n]:
+        the context, then each request's tokens, padded."""
+        if _greedy(generation_kwargs):
+            return self._greedy_generate(context, max_length, stop, generation_kwargs.get("attention_mask"))
         with attach(self.model) as new_cache:
             cache = new_cache(self.cache_cfg)
             out = super()._model_generate(context, max_length, stop, **cache_kwargs(self.model, cache),
@@ -204,6 +211,36 @@ class KVCodecLM(HFLM):
         for b in range(context.shape[0]):
             self._record("generate_until", cache, b)
         return out
+
+
+    def _greedy_generate(self, context: torch.Tensor, max_length: int, stop: list[str], mask) -> torch.Tensor:
+        T = context.shape[1]
+        keep = torch.ones_like(context) if mask is None else mask
+        prompts = [[t for t, m in zip(row, ms) if m] for row, ms in zip(context.tolist(), keep.tolist())]
+        decode = self.tokenizer.decode
+
+        def stopped(tokens: list[int]) -> bool:  # lm-eval's stop strings, in the decoded answer so far
+            text = decode(tokens)
+            return any(s in text for s in stop)
+
+        results = self.lm.greedy(prompts, max_length - T, self.cache_cfg, stop=stopped if stop else None)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eot_token_id
+        out = context.new_full((context.shape[0], max_length), pad)
+        out[:, :T] = context
+        for b, r in enumerate(results):
+            out[b, T:T + len(r["tokens"])] = torch.tensor(r["tokens"], dtype=out.dtype)
+            self._record("generate_until", r["cache"], r["sequence"])
+        return out
+
+
+def _greedy(generation_kwargs: dict) -> bool:
+    """Whether lm-eval asks for plain greedy decoding (as ``HFLM._model_generate`` reads its
+    arguments: no sampling, temperature 0 or unset, nothing else but the mask)."""
+    kw = dict(generation_kwargs)
+    kw.pop("attention_mask", None)
+    temperature = kw.pop("temperature", 0.0)
+    do_sample = kw.pop("do_sample", None)
+    return not kw and not do_sample and (temperature == 0.0 or do_sample is False)
 
 
 # --- harness lm-eval --------------------------------------------------------------------------------

@@ -144,6 +144,10 @@ def test_what_cannot_be_graphed_says_why(cfg, ids, why):
 
 def test_the_graph_modes_are_checked():
     lm = tiny_causal_lm()
+    # model.json says how the steps ran (on this CPU 'auto' is eager)
+    assert lm.describe()["decode_steps"] == "eager"
+    lm.graphs = "static"
+    assert lm.describe()["decode_steps"] == "the graphs' static layout, run eagerly"
     lm.graphs = "sometimes"
     with pytest.raises(ValueError, match="Unknown graphs 'sometimes'. Available: auto, static, off"):
         lm.greedy([1, 2, 3], 4, None)

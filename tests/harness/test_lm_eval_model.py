@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("lm_eval")
 
@@ -179,6 +180,27 @@ def test_cache_statistics_in_results(none_results, octopus_results):
     assert mean["cache_bytes"] < 0.5 * mean["uncompressed_bytes"]
     native = none_results["config"]["kvcodec"]["mean"]
     assert native["bits_per_coord"] == 32 and native["cache_bytes"] == native["uncompressed_bytes"]  # float32
+
+
+def test_greedy_requests_take_greedy_and_equal_model_generate(ckpt):
+    """A greedy generate_until request is decoded by CausalLM.greedy (its steps graphed on CUDA), one
+    with other generation options by model.generate: the same answers up to the stop string."""
+    from harness.lm_eval_model import KVCodecLM, _greedy
+
+    assert _greedy({"attention_mask": 1, "do_sample": False}) and _greedy({"temperature": 0.0})
+    assert not _greedy({"do_sample": True, "temperature": 0.7}) and not _greedy({"do_sample": False, "top_k": 1})
+    lm = KVCodecLM(pretrained=str(ckpt), codec="octopus", bits=2, residual=4, device="cpu", batch_size=2)
+    calls = []
+    real = lm.lm.greedy
+    lm.lm.greedy = lambda *a, **k: calls.append(a) or real(*a, **k)
+    ctx = torch.tensor([[0, 0, 0, 72, 105, 32, 116, 104, 101, 114, 101], [84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98]])
+    mask = (torch.arange(ctx.shape[1]) >= torch.tensor([[3], [0]])).long()
+    texts = []
+    for extra in ({}, {"top_k": 1}):  # top_k=1 without sampling is greedy too, but takes model.generate
+        out = lm._model_generate(ctx, ctx.shape[1] + 12, ["e"], attention_mask=mask, do_sample=False, **extra)
+        texts.append([lm.tokenizer.decode(row[ctx.shape[1]:].tolist(), skip_special_tokens=True).split("e")[0]
+                      for row in out])
+    assert len(calls) == 1 and texts[0] == texts[1] and all(texts[0]), texts
 
 
 def test_bad_model_args_fail_before_any_request(ckpt):
