@@ -100,6 +100,12 @@ class RunConfig:
         "'auto': spread a text model that does not fit one GPU over every visible GPU (accelerate)",
         choices=("auto",)))
 
+    # greedy decode steps of text models: replayed from a CUDA graph where the cache allows (equal to
+    # eager steps to float rounding), or eager
+    graphs: str = field(default="auto", metadata=cli(
+        "decode steps of text models: auto (CUDA graphs on CUDA where the cache allows), off (eager)",
+        choices=("auto", "off")))
+
     def to_json(self) -> dict:
         return {"version": RUN_CONFIG_VERSION, **asdict(self)}
 

@@ -217,6 +217,8 @@ def _load(config: RunConfig, spec, model, log) -> tuple[ModelAdapter, list[Cache
     if model is None:
         log(f"loading {config.model}" + (f" from {config.model_path}" if config.model_path else ""))
         placed = {"device_map": config.device_map} if config.device_map else {}
+        if "graphs" in inspect.signature(spec.load).parameters:  # the models with graphed decode steps
+            placed["graphs"] = config.graphs
         model = spec.load(config.model_path, config.device, config.dtype, **placed)
     if not isinstance(model, ModelAdapter) or model.modality != spec.modality:
         raise RunError(f"model '{config.model}' must be a {spec.modality} adapters.protocol.ModelAdapter, "

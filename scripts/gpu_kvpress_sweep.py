@@ -86,6 +86,8 @@ def main(argv=None) -> int:
     ap.add_argument("--codec-seeds", nargs="+", default=["0", "1", "2"])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--graphs", choices=("auto", "off"), default="auto",
+                    help="harness run --graphs: decode steps from CUDA graphs where the cache allows, or eager")
     ap.add_argument("--tiny", action="store_true", help="a tiny model and a 512-token context")
     a = ap.parse_args(argv)
     shape, context = (TINY, min(a.context, 512)) if a.tiny else (QWEN25_7B, a.context)
@@ -98,13 +100,14 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     rc = harness(["run", "--model", "hf", "--model-path", str(ckpt), "--task", "kvpress", "--prompts", str(data),
                   "--codec", *a.codecs, "--bits", *a.bits, "--codec-seeds", *a.codec_seeds, "--device", a.device,
-                  "--task-opt", f"kvpress.max_new_tokens={a.new_tokens}", "--out", str(out), "--quiet"])
+                  "--task-opt", f"kvpress.max_new_tokens={a.new_tokens}", "--graphs", a.graphs, "--out", str(out),
+                  "--quiet"])
     wall = time.perf_counter() - t0
     if rc:
         return rc
     device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "CPU"
     print(f"kvpress sweep on {device}: {a.rows} row(s) of {context} tokens, codecs {' '.join(a.codecs)}, bits "
-          f"{' '.join(a.bits)}, codec seeds {' '.join(a.codec_seeds)}, {a.new_tokens} answer tokens")
+          f"{' '.join(a.bits)}, codec seeds {' '.join(a.codec_seeds)}, {a.new_tokens} answer tokens, graphs {a.graphs}")
     print("\n".join(breakdown(out, wall)))
     return 0
 

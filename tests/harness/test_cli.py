@@ -163,6 +163,23 @@ def test_load_errors_are_one_line(ckpt, capsys, tmp_path, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
+def test_graphs_reach_the_text_model(ckpt, tmp_path, monkeypatch):
+    """--graphs off reaches the loaded text model (its decode steps then run eagerly on CUDA too),
+    and the run's config.json records it; an unknown value is refused before anything loads."""
+    import adapters.hf_models as hf
+
+    seen = []
+    real = hf.load_checkpoint
+    monkeypatch.setattr(hf, "load_checkpoint", lambda *a, **k: seen.append(k.get("graphs")) or real(*a, **k))
+    out = tmp_path / "o"
+    assert main(["run", "--model", "hf", "--model-path", str(ckpt), "--codec", CODEC, "--bits", "2", "--task",
+                 "perplexity", "--limit", "1", "--quiet", "--graphs", "off", "--out", str(out)]) == 0
+    assert seen == ["off"] and json.loads((out / "config.json").read_text())["graphs"] == "off"
+    assert json.loads((out / "model.json").read_text())["model"]["decode_steps"] == "eager"
+    with pytest.raises(SystemExit):
+        main(["run", "--model", "hf", "--graphs", "sometimes"])
+
+
 def test_device_cuda_without_cuda(capsys, tmp_path, monkeypatch):
     import torch
 

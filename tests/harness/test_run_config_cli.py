@@ -49,6 +49,7 @@ ARGV = {
                       {"octopus": {"split": "3,3,3"}, "qjl": {"sketch": "64"}}),
     "baseline": (["--no-baseline-row"], False),
     "device_map": (["--device-map", "auto"], "auto"),
+    "graphs": (["--graphs", "off"], "off"),
 }
 
 
