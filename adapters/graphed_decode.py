@@ -52,6 +52,8 @@ def why_not(model, cache, steps: int, capture: bool = True) -> str | None:
         return f"{steps} steps left (a graph pays from {MIN_STEPS})"
     if not isinstance(cache, CompressedCache):
         return "not a CompressedCache (the native baseline graphs through codec 'none')"
+    if len({p.device for p in model.parameters()}) > 1:
+        return "the model is spread over several devices (device_map): one graph captures one device's work"
     if getattr(model.config.get_text_config(decoder=True), "attn_logit_softcapping", None) is not None:
         return "attention logit soft-capping (the fused kernels do not cap)"
     for i, layer in enumerate(cache.layers):
@@ -86,9 +88,14 @@ class GraphedDecode:
         kvs = [layer.kv for layer in cache.layers]
         committed = next((kv.committed for kv in kvs if kv.codec is not None), 0)
         self.counters = StaticCounters(len(ids), committed, kvs[0].columns, cache.kv.config.residual, dev)
-        for layer in cache.layers:
-            path = None if layer.kv.codec is None else _decode_path(model, layer)
-            layer.static = StaticKV(layer.kv, self.counters, steps, path)
+        try:
+            for layer in cache.layers:
+                path = None if layer.kv.codec is None else _decode_path(model, layer)
+                layer.static = StaticKV(layer.kv, self.counters, steps, path)
+        except BaseException:  # the layers built so far go back to the eager cache as they were
+            self.taken = 0
+            self.close()
+            raise
         self.ids = torch.tensor(ids, dtype=torch.long, device=dev)[:, None]  # [B, 1]: the next input
         self._keep = {"logits_to_keep": 1} if takes_keyword(model, "logits_to_keep") else {}
         self.taken = 0
@@ -105,9 +112,20 @@ class GraphedDecode:
         return logits
 
     def step(self) -> torch.Tensor:
-        """Run the next step; its logits [B, V] float32 (a tensor of the caller's)."""
+        """Run the next step; its logits [B, V] float32 (a tensor of the caller's). A step that raises
+        hands the cache back (:meth:`close`) first."""
         if self.taken >= self.steps:
             raise RuntimeError(f"graphed decode: all {self.steps} steps taken")
+        try:
+            return self._step()
+        except BaseException:  # the failed step is not counted (the rollout's cache is not to be trusted)
+            self.taken -= 1
+            for layer in self.cache.layers:
+                layer.pending = None
+            self.close()
+            raise
+
+    def _step(self) -> torch.Tensor:
         self.taken += 1
         if not self.capture:
             return self._run()

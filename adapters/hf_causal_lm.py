@@ -246,7 +246,7 @@ class CausalLM(ModelAdapter):
     def greedy(self, prompt: list[int] | list[list[int]], max_new_tokens: int, cache_config: CacheConfig | None,
                force: list[int] | list[list[int]] | str | None = None,
                prefill: int | list[int] | None = None, speed: RolloutClock | None = None,
-               stop: Callable[[list[int]], bool] | None = None) -> dict | list[dict]:
+               stop: Callable[[list[int]], bool] | None = None, keep_logits: bool = True) -> dict | list[dict]:
         """Prefill ``prompt`` (its tokens attend to each other natively), then decode greedily one
         token at a time through the cache, stopping at EOS, once ``stop(tokens so far)`` is true (a
         stop string: lm-eval's ``until``), or after ``max_new_tokens``.
@@ -259,7 +259,8 @@ class CausalLM(ModelAdapter):
         the prompt ("self": the tokens this call generated); their logits say how this cache
         scores that continuation. Returns {'tokens': [...], 'logits': [n, V] float32 of the
         generated steps, 'forced_logits': [len(force), V] or None, 'cache': the cache after
-        generation}. ``speed``: a clock that times the first forward (the prefill) and the decode
+        generation}; 'logits' None with ``keep_logits`` False (the steps' [V] float32 logits are not kept on
+        the device: a long batch's answers). ``speed``: a clock that times the first forward (the prefill) and the decode
         loop (every token after the first; the prompt's tail and the forced pass are in neither).
 
         A batch: ``prompt`` a list of prompts (any lengths: left-padded, see
@@ -318,13 +319,13 @@ class CausalLM(ModelAdapter):
                 if graph is None and len(live) == B and not feed.padded:
                     graph = self._graphed(cache, [t[-1] for t in tokens], max_new_tokens - 1 - step)
                 if graph is not None:
-                    out = graph.step()
-                    for b in live:
-                        logits[b].append(out[b])
-                    continue
-                out = self._forward(feed, [tokens[b][-1:] if b in live else [] for b in range(B)], cache, last=True)
+                    out = graph.step()[:, None]
+                else:
+                    out = self._forward(feed, [tokens[b][-1:] if b in live else [] for b in range(B)], cache, last=True)
                 for b in live:
                     logits[b].append(out[b, -1])
+                    if not keep_logits:  # the first (a forced pass starts from it) and the last
+                        del logits[b][1:-1]
             if graph is not None:
                 feed.advance(graph.close())
             clock.decode_done(sum(max(len(t) - 1, 0) for t in tokens))
@@ -337,7 +338,8 @@ class CausalLM(ModelAdapter):
                     if piece:
                         forced[b] = torch.cat([forced[b], f[b, f.shape[1] - len(piece):]], 0)
             clock.stop()
-        out = [{"tokens": tokens[b], "logits": torch.stack(logits[b][:len(tokens[b])]), "forced_logits": forced[b],
+        out = [{"tokens": tokens[b], "logits": torch.stack(logits[b][:len(tokens[b])]) if keep_logits else None,
+                "forced_logits": forced[b],
                 "cache": cache, "sequence": b} for b in range(B)]
         return out if batched else {k: v for k, v in out[0].items() if k != "sequence"}
 

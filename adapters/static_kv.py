@@ -99,6 +99,7 @@ class StaticKV:
             self.keys = k.new_zeros(B, H, W + steps, d)
             self.values = v.new_zeros(B, H, W + steps, d)
             self.keys[:, :, :W], self.values[:, :, :W] = k, v
+            kv.window_k, kv.window_v = self.keys[:, :, :W], self.values[:, :, :W]  # the old copies go
             self._columns = torch.arange(W + steps, device=k.device)
         else:
             n = kv.committed + steps
@@ -117,6 +118,8 @@ class StaticKV:
                 self.dk, self.dv = dk.new_zeros(B, H, n, d), dv.new_zeros(B, H, n, d)
                 self.dk[:, :, :dk.shape[2]], self.dv[:, :, :dv.shape[2]] = dk, dv
                 self._memo = not estimator
+                if self._memo:  # the eager memo becomes a view: one copy of the decoded keys, not two
+                    kv._dec_k, kv._dec_v = self.dk[:, :, :dk.shape[2]], self.dv[:, :, :dv.shape[2]]
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
              softcap: float | None = None) -> torch.Tensor:
@@ -157,6 +160,7 @@ class StaticKV:
             T = kv.seq_window[0] + steps
             kv.window_k, kv.window_v = self.keys[:, :, :T], self.values[:, :, :T]
             kv.seq_window = [w + steps for w in kv.seq_window]
+            kv._append_sizes = kv._append_sizes + [1] * steps  # a native layer keeps every append's size
         else:
             kv.store_k.advance(steps)
             kv.store_v.advance(steps)

@@ -277,7 +277,7 @@ def _measure(model, ids, make, batch: int, new_tokens: int, device, result: dict
     else:
         _, steps_s, _ = timed_generate(model, cont, cache, new_tokens, device, steps)
     held, native = cache_bytes(cache)
-    ms = sorted(x * 1e3 for x in steps[1:])
+    ms = sorted(x * 1e3 for x in steps[2 if why is None else 1:])  # graphed: not the warm-up and the capture
     return {"context": ids.shape[1], "batch": batch, "new_tokens": new_tokens, "prefill_s": prefill_s,
             "decode": "graphed" if why is None else f"eager ({why})",
             "decode_steps_s": steps_s, "decode_tok_s": steps_s * batch, "step_ms_median": ms[len(ms) // 2],

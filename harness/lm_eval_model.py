@@ -11,6 +11,7 @@
   codec_seed   the codec's own seed (rotations, projections)
   chunk        tokens per teacher-forced chunk after the prefill (default 64)
   device, dtype  as ``harness run`` takes them (auto: cuda + bfloat16 where available, else cpu + float32)
+  graphs       auto (greedy decode steps from CUDA graphs on CUDA where the cache allows) | off (eager)
   batch_size   (lm-eval's ``--batch_size``) requests run together through one cache, left-padded
                (:mod:`adapters.padded_batch`): every answer is the one it gets alone, to float
                rounding; a number ('auto' is not supported)
@@ -20,7 +21,7 @@ How each request type meets the cache:
 - ``generate_until``: the context is prefilled (plain attention: nothing is cached yet), then
   decoded through the :class:`~adapters.hf_cache.CompressedCache`; tokens are encoded as they leave
   the native window, so every decode step reads the compressed context. A greedy request (lm-eval's
-  default) is decoded by :meth:`~adapters.hf_causal_lm.CausalLM.greedy`, whose steps are replayed
+  default, on a model whose generation config adds no logits processor such as a repetition penalty) is decoded by :meth:`~adapters.hf_causal_lm.CausalLM.greedy`, whose steps are replayed
   from a CUDA graph on CUDA, stopping at EOS or at the first of its ``until`` strings; in a batch a
   finished request is fed padding, so its statistics count its own tokens only. Sampling requests go
   through ``model.generate``, which keeps feeding a finished request (its pad token, unmasked) until
@@ -96,7 +97,7 @@ class KVCodecLM(HFLM):
 
     def __init__(self, pretrained: str, codec: str = "none", bits: int | None = None, value_bits: int | None = None,
                  residual: int = DEFAULT_RESIDUAL, protect="none", codec_seed: int = 0, chunk: int = 64,
-                 device: str | None = "auto", dtype="auto", batch_size=1, **kwargs):
+                 device: str | None = "auto", dtype="auto", batch_size=1, graphs: str = "auto", **kwargs):
         codec = codec or "none"  # lm-eval's argument parser reads "none" as None
         try:
             batch = int(batch_size)
@@ -111,7 +112,7 @@ class KVCodecLM(HFLM):
             bits = 16
         if str(device).startswith("cuda") and not torch.cuda.is_available():
             device = "auto"  # lm-eval's CLI default is cuda:0; --model hf falls back to the CPU too
-        self.lm = load_checkpoint(pretrained, MODEL_NAME, device or "auto", dtype)
+        self.lm = load_checkpoint(pretrained, MODEL_NAME, device or "auto", dtype, graphs=str(graphs))
         super().__init__(pretrained=self.lm.model, tokenizer=self.lm.tokenizer, batch_size=batch, **kwargs)
         self.pretrained_path = str(pretrained)
         self.chunk = int(chunk)
@@ -202,7 +203,7 @@ class KVCodecLM(HFLM):
         decoded through a compressed cache; greedy requests by :meth:`CausalLM.greedy` (graphed steps on
         CUDA), others by ``model.generate`` (which reads the padding from the mask). Returns [B, T + n]:
         the context, then each request's tokens, padded."""
-        if _greedy(generation_kwargs):
+        if _greedy(generation_kwargs) and _plain_greedy(self.model.generation_config):
             return self._greedy_generate(context, max_length, stop, generation_kwargs.get("attention_mask"))
         with attach(self.model) as new_cache:
             cache = new_cache(self.cache_cfg)
@@ -223,7 +224,8 @@ class KVCodecLM(HFLM):
             text = decode(tokens)
             return any(s in text for s in stop)
 
-        results = self.lm.greedy(prompts, max_length - T, self.cache_cfg, stop=stopped if stop else None)
+        results = self.lm.greedy(prompts, max_length - T, self.cache_cfg, stop=stopped if stop else None,
+                                 keep_logits=False)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eot_token_id
         out = context.new_full((context.shape[0], max_length), pad)
         out[:, :T] = context
@@ -231,6 +233,23 @@ class KVCodecLM(HFLM):
             out[b, T:T + len(r["tokens"])] = torch.tensor(r["tokens"], dtype=out.dtype)
             self._record("generate_until", r["cache"], r["sequence"])
         return out
+
+
+#: generation_config fields whose logits processors ``model.generate`` applies under greedy decoding too,
+#: with their neutral values: a model that sets any other keeps ``model.generate`` (CausalLM.greedy takes
+#: the plain argmax)
+_PROCESSORS = {"repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
+               "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0),
+               "bad_words_ids": (None,), "min_length": (None, 0), "min_new_tokens": (None, 0),
+               "suppress_tokens": (None,), "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,),
+               "forced_eos_token_id": (None,), "exponential_decay_length_penalty": (None,),
+               "sequence_bias": (None,), "renormalize_logits": (None, False), "logits_processor": (None,)}
+
+
+def _plain_greedy(generation_config) -> bool:
+    """Whether ``model.generate``'s greedy decoding under this config is the plain argmax (no logits
+    processor: repetition penalty, suppressed tokens, ...)."""
+    return all(getattr(generation_config, k, None) in neutral for k, neutral in _PROCESSORS.items())
 
 
 def _greedy(generation_kwargs: dict) -> bool:

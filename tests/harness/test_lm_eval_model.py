@@ -201,6 +201,10 @@ def test_greedy_requests_take_greedy_and_equal_model_generate(ckpt):
         texts.append([lm.tokenizer.decode(row[ctx.shape[1]:].tolist(), skip_special_tokens=True).split("e")[0]
                       for row in out])
     assert len(calls) == 1 and texts[0] == texts[1] and all(texts[0]), texts
+    # a generation config that adds a logits processor (a repetition penalty): model.generate, as before
+    lm.model.generation_config.repetition_penalty = 1.05
+    lm._model_generate(ctx, ctx.shape[1] + 4, ["e"], attention_mask=mask, do_sample=False)
+    assert len(calls) == 1
 
 
 def test_bad_model_args_fail_before_any_request(ckpt):
