@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -13,10 +14,14 @@ from .rows import atomic_write, dumps
 
 RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "report.html", "plotly.min.js", "speed.jsonl", "timings.jsonl",
              "model.json", "config.json", "plan.json", "slurm.json")
-#: files of shards (harness.shard), removed with the run by --fresh
-RUN_GLOBS = ("rows.shard-*.jsonl", "speed.shard-*.jsonl", "timings.shard-*.jsonl", "*.png", "*.tmp")
-#: baselines; the tasks' media; the logs of `harness launch` and submitit's folder
-RUN_DIRS = ("baselines", "video", "audio", "logs", "slurm")
+#: the other top-level files a run writes, by exact pattern (so --fresh never takes a user's file): the
+#: shards' files (harness.shard) and atomic_write's temporary files
+RUN_PATTERNS = (r"(rows|speed|timings)\.shard-\d+-of-\d+\.jsonl",
+                "(" + "|".join(re.escape(f) for f in RUN_FILES) + r")\.\d+\.tmp")
+#: baselines and the tasks' media: folders only the harness writes into (its namespaces in a run folder)
+RUN_DIRS = ("baselines", "video", "audio", "slurm")
+#: `harness launch`'s per-shard logs: only these files of logs/ are the harness's (the folder goes once empty)
+LOG_PATTERN = r"shard-\d+-of-\d+\.log"
 
 
 def check_out(out: Path) -> None:
@@ -99,15 +104,49 @@ def refuse_live_shards(out: Path, allowed_count: int | None = None) -> None:
                         f"the same shards (shard count {next(iter(busy)).rpartition('-of-')[2]})")
 
 
+def report_plots(out: Path | None = None) -> set[str]:
+    """Every name a report's plot can have (``<task>_<metric>.png``, harness.report), over the
+    registered tasks and metrics and the metrics ``out``'s summary.json names (a task's own): the
+    PNG files of a run folder that are the harness's."""
+    from metrics import list_metrics
+
+    from .report import _safe
+    from .tasks import list_tasks
+
+    pairs = {(t, m) for t in list_tasks() for m in list_metrics()}
+    try:
+        tasks = json.loads((out / "summary.json").read_text(encoding="utf-8"))["tasks"] if out else {}
+        pairs |= {(t, m["name"]) for t, v in tasks.items() for m in v["metrics"]}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # no summary, or not ours: the registered names only
+    return {f"{_safe(str(t))}_{_safe(str(m))}.png" for t, m in pairs}
+
+
+def is_run_file(name: str, plots: set[str] | frozenset = frozenset()) -> bool:
+    """Whether a top-level file ``name`` of a run folder is one the harness writes (``plots``:
+    :func:`report_plots`)."""
+    return name in RUN_FILES or name in plots or any(re.fullmatch(p, name) for p in RUN_PATTERNS)
+
+
 def wipe(out: Path) -> None:
-    """--fresh: delete the run files of ``out`` (claimed by ``claim_out``; live writers refused)."""
-    for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
+    """--fresh: delete the run files of ``out`` (claimed by ``claim_out``; live writers refused): the
+    files the harness writes, by exact name or pattern, and its own folders; never another file."""
+    plots = report_plots(out)
+    for p in out.iterdir():
+        if (p.is_file() or p.is_symlink()) and is_run_file(p.name, plots):
+            p.unlink(missing_ok=True)
     for name in RUN_DIRS:
-        shutil.rmtree(out / name, ignore_errors=True)
-    for pattern in RUN_GLOBS:
-        for f in out.glob(pattern):
-            f.unlink(missing_ok=True)
+        if (out / name).is_symlink():  # a link is removed, never followed
+            (out / name).unlink()
+        else:
+            shutil.rmtree(out / name, ignore_errors=True)
+    logs = out / "logs"
+    if logs.is_dir() and not logs.is_symlink():
+        for f in logs.iterdir():
+            if re.fullmatch(LOG_PATTERN, f.name) and (f.is_file() or f.is_symlink()):
+                f.unlink()
+        if not any(logs.iterdir()):
+            logs.rmdir()
 
 
 def start_out(config: RunConfig, out: Path, fresh: bool) -> None:

@@ -195,10 +195,22 @@ def test_fresh_starts_over_only_after_validation(lm, textfile, tmp_path):
         with pytest.raises(ValueError):
             run(_one(textfile, **bad), out=out, fresh=True, model=lm, progress=False, log=lambda *_: None)
         assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before, bad
-    (out / "notes.txt").write_text("kept")  # not a run file: --fresh leaves it
+    # a user's files beside the run (issue #27: *.png, *.tmp and logs/ were taken): --fresh leaves them
+    mine = {"notes.txt": "kept", "my_photo.png": "png", "keep.tmp": "tmp", "rows.jsonl.bak": "bak",
+            "logs/mylog.txt": "log"}
+    for name, text in mine.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(text)
+    theirs = ["rows.shard-0-of-2.jsonl", "rows.jsonl.123.tmp", "logs/shard-1-of-2.log"]
+    for name in theirs:
+        (out / name).write_text("{}")
+    plots = sorted(p.name for p in out.glob("*.png") if p.name != "my_photo.png")
+    assert plots  # the first run's report plots
     run(_one(textfile, residual=16), out=out, fresh=True, model=lm, progress=False, log=lambda *_: None)
     assert json.loads((out / "config.json").read_text())["residual"] == 16
-    assert len(read_rows(out / "rows.jsonl")) == 2 and (out / "notes.txt").read_text() == "kept"
+    assert len(read_rows(out / "rows.jsonl")) == 2
+    assert {name: (out / name).read_text() for name in mine} == mine
+    assert not any((out / name).exists() for name in theirs)
 
 
 @pytest.mark.parametrize("bad, message", [
