@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,8 @@ import torch
 
 from kernels import list_codecs, make_codec, private_generator
 from metrics.probe import cosine, ip_error, needle_mass, unit_mse
+
+from .rows import atomic_write, write_via
 
 DEFAULT_BITS = (1, 2, 3, 4)
 NEEDLE_KEYS = 4096
@@ -182,7 +183,7 @@ def write_report(out: Path, result: dict) -> None:
         for r in result["rounding_agreement"]:
             lines.append(f"| {r['bits']} | {r['b_u']} | {r['agreement']:.4f} |")
     lines += ["", "![rate-distortion](rate_distortion.png)", ""]
-    (out / "report.md").write_text("\n".join(lines))
+    atomic_write(out / "report.md", "\n".join(lines))
 
 
 def plot(out: Path, table: list[dict], dim: int) -> None:
@@ -207,7 +208,7 @@ def plot(out: Path, table: list[dict], dim: int) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "rate_distortion.png", dpi=110, metadata={"Software": None})
+    write_via(out / "rate_distortion.png", lambda p: fig.savefig(p, dpi=110, metadata={"Software": None}))
     plt.close(fig)
 
 
@@ -271,9 +272,7 @@ def run(dim: int = 128, bits=DEFAULT_BITS, n: int = 4096, seeds: int = 3, codecs
         write_report(out, result)
         if table:
             plot(out, table, dim)
-        tmp = out / "probe.json.tmp"
-        tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, out / "probe.json")
+        atomic_write(out / "probe.json", json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result
 
 

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from .compare import compare  # noqa: F401  (harness compare; importable from here as before)
-from .rows import BASELINE_LABEL, num, read_rows
+from .rows import BASELINE_LABEL, atomic_write, num, read_rows, write_via
 from .speed import markdown as speed_markdown
 from .speed import problem_note, read_speed, summarize_speed
 from .summary import SUMMARY_VERSION, summarize
@@ -106,7 +106,7 @@ def plot_metric(path: Path, task: str, m: dict, groups: list[dict]) -> bool:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    write_via(path, lambda p: fig.savefig(p, dpi=100, metadata={"Software": None}))
     plt.close(fig)
     return True
 
@@ -133,7 +133,7 @@ def write_report(out: Path, notes: list[str] = ()) -> Path:
         md += _task_section(out, task, t, rows, speed[task])
     md += _unavailable(rows)
     md += _artifacts(rows)
-    (out / "report.md").write_text("\n".join(md).rstrip() + "\n", encoding="utf-8")
+    atomic_write(out / "report.md", "\n".join(md).rstrip() + "\n")
     from .html_report import write_run_page  # report.html beside it, from the same summary and rows
 
     write_run_page(out, config, model, summary, rows, speed, speed_problem)

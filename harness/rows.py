@@ -69,13 +69,13 @@ class CorruptRows(ValueError):
 
 def cut_torn_line(path: Path) -> bytes:
     """Cut a torn last line (a crash mid-write) off ``path`` before a process appends to it; returns
-    the complete lines' bytes (b'' where there is no file)."""
-    if not path.exists():
+    the complete lines' bytes (b'' where there is no file). Never through a symbolic link."""
+    if not path.exists() and not path.is_symlink():
         return b""
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end != len(data):
-        with open(path, "r+b") as f:
+    with os.fdopen(_open_file(path, os.O_RDWR), "r+b") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end != len(data):
             f.truncate(end)
     return data[:end]
 
@@ -103,14 +103,27 @@ def read_rows(path: Path, repair: bool = False) -> list[dict]:
 
 
 def append_line(path: Path, line: str) -> None:
-    with open(path, "a", encoding="utf-8") as f:
+    """Append ``line`` to ``path`` (created if missing; never through a symbolic link) and sync it."""
+    with os.fdopen(_open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8") as f:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
 class UnsafePath(ValueError):
-    """A path built from input that would leave the run folder."""
+    """A path built from input that would leave the run folder, or a link where a run file belongs."""
+
+
+def _open_file(path: Path, flags: int) -> int:
+    """os.open of a regular file, refusing a symbolic link in its place (O_NOFOLLOW): a run folder is
+    something users copy and share, and a link planted in one must not make the harness write outside it."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
+        if Path(path).is_symlink():
+            raise UnsafePath(f"{path} is a symbolic link; the harness writes only regular files in a run "
+                             f"folder: delete the link (or put the file it names in its place)") from None
+        raise
 
 
 def safe_name(s: str) -> str:
@@ -132,9 +145,29 @@ def inside(root: Path, *parts) -> Path:
     return path
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (the temporary name is per process: shards of
-    one run write the same files)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` whole or not at all (the temporary name is per
+    process: shards of one run write the same files). A symbolic link at ``path`` is replaced by the
+    file, never written through."""
+    def write(tmp: Path) -> None:
+        with os.fdopen(_open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+    write_via(path, write, path.with_name(f"{path.name}.{os.getpid()}.tmp"))
+
+
+def write_via(path: Path, write, tmp: Path | None = None) -> None:
+    """``write(tmp)`` then rename ``tmp`` over ``path``: for writers that open files by name (a plot, a
+    video, a wav). A rename replaces a symbolic link at ``path`` itself, so nothing outside the run
+    folder is written whatever stands there; ``tmp`` (default: a hidden per-process name with
+    ``path``'s suffix, which writers read the format from) is cleared first, a link included."""
+    path = Path(path)
+    tmp = tmp or path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()

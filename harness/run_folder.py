@@ -17,7 +17,8 @@ RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "report.html", "plotly.m
 #: the other top-level files a run writes, by exact pattern (so --fresh never takes a user's file): the
 #: shards' files (harness.shard) and atomic_write's temporary files
 RUN_PATTERNS = (r"(rows|speed|timings)\.shard-\d+-of-\d+\.jsonl",
-                "(" + "|".join(re.escape(f) for f in RUN_FILES) + r")\.\d+\.tmp")
+                "(" + "|".join(re.escape(f) for f in RUN_FILES) + r")\.\d+\.tmp",
+                r"\.[A-Za-z0-9._-]+\.\d+\.tmp\.(png|html|js|md)")  # rows.write_via's, for a plot or a page
 #: baselines and the tasks' media: folders only the harness writes into (its namespaces in a run folder)
 RUN_DIRS = ("baselines", "video", "audio", "slurm")
 #: `harness launch`'s per-shard logs: only these files of logs/ are the harness's (the folder goes once empty)

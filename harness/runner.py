@@ -48,7 +48,7 @@ from .config import DEFAULT_TASKS, RunConfig, RunError, seeded
 from .environment import environment, environment_diff
 from .lock import RunLock, RunLocked, describe
 from .merge import MERGE_WAIT_S, complete, finish, stored_rows
-from .rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name
+from .rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name, write_via
 from .run_folder import claim_out, make_out, refuse_live_shards, start_out, write_config
 from .shard import ROWS_NAME, Plan, Shard, adopt_plan, write_plan
 from .speed import SPEED_NAME, speed_line
@@ -368,7 +368,6 @@ def _baselines(task, name: str, model, batch: list, seed: int, out: Path) -> lis
     baselines = task.baseline_batch(model, batch, seed)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     for path, baseline in zip(paths, baselines):
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        task.save_baseline(baseline, tmp)
-        os.replace(tmp, path)
+        write_via(path, lambda p, b=baseline: task.save_baseline(b, p),
+                  path.with_name(f"{path.name}.{os.getpid()}.tmp"))
     return baselines

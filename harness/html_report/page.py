@@ -13,7 +13,7 @@ import math
 import re
 from pathlib import Path
 
-from ..rows import num
+from ..rows import atomic_write, num
 from ..tables import fmt, fmt_ci, fmt_delta, fmt_diff, per_prompt_row
 
 HERE = Path(__file__).resolve().parent
@@ -119,7 +119,7 @@ def render(template: str, path: Path, **context) -> Path:
     text = env.get_template(template).render(
         style=(HERE / "style.css").read_text(), script=(HERE / "page.js").read_text(), plotly_js=PLOTLY_JS,
         plotly_version=plotly.__version__, **context)
-    path.write_text(text, encoding="utf-8")
+    atomic_write(path, text)
     return path
 
 
@@ -129,6 +129,6 @@ def write_plotly_js(folder: Path) -> Path:
 
     path = Path(folder) / PLOTLY_JS
     js = get_plotlyjs().encode("utf-8")
-    if not path.is_file() or path.stat().st_size != len(js) or path.read_bytes() != js:
-        path.write_bytes(js)
+    if path.is_symlink() or not path.is_file() or path.stat().st_size != len(js) or path.read_bytes() != js:
+        atomic_write(path, js)
     return path

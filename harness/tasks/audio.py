@@ -26,7 +26,7 @@ from adapters.rollout_clock import RolloutClock
 from kernels import private_generator
 from metrics import audio as am
 
-from ..rows import inside, safe_name
+from ..rows import atomic_write, inside, safe_name, write_via
 from .base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "audio"
@@ -80,7 +80,8 @@ def _write_wav(path: Path, audio: np.ndarray, sr: int) -> None:
     import soundfile as sf
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    sf.write(str(path), np.asarray(audio, dtype=np.float32), sr, subtype="FLOAT")  # float: no clipping
+    # float: no clipping
+    write_via(path, lambda p: sf.write(str(p), np.asarray(audio, dtype=np.float32), sr, subtype="FLOAT"))
 
 
 def _spectrogram_png(path: Path, base: np.ndarray, x: np.ndarray, sr: int, title: str, labels: tuple[str, str]) -> None:
@@ -101,7 +102,7 @@ def _spectrogram_png(path: Path, base: np.ndarray, x: np.ndarray, sr: int, title
     fig.colorbar(im, ax=axes, label="dB", shrink=0.9)
     fig.suptitle(title, fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
+    write_via(path, lambda p: fig.savefig(p, dpi=80))
     plt.close(fig)
 
 
@@ -198,7 +199,7 @@ class AudioTask(Task):
                   "free_token_match": am.per_scale(self.metric("free_token_match"), base.tokens, free.tokens),
                   "conditioning": model.conditioning_label}
         (out_dir / rel).mkdir(parents=True, exist_ok=True)
-        (out_dir / rel / f"{_safe(label)}.per_scale.json").write_text(json.dumps(curves, indent=1))
+        atomic_write(out_dir / rel / f"{_safe(label)}.per_scale.json", json.dumps(curves, indent=1))
         arts["per_scale"] = str(rel / f"{_safe(label)}.per_scale.json")
         if self.save_audio:
             if not (out_dir / rel / "baseline.wav").exists():

@@ -30,7 +30,7 @@ from adapters.rollout_clock import RolloutClock
 from kernels import private_generator
 from metrics import video as vm
 
-from ..rows import inside, safe_name
+from ..rows import atomic_write, inside, safe_name, write_via
 from .base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "video"
@@ -73,8 +73,8 @@ def write_mp4(path: Path, frames: torch.Tensor, fps: int) -> None:
     import imageio.v2 as iio
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    iio.mimwrite(str(path), to_uint8(frames), format="FFMPEG", fps=fps, codec="libx264", quality=8,
-                 macro_block_size=16)
+    write_via(path, lambda p: iio.mimwrite(str(p), to_uint8(frames), format="FFMPEG", fps=fps, codec="libx264",
+                                           quality=8, macro_block_size=16))
 
 
 def still_indices(num_frames: int, stills: int) -> list[int]:
@@ -110,7 +110,7 @@ def write_contact_sheet(path: Path, rows: list[tuple[str, torch.Tensor]], stills
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    write_via(path, lambda p: fig.savefig(p, dpi=100))
     plt.close(fig)
 
 
@@ -141,7 +141,7 @@ def write_drift_plot(path: Path, curves: dict[str, dict], title: str) -> None:
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    write_via(path, lambda p: fig.savefig(p, dpi=90))
     plt.close(fig)
 
 
@@ -265,7 +265,7 @@ class VideoTask(Task):
         drift = {"prompt": prompt.data, "label": label, "frames_per_block": model.spec.frames_per_block,
                  "latent_frames": int(r.latents.shape[2]), "pixel_frames": int(r.frames.shape[0]),
                  "note": "null = +inf (identical frame)", **curves}
-        (d / f"{name}.drift.json").write_text(json.dumps(drift, indent=1))
+        atomic_write(d / f"{name}.drift.json", json.dumps(drift, indent=1))
         arts = {"drift": str(rel / f"{name}.drift.json")}
         all_curves = {}
         for f in sorted(d.glob("*.drift.json")):

@@ -1,0 +1,90 @@
+"""No write through a symbolic link planted in a run folder (issue #27): a report replaces each
+artifact link with the file, a resumed run refuses to append through one in a line, and nothing
+outside the folder changes. The cases are a table: a new artifact kind is one line."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from tiny_lm import tiny_causal_lm
+
+from harness.config import RunConfig
+from harness.report import write_report
+from harness.rows import UnsafePath, append_line, atomic_write, cut_torn_line, write_via
+from harness.runner import run
+
+TEXT = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nine. " * 60).strip()
+QUIET = dict(progress=False, log=lambda *_: None)
+
+#: artifacts a report rewrites: each becomes a link to an outside file, the report must leave that file alone
+REPORT_ARTIFACTS = ["report.md", "report.html", "plotly.min.js", "perplexity_ppl_delta.png"]
+#: files a resumed run appends to or repairs: a link there is refused with one line
+RESUME_FILES = ["rows.jsonl", "timings.jsonl"]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_causal_lm("qwen2")
+
+
+def _config(tmp_path) -> RunConfig:
+    f = tmp_path / "fox.txt"
+    f.write_text(TEXT)
+    return RunConfig(model="hf", model_path="(tiny)", tasks=["perplexity"], codecs=["turboquant-mse"], bits=[2],
+                     prompts=str(f), limit=1, residual=8, codec_seeds=[0],
+                     task_options={"perplexity": {"context": 140, "prefix": 60, "chunk": 20}})
+
+
+def _plant(path, outside) -> None:
+    path.unlink(missing_ok=True)
+    os.symlink(outside, path)
+
+
+@pytest.mark.parametrize("name", REPORT_ARTIFACTS)
+def test_a_report_never_writes_through_a_link(lm, tmp_path, name):
+    out = run(_config(tmp_path), out=tmp_path / "run", model=lm, **QUIET)
+    if name.endswith(".png") and not (out / name).exists():
+        name = sorted(p.name for p in out.glob("*.png"))[0]  # whichever plot the report drew
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the user's own file")
+    _plant(out / name, outside)
+    write_report(out)
+    assert outside.read_text() == "the user's own file"
+    assert not (out / name).is_symlink() and (out / name).stat().st_size > 0  # the artifact, rewritten in place
+
+
+@pytest.mark.parametrize("name", RESUME_FILES)
+def test_a_resume_refuses_to_append_through_a_link(lm, tmp_path, name):
+    config = _config(tmp_path)
+    out = run(config, out=tmp_path / "run", model=lm, **QUIET)
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("line one\nline two, torn")  # a torn last line: the repair would cut it
+    _plant(out / name, outside)
+    if name != "rows.jsonl":
+        (out / "rows.jsonl").write_text("")  # rows to compute again, so the run appends
+    with pytest.raises(UnsafePath, match=f"{name} is a symbolic link"):
+        run(config, out=out, model=lm, **QUIET)
+    assert outside.read_text() == "line one\nline two, torn"
+
+
+def test_the_write_primitives_replace_or_refuse_a_link(tmp_path):
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"keep")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for i, write in enumerate((lambda p: atomic_write(p, "text"), lambda p: atomic_write(p, b"bytes"),
+                               lambda p: write_via(p, lambda t: t.write_bytes(b"a plot, a video, a wav")))):
+        link = folder / f"artifact{i}.png"
+        _plant(link, outside)
+        write(link)
+        assert not link.is_symlink() and outside.read_bytes() == b"keep"
+    # a planted link where the temporary file goes: removed, not written through
+    _plant(folder / f"artifact.{os.getpid()}.tmp", outside)
+    atomic_write(folder / "artifact", "x")
+    assert outside.read_bytes() == b"keep" and (folder / "artifact").read_text() == "x"
+    for refuse in (lambda p: append_line(p, "{}"), cut_torn_line):
+        link = folder / "rows.jsonl"
+        _plant(link, outside)
+        with pytest.raises(UnsafePath, match="is a symbolic link"):
+            refuse(link)
+        assert outside.read_bytes() == b"keep"
