@@ -43,3 +43,19 @@ def save_tiny_checkpoint(path: Path, arch: str = "qwen2", **kw) -> Path:
     lm.model.save_pretrained(path)
     lm.tokenizer.save_pretrained(path)
     return path
+
+
+FOX = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nine. " * 60).strip()
+TASK_OPTIONS = {"perplexity": {"context": 140, "prefix": 60, "chunk": 20},
+                "needle": {"contexts": [520], "depths": [0.2, 0.8], "needles": 2, "max_new_tokens": 3}}
+
+
+def text_run_config(tmp_path: Path, tasks=("perplexity", "needle"), codecs=("kivi",), **kw):
+    """A RunConfig of a small text run on the tiny model ('(tiny)': pass the model to run()) over FOX."""
+    from harness.config import RunConfig
+
+    f = tmp_path / "fox.txt"
+    f.write_text(FOX)
+    base = dict(model="hf", model_path="(tiny)", tasks=list(tasks), codecs=list(codecs), bits=[2], prompts=str(f),
+                limit=2, residual=8, task_options={t: o for t, o in TASK_OPTIONS.items() if t in tasks})
+    return RunConfig(**{**base, **kw})

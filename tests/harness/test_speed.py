@@ -12,18 +12,14 @@ import statistics
 import pytest
 from run_folder import synthetic_rows, write_run
 from scipy.stats import t as student_t
-from tiny_lm import tiny_causal_lm
+from tiny_lm import text_run_config, tiny_causal_lm
 
-from harness.config import RunConfig
 from harness.report import write_report
 from harness.rows import dumps, read_rows, row_key
 from harness.runner import run
 from harness.speed import BEGIN, END, NO_PEAK, NOTHING_DECODED, without_speed
 from harness.tables import fmt
 
-TEXT = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nine. " * 60).strip()
-OPTS = {"perplexity": {"context": 140, "prefix": 60, "chunk": 20},
-        "needle": {"contexts": [520], "depths": [0.2, 0.8], "needles": 2, "max_new_tokens": 3}}
 QUIET = dict(progress=False, log=lambda *_: None)
 
 
@@ -32,11 +28,8 @@ def lm():
     return tiny_causal_lm("qwen2")
 
 
-def _config(tmp_path) -> RunConfig:
-    f = tmp_path / "fox.txt"
-    f.write_text(TEXT)
-    return RunConfig(model="hf", model_path="(tiny)", tasks=["perplexity", "needle"], codecs=["kivi"], bits=[2],
-                     prompts=str(f), limit=2, residual=8, task_options=OPTS)
+def _config(tmp_path):
+    return text_run_config(tmp_path)
 
 
 def _table(md: str, task: str) -> dict[str, list[str]]:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from tiny_lm import tiny_causal_lm
+from tiny_lm import text_run_config, tiny_causal_lm
 
-from harness.config import RunConfig
 from harness.report import write_report
 from harness.rows import UnsafePath, append_line, atomic_write, cut_torn_line, write_via
 from harness.runner import run
 
-TEXT = ("The quick brown fox jumps over the lazy dog. A stitch in time saves nine. " * 60).strip()
 QUIET = dict(progress=False, log=lambda *_: None)
 
 #: artifacts a report rewrites: each becomes a link to an outside file, the report must leave that file alone
@@ -27,12 +25,8 @@ def lm():
     return tiny_causal_lm("qwen2")
 
 
-def _config(tmp_path) -> RunConfig:
-    f = tmp_path / "fox.txt"
-    f.write_text(TEXT)
-    return RunConfig(model="hf", model_path="(tiny)", tasks=["perplexity"], codecs=["turboquant-mse"], bits=[2],
-                     prompts=str(f), limit=1, residual=8, codec_seeds=[0],
-                     task_options={"perplexity": {"context": 140, "prefix": 60, "chunk": 20}})
+def _config(tmp_path):
+    return text_run_config(tmp_path, tasks=("perplexity",), codecs=("turboquant-mse",), limit=1, codec_seeds=[0])
 
 
 def _plant(path, outside) -> None:
