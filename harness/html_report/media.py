@@ -36,19 +36,32 @@ class Media:
         self.run, self.page_dir = Path(run), Path(page_dir)
         self.missing: list[str] = []
 
-    def src(self, rel: str | None) -> str | None:
-        """The URL of artifact ``rel`` relative to the page (None, and noted, where the file is missing)."""
+    def _path(self, rel) -> Path | None:
+        """The run's file that row path ``rel`` names, or None (noted) where it is missing or is not
+        inside the run folder (rows are data: an absolute path, '..' or a link out is never read or linked)."""
         if not rel:
             return None
-        path = self.run / rel
-        if not path.is_file():
-            self.missing.append(str(rel))
+        if not isinstance(rel, str):
+            self.missing.append(f"{rel!r} (not a path)")
             return None
-        return quote(Path(os.path.relpath(path, self.page_dir)).as_posix())
+        path = self.run / rel
+        if not path.resolve().is_relative_to(self.run.resolve()):
+            self.missing.append(f"{rel} (outside the run folder)")
+            return None
+        if not path.is_file():
+            self.missing.append(rel)
+            return None
+        return path
+
+    def src(self, rel: str | None) -> str | None:
+        """The URL of artifact ``rel`` relative to the page (None, and noted, where the file is missing
+        or outside the run folder)."""
+        path = self._path(rel)
+        return None if path is None else quote(Path(os.path.relpath(path, self.page_dir)).as_posix())
 
     def json(self, rel: str | None) -> dict | None:
-        path = self.run / rel if rel else None
-        return json.loads(path.read_text()) if path is not None and path.is_file() else None
+        path = self._path(rel)
+        return None if path is None else json.loads(path.read_text())
 
 
 def _latest(rows: list[dict]) -> dict[str, dict]:

@@ -82,3 +82,22 @@ def test_the_write_primitives_replace_or_refuse_a_link(tmp_path):
         with pytest.raises(UnsafePath, match="is a symbolic link"):
             refuse(link)
         assert outside.read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("rel", ["/etc/passwd", "../../../../etc/passwd", "video/p/link.json", 5])
+def test_the_page_never_reads_or_links_a_path_outside_the_run(tmp_path, rel):
+    """Paths named in rows are data: an absolute one, '..' or a link out is neither read nor linked."""
+    from harness.html_report.media import Media
+
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"psnr": [1, 2]}')
+    run_dir = tmp_path / "run"
+    (run_dir / "video" / "p").mkdir(parents=True)
+    os.symlink(secret, run_dir / "video" / "p" / "link.json")
+    (run_dir / "video" / "p" / "own.json").write_text('{"psnr": [3]}')
+    media = Media(run_dir, run_dir)
+    if isinstance(rel, str) and rel.startswith("/"):
+        rel = str(secret)
+    assert media.src(rel) is None and media.json(rel) is None
+    assert any("outside the run folder" in m or "not a path" in m for m in media.missing)
+    assert media.json("video/p/own.json") == {"psnr": [3]} and media.src("video/p/own.json") == "video/p/own.json"
