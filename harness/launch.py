@@ -268,6 +268,9 @@ def main(argv: list[str]) -> int:
     if a.procs is not None:
         if a.procs < 1:
             raise RunError(f"--procs must be >= 1, got {a.procs}")
+        cores = os.cpu_count() or 1
+        if a.procs > cores:  # each process loads its own model: more than the cores only thrashes
+            raise RunError(f"--procs {a.procs} is more than the {cores} CPU cores here; use at most {cores}")
         if config.device.startswith("cuda"):
             raise RunError(f"--procs runs on the CPU, the run asks for --device {config.device}; use --gpus")
         devices = [""] * a.procs

@@ -109,6 +109,7 @@ def test_bad_launches_stop_with_one_line(args, tmp_path, capsys):
         (["--procs", "2"], "needs the run's arguments after '--'"),
         (["--procs", "2", "--", *args, "--shard", "0/2"], "--shard is set per process by harness launch"),
         (["--procs", "0", "--", *args], "--procs must be >= 1"),
+        (["--procs", "100000", "--", *args], "--procs 100000 is more than the .* CPU cores here; use at most"),
         (["--procs", "2", "--", *args, "--device", "cuda"], "CUDA is not available|--procs runs on the CPU"),
         (["--procs", "2", "--shards", "3", "--", *args], "--shards and --detach go with --slurm"),
         (["--slurm", "--", *args], "--slurm needs --shards N"),
