@@ -52,8 +52,6 @@ def why_not(model, cache, steps: int, capture: bool = True) -> str | None:
         return f"{steps} steps left (a graph pays from {MIN_STEPS})"
     if not isinstance(cache, CompressedCache):
         return "not a CompressedCache (the native baseline graphs through codec 'none')"
-    if len({p.device for p in model.parameters()}) > 1:
-        return "the model is spread over several devices (device_map): one graph captures one device's work"
     if getattr(model.config.get_text_config(decoder=True), "attn_logit_softcapping", None) is not None:
         return "attention logit soft-capping (the fused kernels do not cap)"
     for i, layer in enumerate(cache.layers):
@@ -62,6 +60,9 @@ def why_not(model, cache, steps: int, capture: bool = True) -> str | None:
         why = layer_why_not(layer.kv)
         if why is not None:
             return f"layer {i}: {why}"
+    # last: a scan of the parameters, reached once per rollout (the checks above refuse the steps before)
+    if len({p.device for p in model.parameters()}) > 1:
+        return "the model is spread over several devices (device_map): one graph captures one device's work"
     return None
 
 

@@ -4,10 +4,11 @@ Which decoders are served (Llama, Qwen2/3, Mistral, Phi-3, Gemma 2/3 and the lik
 transformers' attention interface; sliding-window layers kept native) is :mod:`adapters.hf_arch`'s
 decision, checked on the checkpoint's config before its weights are read.
 
-The loaders (:mod:`adapters.hf_models`) return a :class:`CausalLM`, which is what the text tasks drive: ``teacher_force``
-for chunked teacher forcing and ``greedy`` for generation, each either native (``cache_config``
-None: a plain ``DynamicCache``, the model untouched) or through a :class:`CompressedCache`, for
-one sequence or a batch of any lengths (left-padded: :mod:`adapters.padded_batch`).
+The loaders (:mod:`adapters.hf_models`) return a :class:`CausalLM`, which is what the text tasks
+drive: ``teacher_force`` for chunked teacher forcing and ``greedy`` for generation, each either
+native (``cache_config`` None: a plain ``DynamicCache``, the model untouched) or through a
+:class:`CompressedCache`, for one sequence or a batch of any lengths (left-padded:
+:mod:`adapters.padded_batch`).
 """
 from __future__ import annotations
 
@@ -260,8 +261,9 @@ class CausalLM(ModelAdapter):
         scores that continuation. Returns {'tokens': [...], 'logits': [n, V] float32 of the
         generated steps, 'forced_logits': [len(force), V] or None, 'cache': the cache after
         generation}; 'logits' None with ``keep_logits`` False (the steps' [V] float32 logits are not kept on
-        the device: a long batch's answers). ``speed``: a clock that times the first forward (the prefill) and the decode
-        loop (every token after the first; the prompt's tail and the forced pass are in neither).
+        the device: a long batch's answers). ``speed``: a clock that times the first forward (the
+        prefill) and the decode loop (every token after the first; the prompt's tail and the forced
+        pass are in neither).
 
         A batch: ``prompt`` a list of prompts (any lengths: left-padded, see
         :mod:`adapters.padded_batch`) and ``force`` None, "self" or one list per prompt. A finished

@@ -24,8 +24,8 @@ in Python lists. Here, for the next ``steps`` single-token steps of an equal-len
 
 Outputs equal the eager step's to float rounding, not bit for bit: the kernels read a longer view
 (masked by lengths) and the window in ring order, which orders their reductions differently, and
-SDPA reads a masked buffer rather than the exact history. :meth:`StaticKV.write_back` hands the layer back to the eager cache
-as the same steps run eagerly would have left it (its tokens, lengths and window).
+SDPA reads a masked buffer rather than the exact history. :meth:`StaticKV.write_back` hands the layer
+back to the eager cache as the same steps run eagerly would have left it (its tokens, lengths and window).
 """
 from __future__ import annotations
 
