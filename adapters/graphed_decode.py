@@ -16,14 +16,23 @@ token, to stop at EOS. :meth:`GraphedDecode.close` hands the layers back to the 
 
 ``capture=False`` runs every step eagerly in the static layout (the same kernels a replay runs, so
 the same bytes: the check that a replay equals its eager step) and works on any device.
+
+``model.generate`` through our cache: :class:`GraphedForward` stands in for the model's forward while
+``generate`` runs, and answers its single-token decode steps from a ``GraphedDecode`` fed the tokens
+``generate`` picked (sampling, logits processors and stopping stay ``generate``'s, eager, on the logits
+the replay returns); every other call (the prefill, a padded batch, a cache the graph refuses) goes
+to the model's own forward.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
 
 from kernels.attention import decide_attention
+
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .hf_cache import CompressedCache, CompressedLayer
 from .hf_compat import cache_kwargs, takes_keyword
@@ -97,7 +106,7 @@ class GraphedDecode:
             self.taken = 0
             self.close()
             raise
-        self.ids = torch.tensor(ids, dtype=torch.long, device=dev)[:, None]  # [B, 1]: the next input
+        self.ids = torch.as_tensor(ids, dtype=torch.long).to(dev).reshape(-1, 1).clone()  # [B, 1]: the next input
         self._keep = {"logits_to_keep": 1} if takes_keyword(model, "logits_to_keep") else {}
         self.taken = 0
         self._graph = None
@@ -112,12 +121,15 @@ class GraphedDecode:
         self.counters.advance()
         return logits
 
-    def step(self) -> torch.Tensor:
-        """Run the next step; its logits [B, V] float32 (a tensor of the caller's). A step that raises
-        hands the cache back (:meth:`close`) first."""
+    def step(self, feed: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the next step; its logits [B, V] float32 (a tensor of the caller's). ``feed`` [B, 1]
+        (on the device): the step's input tokens, in place of the last step's argmax (a sampler's
+        picks). A step that raises hands the cache back (:meth:`close`) first."""
         if self.taken >= self.steps:
             raise RuntimeError(f"graphed decode: all {self.steps} steps taken")
         try:
+            if feed is not None:  # on the current stream, before the replay reads it (no sync)
+                self.ids.copy_(feed.reshape(self.ids.shape))
             return self._step()
         except BaseException:  # the failed step is not counted (the rollout's cache is not to be trusted)
             self.taken -= 1
@@ -168,3 +180,65 @@ class GraphedDecode:
         self._graph = self._logits = None
         return self.taken
 
+
+class GraphedForward:
+    """``with GraphedForward(model, cache, steps, capture): model.generate(..., cache=cache)``: the
+    single-token decode steps ``generate`` makes through ``cache`` (at most ``steps`` of them) are
+    answered from a :class:`GraphedDecode` once :func:`why_not` lets them (asked again at each step
+    until then); the model's forward runs every other call. The model's ``forward`` is replaced on
+    the instance inside the block and restored, and the cache handed back, on leaving it."""
+
+    def __init__(self, model, cache: CompressedCache, steps: int, capture: bool = True):
+        self.model, self.cache, self.steps, self.capture = model, cache, steps, capture
+        self.key = next(iter(cache_kwargs(model, cache)))  # the keyword the forward takes the cache under
+        self.graph: GraphedDecode | None = None
+        self.calls = 0  # decode steps seen so far
+        self.replayed = 0  # of which answered from the graph
+        self._busy = False
+
+    def __enter__(self) -> GraphedForward:
+        self._own = vars(self.model).get("forward")  # one set on the instance already (accelerate's hooks)
+        self._forward = self.model.forward
+        # generate reads the forward's signature (whether it takes position_ids, logits_to_keep): keep it
+        self.model.forward = functools.wraps(self._forward)(lambda *args, **kw: self._step(*args, **kw))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._own is None:
+            del self.model.forward  # the class's forward again
+        else:
+            self.model.forward = self._own
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None
+
+    def _is_step(self, args, kw) -> bool:
+        """Whether a forward call is a decode step of our cache the graph could answer: one token per
+        sequence by ``input_ids``, our cache, and nothing asked beyond the logits."""
+        ids = kw.get("input_ids", args[0] if args else None)
+        return (kw.get(self.key) is self.cache and isinstance(ids, torch.Tensor) and ids.dim() == 2
+                and ids.shape[1] == 1 and kw.get("inputs_embeds") is None and not kw.get("output_attentions")
+                and not kw.get("output_hidden_states") and kw.get("labels") is None)
+
+    def _step(self, *args, **kw):
+        if self._busy or not self._is_step(args, kw):  # the graph's own forward calls land here too
+            return self._forward(*args, **kw)
+        ids = kw.get("input_ids", args[0] if args else None)
+        left, self.calls = self.steps - self.calls, self.calls + 1
+        if self.graph is not None and self.graph.taken >= self.graph.steps:  # more steps than announced
+            self.graph.close()
+            self.graph = None
+        self._busy = True
+        try:
+            if self.graph is None and why_not(self.model, self.cache, left, self.capture) is None:
+                self.graph = GraphedDecode(self.model, self.cache, ids[:, 0], left, self.capture)
+            if self.graph is None:
+                return self._forward(*args, **kw)
+            logits = self.graph.step(feed=ids)
+        except BaseException:
+            self.graph = None  # GraphedDecode hands the cache back when it fails
+            raise
+        finally:
+            self._busy = False
+        self.replayed += 1
+        return CausalLMOutputWithPast(logits=logits[:, None], **{self.key: self.cache})

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from .hf_arch import decoder_arch, geometry, refuse_padding
-from .graphed_decode import GraphedDecode
+from .graphed_decode import GraphedDecode, GraphedForward
 from .graphed_decode import why_not as graphed_why_not
 from .hf_cache import CompressedCache, attach
 from .hf_compat import cache_kwargs, takes_keyword
@@ -187,6 +187,15 @@ class CausalLM(ModelAdapter):
         if mode == "off" or graphed_why_not(self.model, cache, steps, capture=mode == "capture") is not None:
             return None
         return GraphedDecode(self.model, cache, ids, steps, capture=mode == "capture")
+
+    def graphed_generate(self, cache, steps: int):
+        """A context in which ``self.model.generate(..., cache)`` takes its next ``steps`` decode steps as
+        :meth:`greedy` takes its own (``graphs``; :class:`adapters.graphed_decode.GraphedForward`), or
+        a no-op (``graphs`` off, a transformers cache)."""
+        mode = self._graph_mode
+        if mode == "off" or not isinstance(cache, CompressedCache):
+            return nullcontext()
+        return GraphedForward(self.model, cache, steps, capture=mode == "capture")
 
     def _session(self, cache_config: CacheConfig | None, decodes: bool = False):
         """(context manager, cache factory): native rollouts touch nothing, except that one which

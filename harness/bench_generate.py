@@ -1,7 +1,8 @@
 """``harness bench --generate``: decode tokens/s through each compressed cache against the native
 cache, beside the memory roofline. On CUDA the steps are replayed from a CUDA graph
 (:mod:`adapters.graphed_decode`) where the cache allows, as the harness's rollouts run them; the row's
-``decode`` says 'graphed' or why they ran eagerly (``--graphs off``: ``model.generate``'s eager steps).
+``decode`` says 'graphed' or why they ran eagerly (``--graphs off``: ``model.generate``'s eager steps;
+``--graphs generate``: ``model.generate`` with its decode steps replayed, :class:`adapters.graphed_decode.GraphedForward`).
 
     harness bench --generate                                   # random Qwen2.5-7B shape, 32k context, CUDA
     harness bench --generate --contexts 32k,128k --batches 1,max
@@ -211,9 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help=f"a tiny random model, contexts cut to {TINY_MAX_CONTEXT} "
                                                         f"(checks the benchmark runs, e.g. on a CPU)")
-    p.add_argument("--graphs", choices=("auto", "off"), default="auto",
+    p.add_argument("--graphs", choices=("auto", "generate", "off"), default="auto",
                    help="auto: on CUDA, decode steps replayed from a CUDA graph (adapters.graphed_decode) where "
-                        "the cache allows; off: model.generate's eager steps")
+                        "the cache allows; generate: model.generate, its decode steps replayed likewise; "
+                        "off: model.generate's eager steps")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     return p
 
@@ -243,8 +245,8 @@ def run(args) -> dict:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, shape["vocab_size"], (1, max(contexts)), generator=g).to(device)  # 0 is the pad id
     with torch.no_grad(), attach(model) as new_cache:
-        graphs = args.graphs == "auto" and device.type == "cuda"
-        runs = cache_makers(args.codecs, args.backends, new_cache, graphs)
+        graphs = args.graphs if device.type == "cuda" else "off"
+        runs = cache_makers(args.codecs, args.backends, new_cache, graphs != "off")
         for _, _, make in runs:  # warm-up: kernels compiled
             timed_generate(model, ids[:, :min(256, max(contexts))], make(), 4, device)
         for context in contexts:
@@ -261,25 +263,31 @@ def run(args) -> dict:
     return result
 
 
-def _measure(model, ids, make, batch: int, new_tokens: int, device, result: dict, graphs: bool = False) -> dict:
-    """One (context, batch, cache): prefill, repeat, time the decode (graphed where ``graphs`` and the
-    cache allows: the row's 'decode' says which); its cache and roofline."""
-    from adapters.graphed_decode import why_not
+def _measure(model, ids, make, batch: int, new_tokens: int, device, result: dict, graphs: str = "off") -> dict:
+    """One (context, batch, cache): prefill, repeat, time the decode (graphed where ``graphs`` ('auto'
+    or 'generate', ``--graphs``) and the cache allows: the row's 'decode' says which); its cache and roofline."""
+    from adapters.graphed_decode import GraphedForward, why_not
 
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     cache, cont, prefill_s = prefilled(model, ids, make, batch, device)
     steps: list[float] = []
-    why = why_not(model, cache, new_tokens - 1) if graphs else "--graphs off"
-    if why is None:
+    why = why_not(model, cache, new_tokens - 1) if graphs != "off" else "--graphs off"
+    if why is None and graphs == "auto":
         steps_s, _ = timed_graphed(model, cache, cont[:, -1].tolist(), new_tokens, device, steps)
+    elif why is None:  # model.generate: every call feeds one token (the warm-up, the capture, then replays)
+        with GraphedForward(model, cache, new_tokens):
+            timed_generate(model, cont, cache, new_tokens, device, steps)
+        replays = steps[2:]
+        steps_s = len(replays) / max(sum(replays), 1e-9)
     else:
         _, steps_s, _ = timed_generate(model, cont, cache, new_tokens, device, steps)
     held, native = cache_bytes(cache)
     ms = sorted(x * 1e3 for x in steps[2 if why is None else 1:])  # graphed: not the warm-up and the capture
+    label = {"auto": "graphed", "generate": "graphed generate"}.get(graphs)
     return {"context": ids.shape[1], "batch": batch, "new_tokens": new_tokens, "prefill_s": prefill_s,
-            "decode": "graphed" if why is None else f"eager ({why})",
+            "decode": label if why is None else f"eager ({why})",
             "decode_steps_s": steps_s, "decode_tok_s": steps_s * batch, "step_ms_median": ms[len(ms) // 2],
             "step_ms_max": ms[-1], "cache_bytes": held, "native_bytes": native,
             "roofline_tok_s": roofline_tok_s(batch, result["copy_bandwidth_Bps"], result["weight_bytes"], held),

@@ -72,3 +72,16 @@ def sdpa_backend_fn(q, k, v, gqa):
 
         return fn, name
     return (lambda: sdpa(q, k, v, gqa)), "default"
+
+
+def device_seconds(fn) -> tuple[float, int]:
+    """(seconds of device work, kernels and copies) that ``fn()`` issues on CUDA, from torch.profiler.
+    Against ``fn``'s unprofiled wall time it bounds what replaying its launches from a CUDA graph could
+    save: the wall time less this is host time the device sat idle."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    return sum(e.self_device_time_total for e in events) / 1e6, sum(e.count for e in events)

@@ -11,7 +11,7 @@
   codec_seed   the codec's own seed (rotations, projections)
   chunk        tokens per teacher-forced chunk after the prefill (default 64)
   device, dtype  as ``harness run`` takes them (auto: cuda + bfloat16 where available, else cpu + float32)
-  graphs       auto (greedy decode steps from CUDA graphs on CUDA where the cache allows) | off (eager)
+  graphs       auto (decode steps from CUDA graphs on CUDA where the cache allows) | off (eager)
   batch_size   (lm-eval's ``--batch_size``) requests run together through one cache, left-padded
                (:mod:`adapters.padded_batch`): every answer is the one it gets alone, to float
                rounding; a number ('auto' is not supported)
@@ -24,8 +24,9 @@ How each request type meets the cache:
   default, on a model whose generation config adds no logits processor such as a repetition penalty) is decoded by :meth:`~adapters.hf_causal_lm.CausalLM.greedy`, whose steps are replayed
   from a CUDA graph on CUDA, stopping at EOS or at the first of its ``until`` strings; in a batch a
   finished request is fed padding, so its statistics count its own tokens only. Sampling requests go
-  through ``model.generate``, which keeps feeding a finished request (its pad token, unmasked) until
-  the batch is done, so that request's cache statistics count those tokens too.
+  through ``model.generate`` (its steps replayed from a graph too where the batch is unpadded), which
+  keeps feeding a finished request (its pad token, unmasked) until the batch is done, so that
+  request's cache statistics count those tokens too.
 - ``loglikelihood``: the context is prefilled into the cache, then the continuation is
   teacher-forced in chunks of ``chunk`` tokens, each attending to the compressed past + the
   native window + itself (:meth:`~adapters.hf_models.CausalLM.teacher_force`). The first
@@ -200,15 +201,17 @@ class KVCodecLM(HFLM):
     # --- generate_until -------------------------------------------------------------------------------
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs):
         """context [B, T] (left-padded, its attention_mask in ``generation_kwargs``): prefilled, then
-        decoded through a compressed cache; greedy requests by :meth:`CausalLM.greedy` (graphed steps on
-        CUDA), others by ``model.generate`` (which reads the padding from the mask). Returns [B, T + n]:
+        decoded through a compressed cache; greedy requests by :meth:`CausalLM.greedy`, others by
+        ``model.generate`` (which reads the padding from the mask; an unpadded batch's steps graphed by
+        :meth:`CausalLM.graphed_generate`), both graphed on CUDA where the cache allows. Returns [B, T + n]:
         the context, then each request's tokens, padded."""
         if _greedy(generation_kwargs) and _plain_greedy(self.model.generation_config):
             return self._greedy_generate(context, max_length, stop, generation_kwargs.get("attention_mask"))
         with attach(self.model) as new_cache:
             cache = new_cache(self.cache_cfg)
-            out = super()._model_generate(context, max_length, stop, **cache_kwargs(self.model, cache),
-                                          **generation_kwargs)
+            with self.lm.graphed_generate(cache, max_length - context.shape[1] - 1):
+                out = super()._model_generate(context, max_length, stop, **cache_kwargs(self.model, cache),
+                                              **generation_kwargs)
         for b in range(context.shape[0]):
             self._record("generate_until", cache, b)
         return out

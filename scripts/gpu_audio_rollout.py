@@ -49,6 +49,9 @@ def parse(argv=None):
     p.add_argument("--clip", default=None, help="conditioning clip (default: a synthetic tone)")
     p.add_argument("--scales", default=None, help="override the token pyramid, e.g. 1,2,4,8 (random weights only)")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--profile", action="store_true",
+                   help="run each rollout again under torch.profiler: its device seconds against the wall time "
+                        "(the host time the GPU sat idle, which CUDA graphs could save)")
     return p.parse_args(argv)
 
 
@@ -134,6 +137,12 @@ def main(argv=None) -> list[dict]:
                "snr_db": am.snr_db(base.audio, r.audio), "lsd": am.lsd(base.audio[0], r.audio[0]),
                "kl": am.pooled(am.kl_divergence, base.logits, tf.logits),
                "top1_agree": am.pooled(am.token_agreement, base.logits, tf.logits)}
+        if args.profile and device.type == "cuda":
+            from harness.bench_timing import device_seconds
+
+            row["device_s"], row["kernels"] = device_seconds(lambda: timed(model, emb, cfg, args.seed, device))
+            print(f"  {cfg.label}: device work {row['device_s']:.2f}s in {row['kernels']} kernels, "
+                  f"{row['device_s'] / secs:.1%} of the {secs:.2f}s wall time", flush=True)
         rows.append(row)
         print(f"{row['cache']:<20}{secs:>8.2f}{peak:>10.0f}{row['cache_mib']:>10.2f}{row['uncompressed_mib']:>11.2f}"
               f"{row['key_bits']:>7.2f}{row['value_bits']:>7.2f}{row['snr_db']:>8.2f}{row['lsd']:>8.2f}{row['kl']:>9.2e}"

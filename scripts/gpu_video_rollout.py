@@ -60,6 +60,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat-baseline", action="store_true",
                     help="run 'none' a second time and say whether it is bit-identical to the baseline")
     ap.add_argument("--out", default=None, help="write each rollout as MP4 here (needs decoding)")
+    ap.add_argument("--profile", action="store_true",
+                    help="run each rollout again under torch.profiler: its device seconds against the wall time "
+                         "(the host time the GPU sat idle, which CUDA graphs could save)")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -108,7 +111,16 @@ def main(argv=None) -> int:
         lat = model.rollout(emb, cache, private_generator("gpu_video_rollout", args.seed), on_block=on_block)
         secs = time.perf_counter() - t
         st = cache_row_stats(cache)  # also checks that the codec compressed
-        line = (f"rollout {secs:.2f}s; cache {st['cache_bytes'] / MiB:.2f} MiB of {st['uncompressed_bytes'] / MiB:.2f} "
+        busy = ""
+        if args.profile and device.type == "cuda":
+            from harness.bench_timing import device_seconds
+
+            again = model.new_cache(cfg)
+            dev_s, kernels = device_seconds(lambda: model.rollout(emb, again, private_generator("gpu_video_rollout",
+                                                                                                 args.seed)))
+            busy = f" (device work {dev_s:.2f}s in {kernels} kernels: {dev_s / secs:.1%} of the wall time)"
+            del again
+        line = (f"rollout {secs:.2f}s{busy}; cache {st['cache_bytes'] / MiB:.2f} MiB of {st['uncompressed_bytes'] / MiB:.2f} "
                 f"MiB native; key bits/coord {st['bits_per_coord']:.2f}")
         if not torch.isfinite(lat).all():
             line += "; NON-FINITE latents"
