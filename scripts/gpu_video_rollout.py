@@ -115,11 +115,17 @@ def main(argv=None) -> int:
         if args.profile and device.type == "cuda":
             from harness.bench_timing import device_seconds
 
-            again = model.new_cache(cfg)
-            dev_s, kernels = device_seconds(lambda: model.rollout(emb, again, private_generator("gpu_video_rollout",
-                                                                                                 args.seed)))
-            busy = f" (device work {dev_s:.2f}s in {kernels} kernels: {dev_s / secs:.1%} of the wall time)"
-            del again
+            def again():
+                return model.rollout(emb, model.new_cache(cfg), private_generator("gpu_video_rollout", args.seed))
+
+            torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            again()  # warm: the first rollout compiled what it needed
+            torch.cuda.synchronize(device)
+            warm = time.perf_counter() - t
+            dev_s, kernels = device_seconds(again)
+            busy = (f" ({warm:.2f}s warm, of which device work {dev_s:.2f}s in {kernels} kernels: "
+                    f"{dev_s / warm:.1%})")
         line = (f"rollout {secs:.2f}s{busy}; cache {st['cache_bytes'] / MiB:.2f} MiB of {st['uncompressed_bytes'] / MiB:.2f} "
                 f"MiB native; key bits/coord {st['bits_per_coord']:.2f}")
         if not torch.isfinite(lat).all():

@@ -93,3 +93,12 @@ def test_what_a_step_reads():
 def test_bad_codec_spec_is_an_error(capsys):
     assert main(["bench", "--generate", "--tiny", "--device", "cpu", "--codecs", "octopus"]) == 2
     assert "codec@bits" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_on_cuda_model_generate_takes_graphed_steps(tmp_path):
+    path = tmp_path / "gen.json"
+    assert main(["bench", "--generate", "--tiny", "--device", "cuda", "--contexts", "300", "--codecs", "octopus@3",
+                 "--new-tokens", "8", "--graphs", "generate", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["decode"] for r in rows] == ["graphed generate"] * 2 and all(r["decode_tok_s"] > 0 for r in rows)
