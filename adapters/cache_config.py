@@ -76,4 +76,8 @@ class CacheConfig:
             return set()
         if self.protect == "boundary-1":
             return {0, num_layers - 1}
-        return {int(i) % num_layers for i in self.protect}
+        bad = [i for i in self.protect if not -num_layers <= int(i) < num_layers]
+        if bad:
+            raise ValueError(f"protect {list(self.protect)}: layer(s) {bad} do not exist in a model of {num_layers} "
+                             f"layers (indices 0..{num_layers - 1}, or -1..-{num_layers} from the end)")
+        return {int(i) % num_layers for i in self.protect}  # -1: the last layer

@@ -7,6 +7,8 @@ Models:
 """
 from __future__ import annotations
 
+import json
+import pickle
 from pathlib import Path
 
 from .hf_arch import servable
@@ -48,6 +50,10 @@ def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="au
             raise ValueError(f"model '{name}' at {source}: {e}") from None
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
                                                      device_map=device_map or (device if device != "cpu" else None))
+    except pickle.UnpicklingError as e:  # torch.load(weights_only=True) refused what a .bin file holds
+        raise ValueError(f"model '{name}' at {source}: its pickled weights (*.bin) hold more than tensors, and "
+                         f"the harness never unpickles code ({' '.join(str(e).split())[:120]}); use a checkpoint "
+                         f"with *.safetensors weights") from None
     except OSError as e:
         if not hub:
             raise
@@ -85,3 +91,30 @@ def load_hf(path: str | None = None, device: str = "auto", dtype="auto",
         raise FileNotFoundError("model 'hf' needs --model-path: a directory with config.json, tokenizer files and "
                                 "*.safetensors weights of a transformers decoder checkpoint (or a .gguf file)")
     return load_checkpoint(path, "hf", device, dtype, device_map=device_map, graphs=graphs)
+
+
+def declared_limits(path: str | Path | None) -> tuple[int | None, int | None]:
+    """(layers, positions) that a checkpoint directory's config.json declares (a multimodal config's
+    ``text_config`` first), read without loading anything; None for what it does not say or where
+    there is no readable config.json (a .gguf file, a Hub name): the loaded model is checked then."""
+    f = Path(path) / "config.json" if path else None
+    try:
+        cfg = json.loads(f.read_text(encoding="utf-8")) if f is not None and f.is_file() else {}
+    except (OSError, ValueError):
+        return None, None
+    cfg = cfg if isinstance(cfg, dict) else {}
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+
+    def count(key):
+        n = text.get(key, cfg.get(key))
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    return count("num_hidden_layers"), count("max_position_embeddings")
+
+
+def max_positions(model) -> int | None:
+    """The longest sequence a loaded model's position embeddings cover (its config), if it says."""
+    config = getattr(getattr(model, "model", None), "config", None)
+    config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    n = getattr(config, "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None

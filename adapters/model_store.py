@@ -37,15 +37,42 @@ def smollm2_gguf() -> Path | None:
     return None
 
 
-HASHES_FILE = "gguf-sha256.json"  # under cache_root()/models: path -> {size, mtime_ns, sha256}
+HASHES_FILE = "gguf-sha256.json"  # under cache_root()/models: path -> {size, times, inode, sample, sha256}
+
+
+#: bytes read from each end of a file for the memo's content sample
+SAMPLE_BYTES = 1 << 20
+
+
+def _sample(path: Path, size: int) -> str:
+    """sha256 of the first and last :data:`SAMPLE_BYTES` of ``path`` (the whole file if smaller)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(SAMPLE_BYTES))
+        if size > SAMPLE_BYTES:
+            f.seek(max(SAMPLE_BYTES, size - SAMPLE_BYTES))
+            h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def _full_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def file_sha256(path: Path, memo: Path | None = None) -> str:
-    """sha256 of ``path``'s bytes; remembered in ``memo`` (a JSON file) by (absolute path, size,
-    mtime_ns), so an unchanged multi-GB file is hashed once."""
+    """sha256 of ``path``'s bytes; remembered in ``memo`` (a JSON file), so an unchanged multi-GB file
+    is hashed once. A remembered hash is used only while the file keeps its size, modification time,
+    inode and status-change time (which no write, and no restoring of the modification time, leaves
+    as it was) and the bytes at both of its ends still hash the same; anything else hashes again."""
     path = Path(path).resolve()
     st = path.stat()
-    key, stamp = str(path), {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    key = str(path)
+    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino,
+             "sample": _sample(path, st.st_size)}
     known = {}
     if memo is not None and memo.is_file():
         try:
@@ -55,11 +82,7 @@ def file_sha256(path: Path, memo: Path | None = None) -> str:
         entry = known.get(key)
         if isinstance(entry, dict) and {k: entry.get(k) for k in stamp} == stamp and entry.get("sha256"):
             return entry["sha256"]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    digest = h.hexdigest()
+    digest = _full_hash(path)
     if memo is not None:
         known[key] = {**stamp, "sha256": digest}
         memo.parent.mkdir(parents=True, exist_ok=True)

@@ -235,7 +235,7 @@ def cmd_list(a) -> int:
     print("tasks:")
     for name, cls in list_tasks().items():
         print(f"  {name:<26} {cls.modality:<6} metrics: {', '.join(cls.metrics)}")
-        for opt, (default, help_) in getattr(cls, "option_defaults", {}).items():
+        for opt, (default, help_, *_) in getattr(cls, "option_defaults", {}).items():
             d = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else default
             print(f"      --task-opt {name}.{opt}={d}  {help_}")
     for mod, why in sorted(UNAVAILABLE.items()):
@@ -268,7 +268,7 @@ def _delegate(module: str, what: str, argv: list[str]) -> int:
         return 2
     try:
         return mod.main(argv) or 0
-    except (ValueError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 (one line for any input; HARNESS_DEBUG=1 for the traceback)
         return error(what, e)
 
 
@@ -305,19 +305,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return {"run": cmd_run, "compare": cmd_compare, "report": cmd_report, "list": cmd_list}[a.cmd](a)
-    except (ValueError, OSError, ImportError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 (one line for any input; HARNESS_DEBUG=1 for the traceback)
         return error(a.cmd, e)
+
+
+def debugging() -> bool:
+    """HARNESS_DEBUG=1 (or true, yes, on): errors raise with their traceback; unset, 0 or anything
+    else: one line."""
+    return os.environ.get("HARNESS_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def error(cmd: str, e: BaseException) -> int:
     """One line on stderr, ``harness CMD: error: ...`` (the message's own line breaks folded), and
-    exit code 2; HARNESS_DEBUG=1 re-raises for the traceback. ValueError (RunError, the adapters'
-    load errors) and OSError messages name the problem and the fix; others get the debug hint."""
-    if os.environ.get("HARNESS_DEBUG"):
+    exit code 2; HARNESS_DEBUG=1 re-raises for the traceback. ValueError (RunError, InputError, the
+    adapters' load errors) and OSError messages name the problem and the fix; any other exception is
+    named by its type, with the debug hint."""
+    if debugging():
         raise e
     text = " ".join(str(e).split()) or type(e).__name__
     if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in text:
         text += f": {e.filename}"
+    named = isinstance(e, (ValueError, OSError, ImportError, RuntimeError))
+    if not named:
+        text = f"{type(e).__name__}: {text}"
     hint = "" if isinstance(e, (ValueError, OSError)) else " (HARNESS_DEBUG=1 shows the traceback)"
     print(f"harness {cmd}: error: {text}{hint}", file=sys.stderr)
     return 2

@@ -17,11 +17,11 @@ fields. One run alone gets only the per-prompt tables, as do all runs after the 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .environment import environment_diff
+from .input_files import read_run_json
 from .rows import BASELINE_LABEL, read_rows
 from .stats import interval, paired
 from .summary import cells, summarize
@@ -52,8 +52,8 @@ def load_run(d: Path) -> Run:
     d = Path(d)
     if not (d / "rows.jsonl").exists():
         raise FileNotFoundError(f"{d} is not a run folder (no rows.jsonl); runs are under reports/")
-    model = json.loads((d / "model.json").read_text()) if (d / "model.json").exists() else {}
-    return Run(d.name, read_rows(d / "rows.jsonl"), summarize(d), json.loads((d / "config.json").read_text()), model)
+    model = read_run_json(d / "model.json", {})
+    return Run(d.name, read_rows(d / "rows.jsonl"), summarize(d), read_run_json(d / "config.json"), model)
 
 
 # --- what must match ------------------------------------------------------------------------------

@@ -127,6 +127,8 @@ class RunConfig:
                            f"leave it out to run every prompt")
         if self.residual < 0:
             raise RunError(f"--residual must be >= 0 tokens, got {self.residual}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise RunError(f"--seed must be an integer >= 0, got {self.seed}")
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise RunError(f"--batch-size must be a positive number of prompts, got {self.batch_size}; "
@@ -152,6 +154,16 @@ class RunConfig:
             if index >= torch.cuda.device_count():
                 raise RunError(f"--device {self.device}: this machine has {torch.cuda.device_count()} CUDA "
                                f"device(s); use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        if self.backend in ("lut", "triton"):
+            import torch
+
+            from kernels.backend import backend_unavailable
+
+            device = self.device if self.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+            why = backend_unavailable(self.backend, "cpu" if device == "mps" else device)
+            if why is not None:
+                raise RunError(f"--backend {self.backend}: {why}; use --backend auto (the fused kernels where they "
+                               f"run, the PyTorch reference elsewhere) or torch")
         from adapters.loading import DTYPES
 
         if self.device_map not in (None, "auto"):

@@ -92,9 +92,88 @@ def chunk_plan(n_context: int, n_scored: int, chunk: int) -> list[int]:
     return [n_context] + [min(chunk, n_scored - i) for i in range(0, n_scored, chunk)]
 
 
+def _int(args: dict, key: str, default, lo: int) -> int:
+    value = args.get(key, default)
+    if value is None:
+        value = default
+    try:
+        if isinstance(value, bool) or float(value) != int(value):
+            raise ValueError
+        n = int(value)
+    except (TypeError, ValueError):
+        n = None
+    if n is None or n < lo:
+        raise ValueError(f"model '{MODEL_NAME}': {key}= must be an integer >= {lo}, got {value!r}")
+    return n
+
+
+def check_args(args: dict) -> None:
+    """Every ``model_args`` value (and lm-eval's ``--batch_size`` / ``--device``), checked before the
+    checkpoint loads: ValueError naming the argument and what it takes (module docstring)."""
+    import re
+
+    from adapters.hf_causal_lm import GRAPH_MODES
+    from adapters.hf_models import declared_limits
+    from adapters.loading import DTYPES
+    from kernels import codec_class
+
+    pretrained = args.get("pretrained")
+    if not pretrained:
+        raise ValueError(f"model '{MODEL_NAME}' needs pretrained= in --model_args: a local checkpoint folder "
+                         f"(config.json, tokenizer, *.safetensors) or a .gguf file")
+    codec = args.get("codec") or "none"
+    bits_supported = codec_class(str(codec)).bits_supported  # unknown codec -> "Unknown codec ... Available"
+    if codec != "none":
+        for key in ("bits", "value_bits"):
+            if key == "bits" and args.get("bits") is None:
+                raise ValueError(f"model '{MODEL_NAME}': codec={codec} needs bits= ({', '.join(map(str, bits_supported))})")
+            if args.get(key) is not None and _int(args, key, None, 1) not in bits_supported:
+                raise ValueError(f"model '{MODEL_NAME}': {key}={args[key]} is not a bit width of codec '{codec}' "
+                                 f"({', '.join(map(str, bits_supported))})")
+    _int(args, "residual", DEFAULT_RESIDUAL, 0), _int(args, "chunk", 64, 1), _int(args, "codec_seed", 0, 0)
+    batch = args.get("batch_size", 1)
+    if str(batch) == "auto" or _int(args, "batch_size", 1, 1) < 1:
+        raise ValueError(f"model '{MODEL_NAME}': batch_size must be a positive number of requests ('auto' is not "
+                         f"supported), got {batch!r}")
+    device = str(args.get("device") or "auto")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device):
+        raise ValueError(f"model '{MODEL_NAME}': device '{device}' is not a device; use auto, cpu, cuda or cuda:N")
+    dtype = str(args.get("dtype") or "auto")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"model '{MODEL_NAME}': dtype '{dtype}' is not a dtype; use auto, {', '.join(sorted(DTYPES))}")
+    if str(args.get("graphs", "auto")) not in GRAPH_MODES:
+        raise ValueError(f"model '{MODEL_NAME}': graphs= takes {', '.join(GRAPH_MODES)}, got {args['graphs']!r}")
+    protect = parse_protect(args.get("protect", "none"))
+    layers, _ = declared_limits(pretrained)
+    if layers is not None and isinstance(protect, list) and any(not -layers <= i < layers for i in protect):
+        raise ValueError(f"model '{MODEL_NAME}': protect={args.get('protect')}: {pretrained} has {layers} layers; "
+                         f"give indices in 0..{layers - 1} joined by ':'")
+
+
 @register_model(MODEL_NAME)
 class KVCodecLM(HFLM):
     """lm-eval's HF model with every request run through a compressed KV cache (module docstring)."""
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's constructor: ``model_args`` and its own options (batch_size, device), checked
+        (:func:`check_args`) before the checkpoint loads; one given twice is refused."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        twice = sorted(set(arg_dict) & set(extra) - {"batch_size"})
+        if "batch_size" in arg_dict and str(extra.get("batch_size", 1)) != "1":  # lm-eval's default is 1
+            twice.append("batch_size")
+        if twice:
+            raise ValueError(f"model '{MODEL_NAME}': {', '.join(twice)} given both in --model_args and as lm-eval's "
+                             f"own option; give each once")
+        args = {**extra, **arg_dict}
+        check_args(args)
+        return cls(**args)
 
     def __init__(self, pretrained: str, codec: str = "none", bits: int | None = None, value_bits: int | None = None,
                  residual: int = DEFAULT_RESIDUAL, protect="none", codec_seed: int = 0, chunk: int = 64,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .lock import LOCK_NAME, RunLock, holder
+from .lock import LOCK_NAME, RunLock, RunLocked, describe, holder, owner
 from .report import write_report
 from .rows import atomic_write, dumps, row_key
 from .shard import ROWS_NAME, ROWS_STEM, SPEED_STEM, Plan, Shard, in_plan_order, read_plan, shard_files, stored_lines
@@ -133,9 +133,18 @@ def finish(out: Path) -> bool:
 
 
 def report(out: Path) -> bool:
-    """``harness report RUN``: ``finish`` under the folder's lock where shard files are to be merged
-    (a single-process run folder is only read, as before)."""
-    if not shard_files(out):
+    """``harness report RUN``: ``finish`` under the folder's lock (waiting for a shard's start or a
+    merge, which hold it briefly); a single-process run still going holds it to its end, and is
+    refused in one line (its own report is written as it ends; shards' runs can be reported while they
+    go, their rows merged so far)."""
+    lock = RunLock(out, role="report", wait=MERGE_WAIT_S)
+    try:
+        lock.acquire()
+    except RunLocked:
+        raise RunLocked(f"{out} is being written by a run still going ({describe(owner(lock.path))}); its "
+                        f"report is written when it ends (a run launched as shards can be reported while it "
+                        f"goes)") from None
+    try:
         return finish(out)
-    with RunLock(out, role="report", wait=MERGE_WAIT_S):
-        return finish(out)
+    finally:
+        lock.release()

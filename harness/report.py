@@ -12,17 +12,17 @@ in :mod:`harness.compare`.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from .compare import compare  # noqa: F401  (harness compare; importable from here as before)
+from .input_files import InputError, read_run_json
 from .rows import BASELINE_LABEL, atomic_write, num, read_rows, write_via
 from .speed import markdown as speed_markdown
 from .speed import problem_note, read_speed, summarize_speed
 from .summary import SUMMARY_VERSION, summarize
-from .tables import (arrow, display, fmt, fmt_ci, fmt_diff, pair_tables, per_prompt_table, ranking_tables,
-                     values)
+from .tables import (arrow, display, fmt, fmt_ci, fmt_diff, md_link, md_text, pair_tables, per_prompt_table,
+                     ranking_tables, values)
 
 INTERVALS = (
     "**Intervals.** Each value is measured per prompt and per codec seed (the codec's random draws). "
@@ -116,9 +116,12 @@ def write_report(out: Path, notes: list[str] = ()) -> Path:
     """report.md and report.html of run folder ``out``; ``notes``: markdown lines shown under the title
     (what a run has not stored yet, :mod:`harness.merge`)."""
     out = Path(out)
-    config = json.loads((out / "config.json").read_text())
-    model = json.loads((out / "model.json").read_text()) if (out / "model.json").exists() else {}
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
+    config = read_run_json(out / "config.json")
+    model = read_run_json(out / "model.json", {})
+    try:
+        summary = read_run_json(out / "summary.json", None)
+    except InputError:  # the report rebuilds it below
+        summary = None
     if not summary or summary.get("version") != SUMMARY_VERSION:  # none yet, or an older layout
         summary = summarize(out)
     rows = read_rows(out / "rows.jsonl")
@@ -148,7 +151,7 @@ def _header(config: dict, m: dict, summary: dict) -> list[str]:
                  f"head dim {m['head_dim']}" if "head_dim" in m else "",
                  f"{m.get('dtype', '')} on {m.get('device', '')}" if "dtype" in m else ""]
         md.append(f"**Model**: `{config['model']}` ({', '.join(p for p in parts if p)})"
-                  + (f", from `{m['source']}`" if m.get("source") else "") + ".")
+                  + (f", from {md_text(m['source'])}" if m.get("source") else "") + ".")
     vb = config.get("value_bits")
     # video and audio models keep their own native window (a frame, a scale) and say so
     window = m.get("window_note") or m.get("cache_window") or f"the last {config['residual']} tokens"
@@ -191,7 +194,7 @@ def pivot(groups: list[dict], value, title: str) -> list[str]:
 def _task_section(out: Path, task: str, t: dict, rows: list[dict], speed: list[dict] = ()) -> list[str]:
     metrics = t["metrics"]
     seeds = t.get("codec_seeds") or [0]
-    md = [f"## {task}", "", f"{len(t['prompts'])} prompt(s): " + ", ".join(f"`{p}`" for p in t["prompts"])
+    md = [f"## {task}", "", f"{len(t['prompts'])} prompt(s): " + ", ".join(md_text(p) for p in t["prompts"])
           + f"; codec seed(s) {', '.join(map(str, seeds))} (a codec without random draws runs once).", ""]
     head = next((m for m in metrics if m["name"] == t.get("headline")), None)
     if head is not None:
@@ -260,14 +263,17 @@ def _artifacts(rows: list[dict]) -> list[str]:
     md = ["## Artifacts", ""]
     for task in dict.fromkeys(r["task"] for r in with_art):
         for prompt in dict.fromkeys(r["prompt"] for r in with_art if r["task"] == task):
-            md += [f"<details><summary>{task} / {prompt}</summary>", ""]
+            md += [f"<details><summary>{md_text(task)} / {md_text(prompt)}</summary>", ""]
             for r in (r for r in with_art if r["task"] == task and r["prompt"] == prompt):
                 links = []
                 for name, rel in r["artifacts"].items():
-                    if str(rel).lower().endswith(IMAGE_SUFFIXES):
-                        md.append(f"![{r['label']} {name}]({rel})")
+                    target = md_link(rel)  # None: not a path inside the run folder (never linked)
+                    if target is None:
+                        links.append(f"{md_text(name)} (outside the run folder)")
+                    elif str(rel).lower().endswith(IMAGE_SUFFIXES):
+                        md.append(f"![{md_text(r['label'])} {md_text(name)}]({target})")
                     else:
-                        links.append(f"[{name}]({rel})")
-                md.append(f"- `{r['label']}`" + (": " + ", ".join(links) if links else ""))
+                        links.append(f"[{md_text(name)}]({target})")
+                md.append(f"- {md_text(r['label'])}" + (": " + ", ".join(links) if links else ""))
             md += ["", "</details>", ""]
     return md

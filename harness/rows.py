@@ -67,6 +67,17 @@ class CorruptRows(ValueError):
     """A line inside rows.jsonl that is not a JSON row (a torn last line is not: it is repaired)."""
 
 
+def _check_key(row: dict, where: str) -> None:
+    """A row's key fields are there and typed (task, prompt and label strings; codec_seed an integer)."""
+    fix = "delete or fix that line (the run recomputes a missing row), or start over with --fresh"
+    for k in ("task", "prompt", "label"):
+        if not isinstance(row.get(k), str):
+            raise CorruptRows(f"{where}: a row needs '{k}' (a string), found {row.get(k)!r:.40}; {fix}")
+    seed = row.get("codec_seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise CorruptRows(f"{where}: 'codec_seed' must be an integer, found {seed!r:.40}; {fix}")
+
+
 def cut_torn_line(path: Path) -> bytes:
     """Cut a torn last line (a crash mid-write) off ``path`` before a process appends to it; returns
     the complete lines' bytes (b'' where there is no file). Never through a symbolic link."""
@@ -80,9 +91,10 @@ def cut_torn_line(path: Path) -> bytes:
     return data[:end]
 
 
-def read_rows(path: Path, repair: bool = False) -> list[dict]:
+def read_rows(path: Path, repair: bool = False, keyed: bool = True) -> list[dict]:
     """Complete rows of ``path``; with ``repair`` a torn last line (a crash mid-write) is cut off.
-    Any other line that is not a JSON object raises :class:`CorruptRows` naming the file and line."""
+    Any other line that is not a JSON object (``keyed``: with a row's key, :func:`row_key`) raises
+    :class:`CorruptRows` naming the file and line."""
     if not path.exists():
         return []
     data = cut_torn_line(path) if repair else path.read_bytes()
@@ -98,6 +110,8 @@ def read_rows(path: Path, repair: bool = False) -> list[dict]:
                               f"recomputes a missing row), or start over with --fresh") from None
         if not isinstance(row, dict):
             raise CorruptRows(f"{path}:{i}: not a JSON object; delete or fix that line, or start over with --fresh")
+        if keyed:
+            _check_key(row, f"{path}:{i}")
         rows.append(row)
     return rows
 
@@ -154,6 +168,11 @@ def atomic_write(path: Path, data: str | bytes) -> None:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
     write_via(path, write, path.with_name(f"{path.name}.{os.getpid()}.tmp"))
+
+
+def is_regular(path: Path) -> bool:
+    """A regular file (not a symbolic link, which an artifact written once is rewritten over)."""
+    return Path(path).is_file() and not Path(path).is_symlink()
 
 
 def write_via(path: Path, write, tmp: Path | None = None) -> None:

@@ -54,7 +54,7 @@ def _run_config(path: Path) -> dict | None:
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
         RunConfig.from_json(d)
-    except (OSError, UnicodeDecodeError, ValueError, TypeError):
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError):  # AttributeError: not an object
         return None
     return d if isinstance(d, dict) and "version" in d else None
 

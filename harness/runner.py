@@ -94,7 +94,7 @@ def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
 def task_options(cls, given: dict) -> dict:
     """Every option of a task that declares ``option_defaults``, given values parsed by type, so
     config.json names each value the run used (a task without declared options gets ``given``)."""
-    from harness.tasks.base import parse_option
+    from harness.tasks.base import option_allowed, parse_option
 
     defaults = getattr(cls, "option_defaults", {})
     if not defaults:
@@ -103,13 +103,40 @@ def task_options(cls, given: dict) -> dict:
     if bad:
         raise RunError(f"unknown option(s) {sorted(bad)} for task '{cls.name}'. Available: {', '.join(defaults)}")
     out = {}
-    for name, (default, _) in defaults.items():
+    for name, spec in defaults.items():
+        default = spec[0]
         try:
             value = parse_option(given[name], default) if name in given else default
-        except ValueError as e:
-            raise RunError(f"task option {cls.name}.{name}={given[name]!r}: {e}") from None
+            option_allowed(spec).check(value)
+        except (ValueError, TypeError) as e:
+            shown = given.get(name, default)
+            raise RunError(f"task option {cls.name}.{name}={shown}: {e} (harness list shows every task "
+                           f"option)") from None
         out[name] = list(value) if isinstance(value, tuple) else value
+    try:
+        cls.check_options(out)
+    except ValueError as e:
+        raise RunError(f"task options of '{cls.name}': {e}") from None
     return out
+
+
+def check_limits(config: RunConfig, layers: int | None, positions: int | None, source: str) -> None:
+    """The run's options against the model's limits (``source`` says where they were read): protected
+    layer indices within its layers, and task options counted in tokens within its positions."""
+    from harness.tasks import get_task
+    from harness.tasks.base import option_allowed
+
+    if layers is not None and isinstance(config.protect, list):
+        bad = [i for i in config.protect if not -layers <= i < layers]
+        if bad:
+            raise RunError(f"--protect {','.join(map(str, config.protect))}: the model has {layers} layers ({source}); "
+                           f"give indices in 0..{layers - 1} (or from the end, -1..-{layers})")
+    for t in config.tasks:
+        for name, spec in getattr(get_task(t), "option_defaults", {}).items():
+            try:
+                option_allowed(spec).check_positions(config.task_options.get(t, {}).get(name, spec[0]), positions)
+            except ValueError as e:
+                raise RunError(f"task option {t}.{name}: {e} ({source}); give a shorter context") from None
 
 
 def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int] | None) -> tuple[list[CacheConfig], list[dict]]:
@@ -153,6 +180,10 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
     folder, so that shards of another configuration cannot start beside it). A folder this call
     created is removed again if it fails before then (not by a shard: others may be using it)."""
     config, spec = resolve(config, log)
+    if spec.modality == "text" and model is None:  # the limits its config file declares, before it loads
+        from adapters.hf_models import declared_limits
+
+        check_limits(config, *declared_limits(config.model_path), f"{config.model_path}/config.json")
     work = plan(config, log)
     out = Path(out) if out else config.default_out()
     if shard is not None and shard.count == 1:
@@ -223,6 +254,9 @@ def _load(config: RunConfig, spec, model, log) -> tuple[ModelAdapter, list[Cache
     if not isinstance(model, ModelAdapter) or model.modality != spec.modality:
         raise RunError(f"model '{config.model}' must be a {spec.modality} adapters.protocol.ModelAdapter, "
                        f"got {type(model).__name__} ({getattr(model, 'modality', '?')})")
+    from adapters.hf_models import max_positions
+
+    check_limits(config, model.geometry.layers, max_positions(model), f"model '{config.model}'")
     cache_configs, skipped = check_pairs(config.cache_configs(), model.geometry)
     return model, cache_configs, skipped
 
@@ -235,7 +269,11 @@ def plan(config: RunConfig, log=print) -> list[tuple[str, object, list]]:
     for name in config.tasks:
         task = get_task(name)(**config.task_options.get(name, {}))
         task.batch_size = config.batch_size
-        out.append((name, task, unique_prompts(name, task.prompts(config.prompts, config.limit), log)))
+        prompts = unique_prompts(name, task.prompts(config.prompts, config.limit), log)
+        if not prompts:
+            source = config.prompts or "its default prompts"
+            raise RunError(f"task '{name}': no prompts in {source}; pass a --prompts source that holds some")
+        out.append((name, task, prompts))
     return out
 
 

@@ -245,5 +245,5 @@ def read_plan(out: Path) -> Plan | None:
     process loaded the model) or it is unreadable."""
     try:
         return Plan.from_json(json.loads((Path(out) / PLAN_NAME).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # AttributeError: not an object
         return None

@@ -9,10 +9,10 @@ codec seeds), mean, min, max, the 95% interval of the mean (``ci95``; :mod:`harn
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from .input_files import read_run_json
 from .ranking import Comparisons, Config, front, rank
 from .rows import BASELINE_LABEL, ID_FIELDS, codec_seed, num, read_rows
 from .stats import interval, paired
@@ -104,8 +104,8 @@ def _rankings(groups: list[dict], trows: list[dict], metric: dict) -> tuple[list
 
 def summarize(out: Path) -> dict:
     out = Path(out)
-    config = json.loads((out / "config.json").read_text())
-    model = json.loads((out / "model.json").read_text()) if (out / "model.json").exists() else {}
+    config = read_run_json(out / "config.json")
+    model = read_run_json(out / "model.json", {})
     rows = read_rows(out / "rows.jsonl")
     summary = {"version": SUMMARY_VERSION, "model": config.get("model"), "skipped": model.get("skipped", []), "tasks": {}}
     for task in dict.fromkeys(r["task"] for r in rows):

@@ -4,6 +4,9 @@ pairwise tables of a summary task (:mod:`harness.summary`)."""
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
+from urllib.parse import quote
 
 from .rows import num
 
@@ -62,6 +65,29 @@ def arrow(higher_is_better) -> str:
     return {True: " ↑", False: " ↓"}.get(higher_is_better, "")
 
 
+_MD_SPECIAL = re.compile(r"[\\`*_\[\]|#!~]")
+
+
+def md_text(s) -> str:
+    """Text from input (prompt ids, paths) as Markdown that shows it as written and nothing more:
+    control characters (NUL, line breaks) become U+FFFD, HTML's & < > become entities (so no raw HTML
+    reaches a renderer), and Markdown's own characters are backslash-escaped (no emphasis, links,
+    code spans or table cells made from an id)."""
+    text = "".join("\ufffd" if ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 else c for c in str(s))
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+
+
+def md_link(rel) -> str | None:
+    """A run-folder-relative artifact path from a row as a Markdown link target (percent-encoded), or
+    None where it is not one: absolute, climbing out with '..', or naming a scheme."""
+    rel = str(rel)
+    parts = Path(rel).parts
+    if not rel or Path(rel).is_absolute() or ".." in parts or ":" in rel or any(ord(c) < 0x20 for c in rel):
+        return None
+    return quote(Path(rel).as_posix())
+
+
 def display(m: dict) -> str:
     """A summary metric entry's display name (summaries written before display names: the name)."""
     return m.get("display", m["name"])
@@ -71,7 +97,7 @@ def display(m: dict) -> str:
 def per_prompt_table(entries: list[tuple[str, dict, dict]], prompts: list[str], higher_is_better=None) -> str:
     """entries: (row name, {prompt: value}, {prompt: baseline value}) -> a markdown table with one
     column per prompt, then min / mean / max and the mean difference from the baseline."""
-    head = ["config", *prompts, "min", "mean", "max", "Δ mean vs baseline"]
+    head = ["config", *map(md_text, prompts), "min", "mean", "max", "Δ mean vs baseline"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, vals, base in entries:
         xs, stats, delta = per_prompt_row(vals, base, prompts)

@@ -120,3 +120,15 @@ def triton_unavailable(device: torch.device) -> str | None:
     if not available(device):
         return f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1), got {device}"
     return None
+
+
+def backend_unavailable(backend: str | None, device) -> str | None:
+    """None when a named backend can run on ``device`` at all, else why not: 'lut' (the table-lookup
+    CUDA kernel) needs a CUDA device, 'triton' a CUDA device or TRITON_INTERPRET=1; 'auto' and
+    'torch' run anywhere. Checked once per run, before any model loads."""
+    backend = resolve_backend(backend)
+    if backend == "lut" and torch.device(device).type != "cuda":
+        return f"the table-lookup kernel runs on CUDA only, and this run's device is {device}"
+    if backend == "triton":
+        return triton_unavailable(torch.device(device))
+    return None

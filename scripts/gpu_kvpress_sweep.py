@@ -64,8 +64,8 @@ def rows(n: int, context: int, seed: int = 0) -> list[dict]:
 
 
 def breakdown(out: Path, wall: float) -> list[str]:
-    timings = read_rows(out / "timings.jsonl")
-    speed = {(s["label"], s["codec_seed"], s["rollout"]): s for s in read_rows(out / "speed.jsonl")}
+    timings = read_rows(out / "timings.jsonl", keyed=False)
+    speed = {(s["label"], s["codec_seed"], s["rollout"]): s for s in read_rows(out / "speed.jsonl", keyed=False)}
     configs = sum(t["seconds"] for t in timings)
     decode = sum(s["decode_s"] or 0.0 for s in speed.values())
     units = sum(s["decode_units"] for s in speed.values())

@@ -13,11 +13,11 @@ An artifact whose file is missing is named, not linked: a page never points at n
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from urllib.parse import quote
 
+from ..input_files import read_json
 from ..rows import BASELINE_LABEL, codec_seed, num
 from ..tables import display, fmt
 from . import plots
@@ -61,7 +61,7 @@ class Media:
 
     def json(self, rel: str | None) -> dict | None:
         path = self._path(rel)
-        return None if path is None else json.loads(path.read_text())
+        return None if path is None else read_json(path, dict, "an artifact")
 
 
 def _latest(rows: list[dict]) -> dict[str, dict]:

@@ -26,8 +26,9 @@ from adapters.rollout_clock import RolloutClock
 from kernels import private_generator
 from metrics import audio as am
 
-from ..rows import atomic_write, inside, safe_name, write_via
-from .base import Prompt, Task, artifact_label, register_task
+from ..input_files import InputError, field, read_json
+from ..rows import atomic_write, inside, is_regular, safe_name, write_via
+from .base import Allowed, Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "audio"
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
@@ -65,15 +66,24 @@ def load_clip(prompt: Prompt, seconds: float) -> np.ndarray:
 
 
 def _manifest_prompts(manifest: Path) -> list[Prompt]:
-    spec = json.loads(manifest.read_text())
-    root = Path(spec.get("source_dir", manifest.parent))
-    missing = [c["file"] for c in spec["clips"] if not (root / c["file"]).exists()]
+    shape = '{"clips": [{"id": ..., "file": ...}, ...]} (optional "source_dir", "license", "install")'
+    spec = read_json(manifest, dict, "an audio manifest", fix=f"a manifest is {shape}")
+    root = Path(field(spec, "source_dir", str, str(manifest), str(manifest.parent)))
+    clips = field(spec, "clips", list, str(manifest))
+    for i, c in enumerate(clips):
+        where = f"{manifest}: clip {i}"
+        if not isinstance(c, dict):
+            raise InputError(f"{where}: each clip is an object; a manifest is {shape}")
+        field(c, "id", str, where), field(c, "file", str, where), field(c, "kind", str, where, "")
+    if not clips:
+        raise InputError(f"{manifest}: no clips; a manifest is {shape}")
+    missing = [c["file"] for c in clips if not (root / c["file"]).exists()]
     if missing:
-        hint = f" ({spec['install']})" if "install" in spec else ""
+        hint = f" ({field(spec, 'install', str, str(manifest))})" if "install" in spec else ""
         raise FileNotFoundError(f"audio prompts: {len(missing)} clip(s) of {manifest} are not in {root}{hint}: "
                                 f"{', '.join(missing[:5])}. Or use a folder of clips, or source='synthetic'.")
-    return [Prompt(c["id"], str(root / c["file"]), {"file": str(root / c["file"]), "license": spec.get("license", ""),
-                                                      "kind": c.get("kind", "")}) for c in spec["clips"]]
+    return [Prompt(c["id"], str(root / c["file"]), {"file": str(root / c["file"]), "license": str(spec.get("license", "")),
+                                                      "kind": c.get("kind") or ""}) for c in clips]
 
 
 def _write_wav(path: Path, audio: np.ndarray, sr: int) -> None:
@@ -118,10 +128,10 @@ class AudioTask(Task):
     metrics = ("snr_db", "lsd", "log_mel_mse", "latent_cos", "top1_agree", "kl", "free_token_match")
     baseline_types = (AudioBaseline, Rollout)
     option_defaults = {
-        "clip_seconds": (10.0, "conditioning clip length, s (CLAP's window: no random crop)"),
-        "cfg": (4.0, "classifier-free guidance at the last scale (ramped linearly from 0)"),
-        "top_k": (200, "top-k sampling (0: off)"),
-        "top_p": (0.95, "top-p sampling (0: off)"),
+        "clip_seconds": (10.0, "conditioning clip length, s (CLAP's window: no random crop)", Allowed(lo=0.1)),
+        "cfg": (4.0, "classifier-free guidance at the last scale (ramped linearly from 0)", Allowed(lo=0)),
+        "top_k": (200, "top-k sampling (0: off)", Allowed(lo=0)),
+        "top_p": (0.95, "top-p sampling (0: off)", Allowed(lo=0, hi=1)),
         "save_audio": (True, "write WAVs and spectrogram PNGs"),
     }
 
@@ -202,7 +212,7 @@ class AudioTask(Task):
         atomic_write(out_dir / rel / f"{_safe(label)}.per_scale.json", json.dumps(curves, indent=1))
         arts["per_scale"] = str(rel / f"{_safe(label)}.per_scale.json")
         if self.save_audio:
-            if not (out_dir / rel / "baseline.wav").exists():
+            if not is_regular(out_dir / rel / "baseline.wav"):
                 _write_wav(out_dir / rel / "baseline.wav", base.audio[0].numpy(), sr)
             _write_wav(out_dir / rel / f"{_safe(label)}.wav", free.audio[0].numpy(), sr)
             title = (f"{prompt.id} | {model.name} | conditioning: {model.conditioning_label}\n"

@@ -37,9 +37,14 @@ class Task:
     #: names in the metrics registry, in report order; each must have an implementation for
     #: ``modality`` (checked by :func:`register_task`); compute them with :meth:`metric`
     metrics: ClassVar[tuple[str, ...]] = ()
-    #: optional: option name -> (default, help). ``harness list`` shows them; ``--task-opt NAME=VALUE``
-    #: values are parsed by the default's type (see :func:`parse_option`).
-    option_defaults: ClassVar[dict[str, tuple[Any, str]]] = {}
+    #: optional: option name -> (default, help) or (default, help, :class:`Allowed`). ``harness list``
+    #: shows them; ``--task-opt NAME=VALUE`` values are parsed by the default's type (see
+    #: :func:`parse_option`) and checked against their :class:`Allowed` before any model loads.
+    option_defaults: ClassVar[dict[str, tuple]] = {}
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """Checks across options (every value already parsed and in its range); raise ValueError."""
 
     def __init__(self, **options):
         self.options = options
@@ -103,6 +108,40 @@ class Task:
     def evaluate_batch(self, model, prompts: list[Prompt], cache_config, seed: int, baselines: list[Any],
                        out_dir: Path) -> list[dict]:
         return [self.evaluate(model, p, cache_config, seed, b, out_dir) for p, b in zip(prompts, baselines)]
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """Where a task option may lie: a number (or each item of a list option) in [lo, hi] (None: open),
+    one of ``choices``, a list ``nonempty``; ``positions``: at most the model's positions (tokens of
+    context), checked once the model's limits are known (from its config file before it loads)."""
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple = ()
+    nonempty: bool = False
+    positions: bool = False
+
+    def check(self, value: Any) -> None:
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if self.nonempty and not items:
+            raise ValueError("give at least one value")
+        for v in items:
+            if self.choices and v not in self.choices:
+                raise ValueError(f"must be one of {', '.join(repr(c) for c in self.choices)}")
+            if self.lo is not None and v < self.lo or self.hi is not None and v > self.hi:
+                lo = "" if self.lo is None else f"{self.lo} <= "
+                hi = "" if self.hi is None else f" <= {self.hi}"
+                raise ValueError(f"{v} is out of range ({lo}value{hi})")
+
+    def check_positions(self, value: Any, positions: int | None) -> None:
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if self.positions and positions is not None and max(items, default=0) > positions:
+            raise ValueError(f"{max(items)} tokens exceed the model's {positions} positions")
+
+
+def option_allowed(spec: tuple) -> Allowed:
+    """The :class:`Allowed` of an ``option_defaults`` entry (anything, where none is declared)."""
+    return spec[2] if len(spec) > 2 else Allowed()
 
 
 def parse_option(value: Any, default: Any) -> Any:

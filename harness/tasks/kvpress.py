@@ -37,9 +37,11 @@ import json
 import re
 from pathlib import Path
 
+from adapters.hf_models import max_positions
 from metrics.kvpress_scores import SCORERS, kvpress_score, paragraph_id, scorer_for
 
-from .base import Prompt, Task, register_task
+from ..input_files import InputError, parse_json, read_jsonl, read_text
+from .base import Allowed, Prompt, Task, register_task
 from .generation import baseline_answers, graded_answers
 from .text_corpus import text_hash
 
@@ -81,10 +83,9 @@ def _read(path: Path) -> list[dict]:
                 return pq.read_table(path).to_pylist()
             except ArrowException as e:
                 raise ValueError(str(e)) from None
-        text = path.read_text(encoding="utf-8")
         if path.suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        data = json.loads(text)
+            return [row for _, row in read_jsonl(path, "kvpress rows (.jsonl)", expect=object)]
+        data = parse_json(read_text(path, "kvpress rows"), str(path))
         if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
             n = {len(v) for v in data.values()}
             if len(n) == 1:  # columns -> rows
@@ -92,6 +93,8 @@ def _read(path: Path) -> list[dict]:
         if not isinstance(data, list):
             raise ValueError("expected a list of row objects")
         return data
+    except InputError:  # names the file and line already
+        raise
     except (OSError, UnicodeDecodeError, ValueError) as e:
         why = " ".join(str(e).split())[:200]
         raise ValueError(f"--prompts {path}: cannot read it as {path.suffix[1:]} ({type(e).__name__}: {why}); pass a "
@@ -152,12 +155,14 @@ class KvpressTask(Task):
     metrics = ("kvpress_score", "output_match", "kl", "top1_agree")
     headline = "kl"  # graded; kvpress scores move in steps and mostly measure the model (module docstring)
     option_defaults = {
-        "max_new_tokens": (0, "tokens generated per answer; 0: each row's max_new_tokens, as kvpress does"),
+        "max_new_tokens": (0, "tokens generated per answer; 0: each row's max_new_tokens, as kvpress does",
+                           Allowed(lo=0)),
         "max_context": (0, "keep each context's first N tokens (chat-template prefix included), as kvpress's "
-                           "max_context_length; 0: keep all, and refuse a row the model cannot hold"),
+                           "max_context_length; 0: keep all, and refuse a row the model cannot hold",
+                        Allowed(lo=0, positions=True)),
         "scorer": ("auto", f"auto: each row's kvpress scorer by its task (RULER, LongBench); or one for every row: "
-                           f"{', '.join(SCORERS)}"),
-        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)"),
+                           f"{', '.join(SCORERS)}", Allowed(choices=("auto", *SCORERS))),
+        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1)),
     }
 
     def __init__(self, **options):
@@ -246,10 +251,3 @@ class KvpressTask(Task):
                 "baseline_kvpress_score": self._score(prompt, baseline["answer"]), **graded,
                 "answer": answer.strip(), "scorer": prompt.data["scorer"], "tokens": len(b["ids"]),
                 "context_tokens": b["prefill"], "context_cut": b["cut"]}
-
-
-def max_positions(model) -> int | None:
-    """The longest sequence the model's position embeddings cover (its config), if it says."""
-    config = getattr(getattr(model, "model", None), "config", None)
-    n = getattr(config, "max_position_embeddings", None)
-    return int(n) if isinstance(n, int) and n > 0 else None

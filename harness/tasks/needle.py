@@ -27,7 +27,7 @@ import torch
 from kernels import private_generator
 from metrics.text import first_number
 
-from .base import Prompt, Task, register_task
+from .base import Allowed, Prompt, Task, register_task
 from .generation import baseline_answers, graded_answers
 from .text_corpus import load_excerpts, text_hash
 
@@ -77,15 +77,17 @@ class NeedleTask(Task):
     metrics = ("exact_match", "string_match_all", "output_match", "kl", "top1_agree")
     headline = "kl"  # graded where exact match is all or nothing on a few prompts
     option_defaults = {
-        "contexts": ((1024,), "prompt lengths in tokens (comma list)"),
-        "depths": ((0.1, 0.3, 0.5, 0.7, 0.9), "depths of the queried needle, fractions of the haystack (comma list)"),
-        "repeats": (1, "prompts per (context, depth), each with other keys, values and haystack"),
-        "needles": (2, "needles per prompt (1 queried + distractors; RULER uses 4, too hard for a 135M model)"),
-        "max_new_tokens": (12, "greedy tokens generated per answer"),
-        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)"),
+        "contexts": ((1024,), "prompt lengths in tokens (comma list)", Allowed(lo=1, nonempty=True, positions=True)),
+        "depths": ((0.1, 0.3, 0.5, 0.7, 0.9), "depths of the queried needle, fractions of the haystack (comma list)",
+                   Allowed(lo=0, hi=1, nonempty=True)),
+        "repeats": (1, "prompts per (context, depth), each with other keys, values and haystack", Allowed(lo=1)),
+        "needles": (2, "needles per prompt (1 queried + distractors; RULER uses 4, too hard for a 135M model)",
+                    Allowed(lo=1)),
+        "max_new_tokens": (12, "greedy tokens generated per answer", Allowed(lo=1)),
+        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1)),
         "ruler": ("", "RULER's niah form, wording and string_match_all scoring: multikey, multivalue (needles values "
                       "of one key) or multiquery (needles keys, all asked); '' this task's own. RULER's 4 needles "
-                      "and 128 answer tokens: --preset ruler"),
+                      "and 128 answer tokens: --preset ruler", Allowed(choices=("", "multikey", "multivalue", "multiquery"))),
     }
 
     def __init__(self, **options):

@@ -17,7 +17,7 @@ from adapters.cache_stats import cache_row_stats
 from adapters.rollout_clock import RolloutClock
 from metrics.text import token_nll, topk_logprobs
 
-from .base import Prompt, Task, register_task
+from .base import Allowed, Prompt, Task, register_task
 from .text_corpus import load_excerpts, text_hash
 
 
@@ -29,14 +29,20 @@ class PerplexityTask(Task):
     #: prompt to prompt than perplexity does, and a codec that changes nothing scores exactly 0
     headline = "kl"
     option_defaults = {
-        "context": (512, "tokens per prompt"),
-        "prefix": (384, "first chunk: prefilled natively, not scored"),
-        "chunk": (64, "tokens per later chunk; each attends to compressed past + window + itself"),
-        "count": (4, "prompts taken from the default corpus (--limit also cuts)"),
-        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)"),
+        "context": (512, "tokens per prompt", Allowed(lo=3, positions=True)),
+        "prefix": (384, "first chunk: prefilled natively, not scored", Allowed(lo=1)),
+        "chunk": (64, "tokens per later chunk; each attends to compressed past + window + itself", Allowed(lo=1)),
+        "count": (4, "prompts taken from the default corpus (--limit also cuts)", Allowed(lo=1)),
+        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1)),
         "batch": (0, "prompts run together through one cache; 0: the run's --batch-size (rows do not "
-                     "depend on it beyond float rounding)"),
+                     "depend on it beyond float rounding)", Allowed(lo=0)),
     }
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        if options["prefix"] + 2 > options["context"]:
+            raise ValueError(f"prefix ({options['prefix']}) must leave at least 2 tokens of the context "
+                             f"({options['context']}) to score")
 
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         n = limit or (self.opt("count") if source in (None, "", "default") else 8)

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..input_files import field, read_jsonl
+
 CORPUS_SPEC = Path(__file__).resolve().parents[2] / "prompts" / "text" / "default_corpus.json"
 LICENSES_DIR = Path("/usr/share/common-licenses")
 DATASET_SOURCES = ("wikitext2", "c4")
@@ -110,9 +112,9 @@ def _read_local(path: Path) -> str:
         if not files:
             raise FileNotFoundError(f"--prompts {path}: a folder, but it holds no .txt files")
         return "\n\n".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
-    if path.suffix == ".jsonl":
-        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        return "\n\n".join(d["text"] for d in lines)
+    if path.suffix == ".jsonl":  # one {"text": ...} object a line
+        lines = read_jsonl(path, "text prompts (.jsonl)")
+        return "\n\n".join(field(d, "text", str, f"{path}:{i}") for i, d in lines)
     return path.read_text(encoding="utf-8", errors="replace")
 
 

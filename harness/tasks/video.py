@@ -30,8 +30,9 @@ from adapters.rollout_clock import RolloutClock
 from kernels import private_generator
 from metrics import video as vm
 
-from ..rows import atomic_write, inside, safe_name, write_via
-from .base import Prompt, Task, artifact_label, register_task
+from ..input_files import InputError, field, read_json, read_text
+from ..rows import atomic_write, inside, is_regular, safe_name, write_via
+from .base import Allowed, Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "video"
 METRICS = ("lpips", "psnr", "ssim", "latent_cos")
@@ -150,8 +151,8 @@ class VideoTask(Task):
     modality = "video"
     metrics = METRICS
     option_defaults = {
-        "residual_frames": (1, "native window of the cache, in latent frames (overrides --residual)"),
-        "stills": (6, "frames per row of the contact sheet"),
+        "residual_frames": (1, "native window of the cache, in latent frames (overrides --residual)", Allowed(lo=0)),
+        "stills": (6, "frames per row of the contact sheet", Allowed(lo=1)),
         "save_video": (True, "write MP4s and contact sheets"),
         "lpips": (True, "compute LPIPS (needs the AlexNet weights in the torch hub cache)"),
     }
@@ -180,19 +181,26 @@ class VideoTask(Task):
         p = Path(source) if source else PROMPTS_DIR / "prompts.json"
         if not p.is_file():
             raise FileNotFoundError(f"video prompts: no file '{p}' (a .json list or a .txt file, one prompt a line)")
+        shape = 'a JSON list of prompts, or {"prompts": [...]}, each a string or {"id": ..., "prompt": ...}'
         if p.suffix == ".json":
-            spec = json.loads(p.read_text())
-            items = spec["prompts"] if isinstance(spec, dict) else spec
+            spec = read_json(p, (dict, list), "video prompts", fix=shape)
+            items = field(spec, "prompts", list, str(p)) if isinstance(spec, dict) else spec
         else:
-            items = [line.strip() for line in p.read_text().splitlines() if line.strip()]
+            items = [line.strip() for line in read_text(p, "video prompts").splitlines() if line.strip()]
         out, seen = [], set()
         for i, it in enumerate(items):
-            text = it["prompt"] if isinstance(it, dict) else str(it)
-            pid = it.get("id") if isinstance(it, dict) and it.get("id") else f"{i:03d}_{_slug(text)}"
+            where = f"{p}: prompt {i}"
+            if not isinstance(it, (str, dict)):
+                raise InputError(f"{where}: each prompt is a string or an object; {shape}")
+            text = field(it, "prompt", str, where) if isinstance(it, dict) else it
+            pid = field(it, "id", str, where, "") if isinstance(it, dict) else ""
+            pid = pid or f"{i:03d}_{_slug(text)}"
             if pid in seen:
                 raise ValueError(f"video prompts: id '{pid}' appears twice in {p}")
             seen.add(pid)
             out.append(Prompt(pid, text, {"source": str(p)}))
+        if not out:
+            raise InputError(f"{p}: no video prompts in it; {shape}")
         return out[:limit] if limit else out
 
     # --- rollouts ----------------------------------------------------------------------------
@@ -269,14 +277,14 @@ class VideoTask(Task):
         arts = {"drift": str(rel / f"{name}.drift.json")}
         all_curves = {}
         for f in sorted(d.glob("*.drift.json")):
-            c = json.loads(f.read_text())
-            all_curves[c["label"]] = c
+            c = read_json(f, dict, "a drift file")
+            all_curves[field(c, "label", str, str(f))] = c
         write_drift_plot(d / "drift.png", all_curves, f"{prompt.id} | {model.spec.name} | per-frame vs uncompressed")
         arts["drift_plot"] = str(rel / "drift.png")
         if self.save_video:
             fps = model.spec.fps
             mp4 = "mp4" not in self.unavailable
-            if mp4 and not (d / "baseline.mp4").exists():
+            if mp4 and not is_regular(d / "baseline.mp4"):
                 write_mp4(d / "baseline.mp4", base.frames, fps)
             if mp4:
                 arts["mp4_baseline"] = str(rel / "baseline.mp4")

@@ -2,6 +2,7 @@
 name (or the same file changed) never runs as the model prepared earlier."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -35,13 +36,36 @@ def test_changed_file_is_hashed_again_unchanged_is_remembered(tmp_path, monkeypa
     h1 = file_sha256(f, memo)
     assert json.loads(memo.read_text())[str(f.resolve())]["sha256"] == h1
     calls = []
-    real = model_store.hashlib.sha256
-    monkeypatch.setattr(model_store.hashlib, "sha256", lambda *a: calls.append(1) or real(*a))
+    real = model_store._full_hash
+    monkeypatch.setattr(model_store, "_full_hash", lambda p: calls.append(1) or real(p))
     assert file_sha256(f, memo) == h1 and not calls  # unchanged: not read again
     _gguf(f, b"two")
     st = f.stat()
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert file_sha256(f, memo) != h1 and calls
+
+
+def test_a_file_changed_in_place_with_its_times_kept_is_hashed_again(tmp_path):
+    """Issue #27: same size, same modification time (restored), other bytes: the memo must not answer."""
+    memo = tmp_path / HASHES_FILE
+    big = model_store.SAMPLE_BYTES * 3
+    f = _gguf(tmp_path / "model.gguf", b"\x01" * big)
+    h1 = file_sha256(f, memo)
+    st = f.stat()
+    with open(f, "r+b") as w:  # one byte in the middle (outside both sampled ends), then the old times back
+        w.seek(big // 2)
+        w.write(b"\x02")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+    h2 = file_sha256(f, memo)
+    assert h2 != h1 and h2 == hashlib.sha256(f.read_bytes()).hexdigest()  # the status-change time moved
+    # were the status-change time kept too (another file system, a restored backup), the ends still tell
+    entry = json.loads(memo.read_text())[str(f.resolve())]
+    with open(f, "r+b") as w:
+        w.write(b"\x03")
+    forged = {**entry, "ctime_ns": f.stat().st_ctime_ns, "mtime_ns": f.stat().st_mtime_ns}
+    memo.write_text(json.dumps({str(f.resolve()): forged}))
+    assert file_sha256(f, memo) == hashlib.sha256(f.read_bytes()).hexdigest() != h2
 
 
 def test_a_replaced_gguf_is_prepared_again(tmp_path, monkeypatch):

@@ -32,16 +32,18 @@ def test_inside_refuses_escapes(tmp_path):
 def test_corrupt_line_is_named_and_torn_last_line_repaired(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"a": 1}\n{"a": 2')  # a crash mid-write: the last line is cut off silently
-    assert read_rows(path, repair=True) == [{"a": 1}] and path.read_text() == '{"a": 1}\n'
+    assert read_rows(path, repair=True, keyed=False) == [{"a": 1}] and path.read_text() == '{"a": 1}\n'
+    with pytest.raises(CorruptRows, match=rf"^{path}:1: a row needs 'task'"):  # a row must have its key
+        read_rows(path)
     path.write_text('{"a": 1}\n{"a": 2}\n{garbled\n{"a": 4}\n')
     with pytest.raises(CorruptRows, match=rf"^{path}:3: not a JSON row .* delete or fix that line"):
-        read_rows(path)
+        read_rows(path, keyed=False)
     path.write_text('{"a": 1}\n[1, 2]\n')
     with pytest.raises(CorruptRows, match=rf"{path}:2: not a JSON object"):
-        read_rows(path)
+        read_rows(path, keyed=False)
     path.write_bytes(b'{"a": 1}\n\xff\xfe\n')
     with pytest.raises(CorruptRows, match=rf"{path}:2"):
-        read_rows(path)
+        read_rows(path, keyed=False)
 
 
 def test_row_key_has_the_codec_seed_and_old_rows_count_as_seed_0():

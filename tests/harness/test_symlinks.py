@@ -101,3 +101,39 @@ def test_the_page_never_reads_or_links_a_path_outside_the_run(tmp_path, rel):
     assert media.src(rel) is None and media.json(rel) is None
     assert any("outside the run folder" in m or "not a path" in m for m in media.missing)
     assert media.json("video/p/own.json") == {"psnr": [3]} and media.src("video/p/own.json") == "video/p/own.json"
+
+
+# --- video and audio artifacts, end to end ---------------------------------------------------------
+def _media_config(modality: str):
+    from harness.config import RunConfig
+
+    options = {"video": {"stills": "2", "lpips": "false"},
+               "audio": {"clip_seconds": "1", "top_k": "8", "save_audio": "true"}}[modality]
+    model = {"video": "causvid-tiny", "audio": "aar-tiny"}[modality]
+    return RunConfig(model=model, tasks=[modality], codecs=["octopus"], bits=[2], limit=1, codec_seeds=[0],
+                     prompts="synthetic" if modality == "audio" else None, task_options={modality: options})
+
+
+@pytest.mark.parametrize("modality", ["video", "audio"])
+def test_a_resumed_media_rollout_never_writes_through_a_link(tmp_path, modality):
+    """Every artifact a codec row writes (videos, contact sheets, drift curves and their plot; WAVs,
+    spectrograms, per-scale curves) is planted as a link to an outside file before the row is
+    computed again: the resumed run replaces each link with the artifact, and no outside file changes."""
+    from harness.rows import read_rows
+
+    config = _media_config(modality)
+    out = run(config, out=tmp_path / "run", **QUIET)
+    rows = read_rows(out / "rows.jsonl")
+    codec_row = next(r for r in rows if r["label"] != "none")
+    arts = [out / rel for rel in codec_row["artifacts"].values()]
+    assert arts and all(p.is_file() for p in arts)
+    outside = []
+    for i, p in enumerate(arts):
+        o = tmp_path / f"outside-{i}"
+        o.write_text(f"the user's own file {i}")
+        _plant(p, o)
+        outside.append(o)
+    (out / "rows.jsonl").write_text("".join(__import__("json").dumps(r) + "\n" for r in rows if r is not codec_row))
+    run(config, out=out, **QUIET)
+    assert [o.read_text() for o in outside] == [f"the user's own file {i}" for i in range(len(outside))]
+    assert all(not p.is_symlink() and p.is_file() and p.stat().st_size > 0 for p in arts)

@@ -184,7 +184,7 @@ def test_too_long_rows_are_refused_or_cut(lm, tmp_path):
     (lambda d: d / "nope.parquet", "no such file or folder"),
     (lambda d: d, "a folder without .parquet, .jsonl, .json files"),
     (lambda d: _write(d / "rows.txt", "hello"), "a '.txt' file; the kvpress task reads"),
-    (lambda d: _write(d / "rows.jsonl", "{not json"), "cannot read it as jsonl (JSONDecodeError"),
+    (lambda d: _write(d / "rows.jsonl", "{not json"), "rows.jsonl:1:2: is not valid JSON"),
     (lambda d: _write(d / "rows.jsonl", ""), "no rows in it"),
     (lambda d: _jsonl(d / "r.jsonl", [{k: v for k, v in RULER_ROWS[0].items() if k != "question"}]),
      "row 0: no column 'question' (it has answer, answer_prefix, context, max_new_tokens, task)"),
