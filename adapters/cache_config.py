@@ -76,8 +76,15 @@ class CacheConfig:
             return set()
         if self.protect == "boundary-1":
             return {0, num_layers - 1}
-        bad = [i for i in self.protect if not -num_layers <= int(i) < num_layers]
-        if bad:
-            raise ValueError(f"protect {list(self.protect)}: layer(s) {bad} do not exist in a model of {num_layers} "
-                             f"layers (indices 0..{num_layers - 1}, or -1..-{num_layers} from the end)")
+        check_protect(self.protect, num_layers)
         return {int(i) % num_layers for i in self.protect}  # -1: the last layer
+
+
+def check_protect(protect, layers: int) -> None:
+    """ValueError unless every protected layer index exists in a model of ``layers`` layers (0..layers-1,
+    or -1..-layers from the end); 'none' and 'boundary-1' always do."""
+    if isinstance(protect, (list, tuple)):
+        bad = [i for i in protect if not -layers <= int(i) < layers]
+        if bad:
+            raise ValueError(f"layer(s) {bad} do not exist in a model of {layers} layers (indices 0..{layers - 1}, "
+                             f"or -1..-{layers} from the end)")

@@ -183,31 +183,47 @@ class GraphedDecode:
 
 class GraphedForward:
     """``with GraphedForward(model, cache, steps, capture): model.generate(..., cache=cache)``: the
-    single-token decode steps ``generate`` makes through ``cache`` (at most ``steps`` of them) are
-    answered from a :class:`GraphedDecode` once :func:`why_not` lets them (asked again at each step
-    until then); the model's forward runs every other call. The model's ``forward`` is replaced on
-    the instance inside the block and restored, and the cache handed back, on leaving it."""
+    single-token decode steps each ``generate`` call makes through ``cache`` (at most ``steps`` of them)
+    are answered from a :class:`GraphedDecode` once :func:`why_not` lets them (asked again at each step
+    until then); the model's forward runs every other call, after the graph hands the cache back. The
+    model's ``forward`` and ``generate`` are replaced on the instance inside the block and restored on
+    leaving it; each ``generate`` call hands the cache back as it returns (``generate`` reads the
+    cache's length between calls)."""
 
     def __init__(self, model, cache: CompressedCache, steps: int, capture: bool = True):
         self.model, self.cache, self.steps, self.capture = model, cache, steps, capture
         self.key = next(iter(cache_kwargs(model, cache)))  # the keyword the forward takes the cache under
         self.graph: GraphedDecode | None = None
-        self.calls = 0  # decode steps seen so far
+        self.calls = 0  # decode steps seen, over the block
         self.replayed = 0  # of which answered from the graph
+        self._first = 0  # the first of this generate call's steps
         self._busy = False
 
     def __enter__(self) -> GraphedForward:
-        self._own = vars(self.model).get("forward")  # one set on the instance already (accelerate's hooks)
-        self._forward = self.model.forward
+        self._own = {name: vars(self.model).get(name) for name in ("forward", "generate")}  # accelerate's hooks
+        self._forward, generate = self.model.forward, self.model.generate
         # generate reads the forward's signature (whether it takes position_ids, logits_to_keep): keep it
         self.model.forward = functools.wraps(self._forward)(lambda *args, **kw: self._step(*args, **kw))
+
+        def generate_then_hand_back(*args, **kw):
+            self._first = self.calls
+            try:
+                return generate(*args, **kw)
+            finally:
+                self._hand_back()
+
+        self.model.generate = functools.wraps(generate)(generate_then_hand_back)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._own is None:
-            del self.model.forward  # the class's forward again
-        else:
-            self.model.forward = self._own
+        for name, own in self._own.items():
+            if own is None:
+                delattr(self.model, name)  # the class's method again
+            else:
+                setattr(self.model, name, own)
+        self._hand_back()
+
+    def _hand_back(self) -> None:
         if self.graph is not None:
             self.graph.close()
             self.graph = None
@@ -221,13 +237,16 @@ class GraphedForward:
                 and not kw.get("output_hidden_states") and kw.get("labels") is None)
 
     def _step(self, *args, **kw):
-        if self._busy or not self._is_step(args, kw):  # the graph's own forward calls land here too
+        if self._busy:  # the graph's own forward calls
+            return self._forward(*args, **kw)
+        if not self._is_step(args, kw):
+            if kw.get(self.key) is self.cache:  # the cache goes back to eager layers first
+                self._hand_back()
             return self._forward(*args, **kw)
         ids = kw.get("input_ids", args[0] if args else None)
-        left, self.calls = self.steps - self.calls, self.calls + 1
+        left, self.calls = self.steps - (self.calls - self._first), self.calls + 1
         if self.graph is not None and self.graph.taken >= self.graph.steps:  # more steps than announced
-            self.graph.close()
-            self.graph = None
+            self._hand_back()
         self._busy = True
         try:
             if self.graph is None and why_not(self.model, self.cache, left, self.capture) is None:

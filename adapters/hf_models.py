@@ -109,12 +109,30 @@ def declared_limits(path: str | Path | None) -> tuple[int | None, int | None]:
         n = text.get(key, cfg.get(key))
         return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
-    return count("num_hidden_layers"), count("max_position_embeddings")
+    return count("num_hidden_layers"), stretched_positions(text, count("max_position_embeddings"))
+
+
+def stretched_positions(config, declared: int | None) -> int | None:
+    """The positions a model covers: ``declared`` (max_position_embeddings), stretched by RoPE scaling
+    (YaRN, linear, dynamic, llama3: ``rope_scaling``, or transformers 5's ``rope_parameters``) to
+    original x factor where that is more. ``config``: a config dict or object."""
+    if declared is None:
+        return None
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    for key in ("rope_scaling", "rope_parameters"):
+        scaling = get(key)
+        factor = scaling.get("factor") if isinstance(scaling, dict) else None
+        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
+            original = scaling.get("original_max_position_embeddings")
+            base = original if isinstance(original, int) and original > 0 else declared
+            return max(declared, int(base * factor))
+    return declared
 
 
 def max_positions(model) -> int | None:
-    """The longest sequence a loaded model's position embeddings cover (its config), if it says."""
+    """The longest sequence a loaded model's positions cover (its config, stretched by RoPE scaling), if
+    it says."""
     config = getattr(getattr(model, "model", None), "config", None)
     config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     n = getattr(config, "max_position_embeddings", None)
-    return int(n) if isinstance(n, int) and n > 0 else None
+    return stretched_positions(config, n) if isinstance(n, int) and n > 0 else None

@@ -277,10 +277,12 @@ def _measure(model, ids, make, batch: int, new_tokens: int, device, result: dict
     if why is None and graphs == "auto":
         steps_s, _ = timed_graphed(model, cache, cont[:, -1].tolist(), new_tokens, device, steps)
     elif why is None:  # model.generate: every call feeds one token (the warm-up, the capture, then replays)
-        with GraphedForward(model, cache, new_tokens):
+        with GraphedForward(model, cache, new_tokens) as fw:
             timed_generate(model, cont, cache, new_tokens, device, steps)
         replays = steps[2:]
         steps_s = len(replays) / max(sum(replays), 1e-9)
+        if fw.replayed < new_tokens:  # generate's steps did not all come from the graph: say so
+            why = f"{fw.replayed} of generate's {fw.calls} steps graphed"
     else:
         _, steps_s, _ = timed_generate(model, cont, cache, new_tokens, device, steps)
     held, native = cache_bytes(cache)

@@ -112,6 +112,7 @@ def check_args(args: dict) -> None:
     checkpoint loads: ValueError naming the argument and what it takes (module docstring)."""
     import re
 
+    from adapters.cache_config import check_protect
     from adapters.hf_causal_lm import GRAPH_MODES
     from adapters.hf_models import declared_limits
     from adapters.loading import DTYPES
@@ -124,12 +125,13 @@ def check_args(args: dict) -> None:
     codec = args.get("codec") or "none"
     bits_supported = codec_class(str(codec)).bits_supported  # unknown codec -> "Unknown codec ... Available"
     if codec != "none":
-        for key in ("bits", "value_bits"):
-            if key == "bits" and args.get("bits") is None:
-                raise ValueError(f"model '{MODEL_NAME}': codec={codec} needs bits= ({', '.join(map(str, bits_supported))})")
-            if args.get(key) is not None and _int(args, key, None, 1) not in bits_supported:
-                raise ValueError(f"model '{MODEL_NAME}': {key}={args[key]} is not a bit width of codec '{codec}' "
-                                 f"({', '.join(map(str, bits_supported))})")
+        if args.get("bits") is None:
+            raise ValueError(f"model '{MODEL_NAME}': codec={codec} needs bits= ({', '.join(map(str, bits_supported))})")
+        if _int(args, "bits", None, 1) not in bits_supported:
+            raise ValueError(f"model '{MODEL_NAME}': bits={args['bits']} is not a bit width of codec '{codec}' "
+                             f"({', '.join(map(str, bits_supported))})")
+    if args.get("value_bits") is not None and _int(args, "value_bits", None, 1) > 16:
+        raise ValueError(f"model '{MODEL_NAME}': value_bits= takes 1..16, got {args['value_bits']}")
     _int(args, "residual", DEFAULT_RESIDUAL, 0), _int(args, "chunk", 64, 1), _int(args, "codec_seed", 0, 0)
     batch = args.get("batch_size", 1)
     if str(batch) == "auto" or _int(args, "batch_size", 1, 1) < 1:
@@ -138,16 +140,18 @@ def check_args(args: dict) -> None:
     device = str(args.get("device") or "auto")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device):
         raise ValueError(f"model '{MODEL_NAME}': device '{device}' is not a device; use auto, cpu, cuda or cuda:N")
-    dtype = str(args.get("dtype") or "auto")
-    if dtype != "auto" and dtype not in DTYPES:
+    dtype = args.get("dtype") or "auto"
+    if not isinstance(dtype, torch.dtype) and dtype != "auto" and dtype not in DTYPES:
         raise ValueError(f"model '{MODEL_NAME}': dtype '{dtype}' is not a dtype; use auto, {', '.join(sorted(DTYPES))}")
     if str(args.get("graphs", "auto")) not in GRAPH_MODES:
         raise ValueError(f"model '{MODEL_NAME}': graphs= takes {', '.join(GRAPH_MODES)}, got {args['graphs']!r}")
     protect = parse_protect(args.get("protect", "none"))
     layers, _ = declared_limits(pretrained)
-    if layers is not None and isinstance(protect, list) and any(not -layers <= i < layers for i in protect):
-        raise ValueError(f"model '{MODEL_NAME}': protect={args.get('protect')}: {pretrained} has {layers} layers; "
-                         f"give indices in 0..{layers - 1} joined by ':'")
+    if layers is not None:
+        try:
+            check_protect(protect, layers)
+        except ValueError as e:
+            raise ValueError(f"model '{MODEL_NAME}': protect={args.get('protect')} ({pretrained}): {e}") from None
 
 
 @register_model(MODEL_NAME)

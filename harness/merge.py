@@ -137,6 +137,8 @@ def report(out: Path) -> bool:
     merge, which hold it briefly); a single-process run still going holds it to its end, and is
     refused in one line (its own report is written as it ends; shards' runs can be reported while they
     go, their rows merged so far)."""
+    if not (Path(out) / "config.json").is_file():
+        raise FileNotFoundError(f"{out} is not a run folder (no config.json); runs are under reports/")
     lock = RunLock(out, role="report", wait=MERGE_WAIT_S)
     try:
         lock.acquire()

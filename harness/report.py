@@ -21,8 +21,8 @@ from .rows import BASELINE_LABEL, atomic_write, num, read_rows, write_via
 from .speed import markdown as speed_markdown
 from .speed import problem_note, read_speed, summarize_speed
 from .summary import SUMMARY_VERSION, summarize
-from .tables import (arrow, display, fmt, fmt_ci, fmt_diff, md_link, md_text, pair_tables, per_prompt_table,
-                     ranking_tables, values)
+from .tables import (arrow, display, fmt, fmt_ci, fmt_diff, html_text, md_link, md_text, pair_tables,
+                     per_prompt_table, ranking_tables, values)
 
 INTERVALS = (
     "**Intervals.** Each value is measured per prompt and per codec seed (the codec's random draws). "
@@ -135,7 +135,7 @@ def write_report(out: Path, notes: list[str] = ()) -> Path:
         speed[task] = summarize_speed(speed_lines, task, [g["label"] for g in t["groups"]])
         md += _task_section(out, task, t, rows, speed[task])
     md += _unavailable(rows)
-    md += _artifacts(rows)
+    md += _artifacts(out, rows)
     atomic_write(out / "report.md", "\n".join(md).rstrip() + "\n")
     from .html_report import write_run_page  # report.html beside it, from the same summary and rows
 
@@ -256,18 +256,18 @@ def _unavailable(rows: list[dict]) -> list[str]:
     return md + [""]
 
 
-def _artifacts(rows: list[dict]) -> list[str]:
+def _artifacts(out: Path, rows: list[dict]) -> list[str]:
     with_art = [r for r in rows if isinstance(r.get("artifacts"), dict) and r["artifacts"]]
     if not with_art:
         return []
     md = ["## Artifacts", ""]
     for task in dict.fromkeys(r["task"] for r in with_art):
         for prompt in dict.fromkeys(r["prompt"] for r in with_art if r["task"] == task):
-            md += [f"<details><summary>{md_text(task)} / {md_text(prompt)}</summary>", ""]
+            md += [f"<details><summary>{html_text(task)} / {html_text(prompt)}</summary>", ""]
             for r in (r for r in with_art if r["task"] == task and r["prompt"] == prompt):
                 links = []
                 for name, rel in r["artifacts"].items():
-                    target = md_link(rel)  # None: not a path inside the run folder (never linked)
+                    target = md_link(rel, out)  # None: not a path inside the run folder (never linked)
                     if target is None:
                         links.append(f"{md_text(name)} (outside the run folder)")
                     elif str(rel).lower().endswith(IMAGE_SUFFIXES):

@@ -71,8 +71,10 @@ def _check_key(row: dict, where: str) -> None:
     """A row's key fields are there and typed (task, prompt and label strings; codec_seed an integer)."""
     fix = "delete or fix that line (the run recomputes a missing row), or start over with --fresh"
     for k in ("task", "prompt", "label"):
-        if not isinstance(row.get(k), str):
-            raise CorruptRows(f"{where}: a row needs '{k}' (a string), found {row.get(k)!r:.40}; {fix}")
+        value = row.get(k)
+        # a prompt id may be a number (prompt files give them so)
+        if not (isinstance(value, str) or k == "prompt" and isinstance(value, int) and not isinstance(value, bool)):
+            raise CorruptRows(f"{where}: a row needs '{k}' (a string), found {value!r:.40}; {fix}")
     seed = row.get("codec_seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise CorruptRows(f"{where}: 'codec_seed' must be an integer, found {seed!r:.40}; {fix}")

@@ -123,14 +123,15 @@ def task_options(cls, given: dict) -> dict:
 def check_limits(config: RunConfig, layers: int | None, positions: int | None, source: str) -> None:
     """The run's options against the model's limits (``source`` says where they were read): protected
     layer indices within its layers, and task options counted in tokens within its positions."""
+    from adapters.cache_config import check_protect
     from harness.tasks import get_task
     from harness.tasks.base import option_allowed
 
-    if layers is not None and isinstance(config.protect, list):
-        bad = [i for i in config.protect if not -layers <= i < layers]
-        if bad:
-            raise RunError(f"--protect {','.join(map(str, config.protect))}: the model has {layers} layers ({source}); "
-                           f"give indices in 0..{layers - 1} (or from the end, -1..-{layers})")
+    if layers is not None:
+        try:
+            check_protect(config.protect, layers)
+        except ValueError as e:
+            raise RunError(f"--protect {','.join(map(str, config.protect))}: {e} ({source})") from None
     for t in config.tasks:
         for name, spec in getattr(get_task(t), "option_defaults", {}).items():
             try:

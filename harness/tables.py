@@ -3,6 +3,7 @@ its 95% interval, a paired difference with its word, the per-prompt table, and t
 pairwise tables of a summary task (:mod:`harness.summary`)."""
 from __future__ import annotations
 
+import html
 import math
 import re
 from pathlib import Path
@@ -78,12 +79,21 @@ def md_text(s) -> str:
     return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
 
 
-def md_link(rel) -> str | None:
+def html_text(s) -> str:
+    """Text from input inside raw HTML in Markdown (a ``<summary>``): control characters become U+FFFD
+    and HTML's specials entities; Markdown's escapes would show there as backslashes."""
+    return html.escape("".join("\ufffd" if ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 else c for c in str(s)))
+
+
+def md_link(rel, root: Path) -> str | None:
     """A run-folder-relative artifact path from a row as a Markdown link target (percent-encoded), or
-    None where it is not one: absolute, climbing out with '..', or naming a scheme."""
+    None where it is not one: absolute, naming a scheme, or resolving outside ``root`` (by '..' or a
+    symbolic link), as the HTML page decides (:class:`harness.html_report.media.Media`)."""
     rel = str(rel)
-    parts = Path(rel).parts
-    if not rel or Path(rel).is_absolute() or ".." in parts or ":" in rel or any(ord(c) < 0x20 for c in rel):
+    if not rel or Path(rel).is_absolute() or ":" in rel or any(ord(c) < 0x20 for c in rel):
+        return None
+    base = Path(root).resolve()
+    if not (base / rel).resolve().is_relative_to(base):
         return None
     return quote(Path(rel).as_posix())
 

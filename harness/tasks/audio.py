@@ -74,7 +74,7 @@ def _manifest_prompts(manifest: Path) -> list[Prompt]:
         where = f"{manifest}: clip {i}"
         if not isinstance(c, dict):
             raise InputError(f"{where}: each clip is an object; a manifest is {shape}")
-        field(c, "id", str, where), field(c, "file", str, where), field(c, "kind", str, where, "")
+        field(c, "id", (str, int), where), field(c, "file", str, where), field(c, "kind", str, where, "")
     if not clips:
         raise InputError(f"{manifest}: no clips; a manifest is {shape}")
     missing = [c["file"] for c in clips if not (root / c["file"]).exists()]

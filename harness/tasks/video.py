@@ -193,7 +193,7 @@ class VideoTask(Task):
             if not isinstance(it, (str, dict)):
                 raise InputError(f"{where}: each prompt is a string or an object; {shape}")
             text = field(it, "prompt", str, where) if isinstance(it, dict) else it
-            pid = field(it, "id", str, where, "") if isinstance(it, dict) else ""
+            pid = field(it, "id", (str, int), where, "") if isinstance(it, dict) else ""
             pid = pid or f"{i:03d}_{_slug(text)}"
             if pid in seen:
                 raise ValueError(f"video prompts: id '{pid}' appears twice in {p}")

@@ -97,3 +97,22 @@ def test_replayed_generate_steps_equal_the_same_steps_run_eagerly(cfg):
     assert torch.equal(graphed.sequences, static.sequences)
     assert all(torch.equal(a, b) for a, b in zip(static.scores, graphed.scores))
     assert cg.stats() == cs.stats()
+
+
+def test_a_forward_of_several_tokens_inside_the_block_hands_the_cache_back_first():
+    """Two generate calls in one block, the second fed its first call's output plus more tokens: the
+    prefill of those tokens runs eagerly on a cache the graph has handed back, as without the block."""
+    lm = _lively(tiny_causal_lm())
+    ids = torch.tensor(_prompts(1, 40))
+    cfg = CacheConfig(codec="octopus", bits=3, residual=8)
+    outs = []
+    for graphed in (False, True):
+        with torch.no_grad(), attach(lm.model) as new_cache:
+            cache = new_cache(cfg)
+            fw = GraphedForward(lm.model, cache, 40, capture=False) if graphed else torch.no_grad()
+            with fw:
+                kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0, **cache_kwargs(lm.model, cache))
+                first = lm.model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+                more = torch.cat([first, torch.tensor([[5, 6, 7, 8, 9]])], 1)
+                outs.append(lm.model.generate(more, attention_mask=torch.ones_like(more), **kw))
+    assert torch.equal(outs[0], outs[1])

@@ -35,8 +35,8 @@ CASES = [
     ("kvpress-bad-line", {"k.jsonl": '{"context": "a"}\n{oops\n'}, TEXT + ["--task", "kvpress", "--prompts", "{d}/k.jsonl"],
      "k.jsonl:2:2: is not valid JSON"),
     ("video-empty-file", {"v.json": ""}, VIDEO + ["--prompts", "{d}/v.json"], "v.json: is empty"),
-    ("video-id-not-a-string", {"v.json": '{"prompts": [{"id": 5, "prompt": "x"}]}'}, VIDEO + ["--prompts", "{d}/v.json"],
-     "v.json: prompt 0: 'id' must be a string"),
+    ("video-id-a-list", {"v.json": '{"prompts": [{"id": [5], "prompt": "x"}]}'}, VIDEO + ["--prompts", "{d}/v.json"],
+     "v.json: prompt 0: 'id' must be a string or an integer, found a list"),
     ("video-no-prompt", {"v.json": '[{"id": "a"}]'}, VIDEO + ["--prompts", "{d}/v.json"], "v.json: prompt 0: needs 'prompt'"),
     ("video-numbers", {"v.json": "[1, 2]"}, VIDEO + ["--prompts", "{d}/v.json"],
      "v.json: prompt 0: each prompt is a string or an object"),
@@ -66,7 +66,7 @@ CASES = [
     ("perplexity-chunk-zero", {}, PPL + ["--task-opt", "perplexity.chunk=0"], "perplexity.chunk=0: 0 is out of range"),
     ("perplexity-prefix-past-context", {}, PPL + ["--task-opt", "perplexity.prefix=600"],
      "prefix (600) must leave at least 2 tokens of the context (512)"),
-    ("protect-a-layer-it-lacks", {}, PPL + ["--protect", "999"], "--protect 999: the model has 2 layers"),
+    ("protect-a-layer-it-lacks", {}, PPL + ["--protect", "999"], "--protect 999: layer(s) [999] do not exist in a model of 2 layers"),
     ("lut-on-a-cpu", {}, PPL + ["--backend", "lut", "--device", "cpu"], "--backend lut: the table-lookup kernel runs on CUDA only"),
     ("negative-seed", {}, PPL + ["--seed", "-1"], "--seed must be an integer >= 0, got -1"),
     ("empty-text-prompts", {"p.jsonl": "\n"}, PPL + ["--prompts", "{d}/p.jsonl"], "p.jsonl: no text in it"),
@@ -175,8 +175,8 @@ FOLDER_CASES = [
      "rows.jsonl:1: a row needs 'task' (a string)"),
     ("row-seed-not-a-number", lambda run: (run / "rows.jsonl").write_text(
         json.dumps({**_first_row(run), "codec_seed": "abc"}) + "\n"), "rows.jsonl:1: 'codec_seed' must be an integer"),
-    ("row-prompt-not-a-string", lambda run: (run / "rows.jsonl").write_text(
-        json.dumps({**_first_row(run), "prompt": 3}) + "\n"), "rows.jsonl:1: a row needs 'prompt' (a string), found 3"),
+    ("row-prompt-a-list", lambda run: (run / "rows.jsonl").write_text(
+        json.dumps({**_first_row(run), "prompt": [3]}) + "\n"), "rows.jsonl:1: a row needs 'prompt' (a string), found [3]"),
     ("config-a-list", lambda run: (run / "config.json").write_text("[]"), "config.json: config.json must be a JSON object"),
     ("model-a-list", lambda run: (run / "model.json").write_text("[1]"), "model.json: model.json must be a JSON object"),
     ("config-not-json", lambda run: (run / "config.json").write_text("{"), "config.json:1:2: is not valid JSON"),
@@ -294,14 +294,21 @@ def test_report_md_shows_input_as_text(finished_run, tmp_path):
     rows = [json.loads(line) for line in (run / "rows.jsonl").read_text().splitlines()]
     for r in rows:
         r["prompt"] = hostile
-    rows[-1]["artifacts"] = {"drift": "/abs/secret.json", "sheet": "../../x.png", "mp4": "video/a b.mp4"}
+    (run / "video").mkdir()
+    (tmp_path / "outside.png").write_bytes(b"not ours")
+    (run / "video" / "link.png").symlink_to(tmp_path / "outside.png")
+    rows[-1]["artifacts"] = {"drift": "/abs/secret.json", "sheet": "../../x.png", "mp4": "video/a b.mp4",
+                             "plot": "video/link.png"}
     (run / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "summary.json").unlink()
     assert main(["report", str(run)]) == 0
     md = (run / "report.md").read_text()
     assert "<img" not in md and "\x00" not in md and "&lt;img src=x onerror=alert(1)&gt;\\|\\*b\\*\ufffd\\`c\\`" in md
     assert "](/abs" not in md and "](../" not in md and "drift (outside the run folder)" in md
+    assert "plot (outside the run folder)" in md and "link.png" not in md  # a link inside that leads out
     assert "[mp4](video/a%20b.mp4)" in md
+    # raw HTML (<summary>) gets HTML escapes only: Markdown's backslashes would show there
+    assert "<summary>perplexity / &lt;img src=x onerror=alert(1)&gt;|*b*\ufffd`c`</summary>" in md
 
 
 def test_triton_on_a_cpu_without_the_interpreter_is_refused_before_the_model_loads(tmp_path, checkpoint, capsys,
@@ -327,3 +334,31 @@ def test_a_plan_of_the_wrong_shape_is_planned_again(finished_run, tmp_path, chec
             "--task-opt", "perplexity.chunk=20", "--out", str(run)]
     assert main(argv) == 0
     assert isinstance(json.loads((run / "plan.json").read_text()), dict)
+
+
+def test_harness_report_of_a_folder_that_is_no_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    assert "is not a run folder (no config.json)" in _one_line(capsys, ["report", str(tmp_path / "nosuch")])
+
+
+def test_valid_input_that_looks_unusual_is_accepted(tmp_path, checkpoint):
+    """What the checks must not refuse: numeric prompt ids, value bits apart from the codec's key bits, a
+    torch dtype from Python, and contexts that RoPE scaling stretches past max_position_embeddings."""
+    from adapters.hf_models import declared_limits
+    from harness.lm_eval_model import check_args
+    from harness.tasks import get_task
+
+    f = tmp_path / "v.json"
+    f.write_text('[{"id": 7, "prompt": "a corgi"}, "a cat"]')
+    assert [p.id for p in get_task("video")().prompts(str(f))] == [7, "001_a_cat"]
+    pytest.importorskip("lm_eval")
+    check_args({"pretrained": str(checkpoint), "codec": "octopus", "bits": 3, "value_bits": 8, "dtype": torch.bfloat16})
+    ck = tmp_path / "yarn"
+    ck.mkdir()
+    base = {"num_hidden_layers": 4, "max_position_embeddings": 32768}
+    (ck / "config.json").write_text(json.dumps({**base, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                                         "original_max_position_embeddings": 32768}}))
+    assert declared_limits(ck) == (4, 131072)
+    (ck / "config.json").write_text(json.dumps({**base, "max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}))
+    assert declared_limits(ck) == (4, 131072)  # llama 3.1 declares the stretched length already
