@@ -135,12 +135,19 @@ class Codec:
     #: a run then repeats it for every codec seed; a deterministic codec runs once (tests check
     #: that this matches what the seed really changes)
     randomized: ClassVar[bool] = False
+    #: True where the codec reproduces an inference engine's KV-cache format (kernels/vllm_kv.py): values in the
+    #: keys' format (``value_bits`` other than ``bits`` refused, ``value_group`` does not apply) and the engine's
+    #: own arithmetic, which may round through the input's dtype
+    engine_preset: ClassVar[bool] = False
     #: the codec's options: a frozen dataclass with typed fields and defaults (kernels.config checks them)
     Options: ClassVar[type] = NoOptions
 
     def __init__(self, config: CodecConfig, device="cpu"):
         if config.name != self.name:
             raise ValueError(f"a '{config.name}' config cannot build codec '{self.name}'")
+        why = self.head_dim_unsupported(config.head_dim)
+        if why is not None:
+            raise ValueError(f"codec '{self.name}': {why}")
         self.config = config.resolved()  # checked when it was made; every option named
         self.opts = self.Options(**self.config.options)
         self.bits = config.bits
@@ -153,6 +160,11 @@ class Codec:
         self._backend_arg = config.backend
         self.value_quantizer = ValueQuantizer(config.value_bits if config.value_bits is not None else config.bits,
                                               config.head_dim, group_size=config.value_group)
+
+    @classmethod
+    def head_dim_unsupported(cls, head_dim: int) -> str | None:
+        """None where the codec takes keys of ``head_dim``, else why not (construction raises it)."""
+        return None
 
     # --- keys -------------------------------------------------------------------------
     def encode(self, keys: torch.Tensor, defer: DeferredFinite | None = None) -> Encoded:

@@ -69,6 +69,39 @@ def _polar2d_ref(u: np.ndarray, bits: int) -> np.ndarray:
     return np.concatenate((r * np.cos(theta), r * np.sin(theta)), 1)
 
 
+# fp8 formats by their definition (OCP FP8): mantissa bits, smallest normal exponent, largest finite value
+FP8_FORMATS = {"e4m3": (3, -6, 448.0), "e5m2": (2, -14, 57344.0)}
+
+
+def fp8_round(x: np.ndarray, kind: str) -> np.ndarray:
+    """Round to the nearest fp8 value (ties to even), saturating at the largest finite one: each binade
+    [2^e, 2^(e+1)) holds 2^m steps of 2^(e - m); below the smallest normal the step stays 2^(emin - m)."""
+    m, emin, top = FP8_FORMATS[kind]
+    e = np.maximum(np.floor(np.log2(np.maximum(np.abs(x), 2.0 ** (emin - m - 1)))), emin)
+    step = 2.0 ** (e - m)
+    return np.clip(np.round(x / step) * step, -top, top)
+
+
+def _per_token_head_ref(x: np.ndarray, kind: str) -> np.ndarray:
+    """vLLM's per-(token, head) symmetric quantization: scale = absmax / QMAX (at least 1e-6), codes int8
+    truncated toward zero or fp8 e4m3 rounded."""
+    x = x.astype(np.float32)  # the kernel's float32 arithmetic: x * (1 / scale) can land just below an integer
+    qmax = np.float32(127.0 if kind == "int8" else 448.0)
+    scale = np.maximum(np.abs(x).max(-1, keepdims=True) / qmax, np.float32(1e-6))
+    y = np.clip(x * (np.float32(1.0) / scale), -128.0 if kind == "int8" else -qmax, qmax).astype(np.float64)
+    return (np.trunc(y) if kind == "int8" else fp8_round(y, "e4m3")) * scale
+
+
+def _int4_zero_point_ref(x: np.ndarray) -> np.ndarray:
+    """vLLM's int4 per (token, head): scale (max - min) / 15, an integer zero point round(-min / scale) in
+    0..15, codes round(x / scale + zp) in 0..15 (half away from zero), x ~ (q - zp) scale."""
+    lo, hi = x.min(-1, keepdims=True), x.max(-1, keepdims=True)
+    scale = np.maximum((hi - lo) / 15.0, 1e-6)
+    half_away = lambda y: np.sign(y) * np.floor(np.abs(y) + 0.5)  # noqa: E731
+    zp = np.clip(half_away(-lo / scale), 0, 15)
+    return (np.clip(half_away(x / scale + zp), 0, 15) - zp) * scale
+
+
 def reference_distortion(name: str, bits: int, u: torch.Tensor) -> tuple[float, float]:
     """(E||u - u_hat||^2 of the method at ``bits`` on unit vectors ``u`` [n, d], relative tolerance)."""
     d, x = u.shape[-1], u.double().numpy()
@@ -90,6 +123,15 @@ def reference_distortion(name: str, bits: int, u: torch.Tensor) -> tuple[float, 
     if name == "kivi":  # no rotation: per channel over groups of 32 tokens
         g = x.reshape(-1, 32, d)
         return float(((g - _min_max_rtn(g, bits, 1)) ** 2).sum(-1).mean()), 1e-4
+    # vLLM's KV-cache dtypes: the same vectors, so the same codes up to float32 arithmetic
+    if name in ("vllm-fp8", "vllm-fp8-e5m2"):  # per-tensor scale 1.0
+        return float(((x - fp8_round(x, "e5m2" if name.endswith("e5m2") else "e4m3")) ** 2).sum(-1).mean()), 1e-3
+    if name in ("vllm-int8-per-token-head", "vllm-fp8-per-token-head"):
+        kind = "int8" if "int8" in name else "fp8"
+        return float(((x - _per_token_head_ref(x, kind)) ** 2).sum(-1).mean()), 1e-3
+    if name == "vllm-int4-per-token-head":  # after a random-sign Hadamard rotation: another draw of the same
+        # distribution (as quarot); the per-token extremes spread the mean by ~1%
+        return float(((x - _int4_zero_point_ref(x)) ** 2).sum(-1).mean()), 0.03
     raise KeyError(name)
 
 

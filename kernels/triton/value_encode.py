@@ -62,6 +62,10 @@ def _value_encode_kernel(
 def value_encoder_unsupported(vq, device) -> str | None:
     """None when the fused encoder writes ``vq``'s (a :class:`kernels.values.ValueQuantizer`) state
     on ``device``, else why not."""
+    from ..values import ValueQuantizer
+
+    if not isinstance(vq, ValueQuantizer):
+        return f"values in {type(vq).__name__}'s own format, not the per-token group quantizer"
     why = triton_unavailable(device)
     if why is not None:
         return why

@@ -23,8 +23,9 @@ CODECS = [c for c in list_codecs() if c != "none"]
 
 
 def _bits(codec: str) -> int:
-    """The smallest of 2..4 the codec supports."""
-    return min(b for b in list_codecs()[codec] if 2 <= b <= 4)
+    """The smallest of 2..4 the codec supports, else its smallest (an engine's 8-bit preset)."""
+    supported = list_codecs()[codec]
+    return min((b for b in supported if 2 <= b <= 4), default=min(supported))
 
 
 def _config(codec: str, residual: int = 8) -> CacheConfig:

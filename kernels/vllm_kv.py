@@ -1,0 +1,235 @@
+"""vLLM's KV-cache dtypes (``--kv-cache-dtype``) as codecs: what a vLLM deployment stores, so a report
+can say whether a research codec is better than what runs today.
+
+Each preset reproduces the format vLLM writes, for keys and values alike (vLLM quantizes both the same
+way; ``--value-bits`` does not apply). Read from vLLM's source (vllm-project/vllm):
+
+- ``vllm-fp8`` (``fp8`` = ``fp8_e4m3``) and ``vllm-fp8-e5m2``: one scale per tensor, ``x / k_scale``
+  cast to fp8 with saturation (``reshape_and_cache_flash``: ``__NV_SATFINITE``; Triton's fp8 store
+  rounds to nearest even). Without calibrated checkpoint scales vLLM's ``k_scale`` and ``v_scale`` are
+  1.0, the default here (``--codec-opt vllm-fp8.k_scale=...``). The two float32 scales are per layer,
+  not per token: nothing per token but the fp8 byte.
+- ``vllm-fp8-per-token-head`` and ``vllm-int8-per-token-head``: per (token, head) a float32 scale
+  ``max(absmax / QMAX, 1e-6)``, then ``clamp(x * (1 / scale), QMIN, QMAX)`` stored as fp8 e4m3 (QMAX
+  448, round to nearest even) or int8 (QMAX 127, QMIN -128; Triton's float-to-int store truncates
+  toward zero) (``vllm/v1/attention/ops/triton_quant_kv/_per_token_head_kernel.py`` at 8940d7d).
+- ``vllm-int4-per-token-head``: a randomized Hadamard transform first (unnormalized: ``H (s * x)``
+  with vLLM's fixed signs, rounded back to the model's dtype), then per (token, head) asymmetric
+  4-bit codes: ``scale = max((max - min) / 15, 1e-6)``, zero point ``round(-min / scale)`` in 0..15
+  (rounding half away from zero, as the kernel does), codes ``clamp(round(x / scale + zp), 0, 15)``
+  packed two per byte; the zero point rides in the low 4 mantissa bits of the float32 scale, so a
+  token-head costs ``d / 2 + 4`` bytes. Reading uses the scale with those bits cleared
+  (``vllm/v1/attention/ops/int4_per_token_head.py`` at 055e47c).
+
+State: ``codes`` uint8 ``[..., T, d]`` (fp8 bit patterns, int8 two's complement, or packed nibbles
+``[..., T, d/2]``) and, for the per-token-head presets, ``scale`` float32 ``[..., T, 1]``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .base import Codec
+from .encoded import Encoded
+from .registry import register_codec
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def fp8_saturate(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """float32 -> fp8 bit patterns (uint8), clamped to the largest finite value (SATFINITE), rounded
+    to nearest even (torch's cast)."""
+    dtype = FP8[kind]
+    top = torch.finfo(dtype).max
+    return x.float().clamp(-top, top).to(dtype).view(torch.uint8)
+
+
+def fp8_value(codes: torch.Tensor, kind: str) -> torch.Tensor:
+    return codes.view(FP8[kind]).float()
+
+
+def _round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """vLLM's int4 kernel rounds with ``(x + 0.5).to(int32)`` for x >= 0, ``(x - 0.5)`` below."""
+    return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5))
+
+
+class _PresetValues:
+    """The value side of a preset: the keys' format (what ``Codec.value_quantizer`` holds)."""
+
+    def __init__(self, codec: "_VllmPreset"):
+        self.codec, self.bits, self.head_dim = codec, codec.bits, codec.head_dim
+
+    def encode(self, v: torch.Tensor) -> Encoded:
+        return Encoded(self.codec._quantize(v, "v"), tuple(v.shape), v.dtype)
+
+    def decode(self, state: Encoded) -> torch.Tensor:
+        return self.codec._dequantize(state.tensors, "v")
+
+    def expected_nbytes(self, shape) -> int:
+        return self.codec.expected_nbytes(shape)
+
+
+class _VllmPreset(Codec):
+    """Keys and values in one vLLM format (module docstring); subclasses give ``_quantize`` and
+    ``_dequantize`` over ``[..., T, d]`` and ``bytes_per_vector``."""
+    engine_preset = True
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        if config.value_bits not in (None, config.bits):
+            raise ValueError(f"codec '{self.name}' stores values as vLLM does, at {config.bits} bits: leave "
+                             f"--value-bits out (got {config.value_bits})")
+        self.value_quantizer = _PresetValues(self)
+
+    def _encode(self, keys):
+        return Encoded(self._quantize(keys, "k"), tuple(keys.shape), keys.dtype)
+
+    def _decode(self, state):
+        return self._dequantize(state.tensors, "k")
+
+    def expected_nbytes(self, shape):
+        return math.prod(shape[:-1]) * self.bytes_per_vector
+
+    def _quantize(self, x: torch.Tensor, side: str) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _dequantize(self, t: dict[str, torch.Tensor], side: str) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class _PerTensorFp8(_VllmPreset):
+    bits_supported = (8,)
+    kind = "e4m3"
+
+    @dataclass(frozen=True)
+    class Options:
+        k_scale: float = 1.0  # vLLM's per-tensor key scale (1.0 without calibrated checkpoint scales)
+        v_scale: float = 1.0
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        if not (self.opts.k_scale > 0 and self.opts.v_scale > 0):
+            raise ValueError(f"codec '{self.name}': k_scale and v_scale must be > 0")
+        self.bytes_per_vector = self.head_dim
+
+    def _scale(self, side: str) -> float:
+        return self.opts.k_scale if side == "k" else self.opts.v_scale
+
+    def _quantize(self, x, side):
+        return {"codes": fp8_saturate(x.float() / self._scale(side), self.kind)}
+
+    def _dequantize(self, t, side):
+        return fp8_value(t["codes"], self.kind) * self._scale(side)
+
+
+@register_codec("vllm-fp8")
+class VllmFp8(_PerTensorFp8):
+    """vLLM ``--kv-cache-dtype fp8`` (= ``fp8_e4m3``)."""
+
+
+@register_codec("vllm-fp8-e5m2")
+class VllmFp8E5m2(_PerTensorFp8):
+    """vLLM ``--kv-cache-dtype fp8_e5m2``."""
+    kind = "e5m2"
+
+
+class _PerTokenHead(_VllmPreset):
+    """Symmetric per-(token, head) scales: fp8 e4m3 (round to nearest even) or int8 (truncated)."""
+    bits_supported = (8,)
+    qmax, qmin = 127.0, -128.0
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.bytes_per_vector = self.head_dim + 4  # the codes, then the float32 scale
+
+    def _quantize(self, x, side):
+        x = x.float()
+        scale = (x.abs().amax(-1, keepdim=True) / self.qmax).clamp_min(1e-6)
+        q = (x * (1.0 / scale)).clamp(self.qmin, self.qmax)
+        return {"codes": self._store(q), "scale": scale}
+
+    def _dequantize(self, t, side):
+        return self._load(t["codes"]) * t["scale"]
+
+
+@register_codec("vllm-int8-per-token-head")
+class VllmInt8PerTokenHead(_PerTokenHead):
+    """vLLM ``--kv-cache-dtype int8_per_token_head``."""
+
+    @staticmethod
+    def _store(q):
+        return q.trunc().to(torch.int8).view(torch.uint8)
+
+    @staticmethod
+    def _load(codes):
+        return codes.view(torch.int8).float()
+
+
+@register_codec("vllm-fp8-per-token-head")
+class VllmFp8PerTokenHead(_PerTokenHead):
+    """vLLM ``--kv-cache-dtype fp8_per_token_head``."""
+    qmax, qmin = 448.0, -448.0
+
+    @staticmethod
+    def _store(q):
+        return fp8_saturate(q, "e4m3")
+
+    @staticmethod
+    def _load(codes):
+        return fp8_value(codes, "e4m3")
+
+
+def rht_signs(d: int) -> torch.Tensor:
+    """vLLM's fixed RHT signs (``_get_rht_signs(d, 0)``): Bernoulli(0.5) draws of a CPU generator seeded
+    0x9E3779B9, as ±1. Fixed by vLLM, not a codec seed: every deployment uses these."""
+    gen = torch.Generator(device="cpu").manual_seed(0x9E3779B9)
+    return 2.0 * torch.bernoulli(torch.full((d,), 0.5), generator=gen) - 1.0
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """Unnormalized Walsh-Hadamard transform over the last dim (a power of 2): H x, H H = d I."""
+    d, h = x.shape[-1], 1
+    while h < d:
+        xv = x.reshape(*x.shape[:-1], d // (2 * h), 2, h)
+        x = torch.stack([xv[..., 0, :] + xv[..., 1, :], xv[..., 0, :] - xv[..., 1, :]], dim=-2).reshape(x.shape)
+        h *= 2
+    return x
+
+
+@register_codec("vllm-int4-per-token-head")
+class VllmInt4PerTokenHead(_VllmPreset):
+    """vLLM ``--kv-cache-dtype int4_per_token_head``."""
+    bits_supported = (4,)
+
+    @classmethod
+    def head_dim_unsupported(cls, head_dim):
+        if head_dim < 2 or head_dim & (head_dim - 1):
+            return f"vLLM's int4 cache rotates by a Hadamard transform of a power-of-2 head dim, got {head_dim}"
+        return None
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        d = self.head_dim
+        self.signs = rht_signs(d).to(self.device)
+        self.bytes_per_vector = d // 2 + 4
+
+    def _quantize(self, x, side):
+        # the rotated vector is rounded back to the model's dtype before quantization, as vLLM does
+        y = hadamard(x.float() * self.signs.to(x.device)).to(x.dtype).float()
+        lo, hi = y.amin(-1, keepdim=True), y.amax(-1, keepdim=True)
+        scale = ((hi - lo) / 15.0).clamp_min(1e-6)
+        zp = _round_half_away(-lo / scale).clamp(0, 15)
+        q = _round_half_away(y * (1.0 / scale) + zp).clamp(0, 15).to(torch.uint8)
+        packed = q[..., 0::2] | (q[..., 1::2] << 4)
+        bits = (scale.view(torch.int32) & -16) | zp.to(torch.int32)  # the zero point in the low mantissa bits
+        return {"codes": packed, "scale": bits.view(torch.float32)}
+
+    def _dequantize(self, t, side):
+        bits = t["scale"].view(torch.int32)
+        scale, zp = (bits & -16).view(torch.float32), (bits & 15).float()
+        packed = t["codes"]
+        q = torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2).float()
+        y = (q - zp) * scale
+        return hadamard(y) * self.signs.to(y.device) / self.head_dim  # H (s x) inverted: s H y / d
