@@ -60,7 +60,9 @@ class RunConfig:
         "local checkpoint directory (or .gguf file) for the model"))
     tasks: list[str] = field(default_factory=list, metadata=cli(
         "task(s)", flag="--task", default_note="the model's; text: perplexity needle"))
-    codecs: list[str] = field(default_factory=lambda: list(DEFAULT_CODECS), metadata=cli("codec(s)", flag="--codec"))
+    codecs: list[str] = field(default_factory=lambda: list(DEFAULT_CODECS), metadata=cli(
+        "codec(s); NAME@B[,B...] runs that codec at its own bit widths instead of --bits (an engine's preset: "
+        "vllm-int8-per-token-head@8)", flag="--codec"))
     bits: list[int] = field(default_factory=lambda: list(DEFAULT_BITS), metadata=cli("key bit width(s)"))
     prompts: str | None = field(default=None, metadata=cli(
         "prompt source: a path, or for text wikitext2 / c4", default_note="the task's default; text: offline corpus"))
@@ -200,18 +202,36 @@ class RunConfig:
     def cache_configs(self) -> list[CacheConfig]:
         """The baseline ('none') first, then every (codec, bits) in the order given; each config's
         ``seed`` is the first codec seed (:func:`seeded` makes the others)."""
-        unknown = set(self.codec_options) - set(self.codecs)
+        entries = self.codec_entries()
+        unknown = set(self.codec_options) - {name for name, _ in entries}
         if unknown:
             raise RunError(f"options given for codec(s) {sorted(unknown)} that this run does not have ({self.codecs})")
         common = dict(residual=self.residual, protect=self.protect, value_bits=self.value_bits,
                       value_group=self.value_group, seed=self.codec_seeds[0], attend=self.attend,
                       backend=self.backend)
         out = [CacheConfig(codec="none", bits=16, **common)] if self.baseline else []
-        for codec in self.codecs:
+        for codec, bits in entries:
             if codec == "none":
                 continue
             options = self.codec_options_for(codec)
-            out += [CacheConfig(codec=codec, bits=b, options=dict(options), **common) for b in self.bits]
+            out += [CacheConfig(codec=codec, bits=b, options=dict(options), **common) for b in bits]
+        return out
+
+    def codec_entries(self) -> list[tuple[str, list[int]]]:
+        """[(codec name, its bit widths)]: ``--bits`` for a plain name, its own for ``NAME@B[,B...]``."""
+        out = []
+        for entry in self.codecs:
+            name, sep, own = str(entry).partition("@")
+            if not sep:
+                out.append((name, list(self.bits)))
+                continue
+            try:
+                bits = [int(b) for b in own.split(",")]
+            except ValueError:
+                bits = []
+            if not bits or any(b < 1 for b in bits):
+                raise RunError(f"--codec {entry}: NAME@B takes bit widths, e.g. {name}@8 or {name}@2,3")
+            out.append((name, bits))
         return out
 
 
@@ -243,6 +263,12 @@ PRESETS: dict[str, dict] = {
             "perplexity": {"context": 1024, "prefix": 256, "chunk": 64, "count": 8},
             "needle": {"contexts": [1024, 2048], "repeats": 2},
         },
+    },
+    # the KV caches engines deploy (kernels/vllm_kv.py), each at its own bits, beside OCTOPUS and TurboQuant-MSE
+    "deployed": {
+        "codecs": ["octopus", "turboquant-mse", "vllm-fp8@8", "vllm-fp8-e5m2@8", "vllm-fp8-per-token-head@8",
+                   "vllm-int8-per-token-head@8", "vllm-int4-per-token-head@4"],
+        "bits": [2, 3, 4],
     },
     # RULER's niah defaults (its scripts/synthetic.yaml and constants.py): 4 needles, 128 tokens to generate
     "ruler": {

@@ -81,7 +81,7 @@ def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
     if unknown:
         raise RunError(f"options given for task(s) {sorted(unknown)} that this run does not have ({config.tasks})")
     config.task_options = {t: task_options(get_task(t), config.task_options.get(t, {})) for t in config.tasks}
-    for c in config.codecs:
+    for c, _ in config.codec_entries():
         codec_class(c)  # unknown codec -> "Unknown codec 'x'. Available: ..."
     if not config.bits:
         raise RunError("no bit widths given")

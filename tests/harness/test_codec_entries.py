@@ -1,0 +1,38 @@
+"""``--codec NAME@B``: a codec at its own bit widths beside the run's ``--bits`` (an engine's preset), and
+``--preset deployed``, which runs vLLM's KV-cache dtypes beside OCTOPUS and TurboQuant-MSE."""
+from __future__ import annotations
+
+import pytest
+from tiny_lm import text_run_config, tiny_causal_lm
+
+from harness.cli import main
+from harness.config import PRESETS, RunConfig, RunError
+from harness.rows import read_rows
+from harness.runner import run
+
+
+def test_a_codec_at_its_own_bits():
+    c = RunConfig(codecs=["octopus", "vllm-int8-per-token-head@8", "kivi@2,4"], bits=[2, 3])
+    assert [cc.label for cc in c.cache_configs()] == ["none", "octopus@2", "octopus@3", "vllm-int8-per-token-head@8",
+                                                      "kivi@2", "kivi@4"]
+    for bad in ("octopus@", "octopus@x", "octopus@0"):
+        with pytest.raises(RunError, match=f"--codec {bad}: NAME@B takes bit widths"):
+            RunConfig(codecs=[bad]).cache_configs()
+
+
+def test_an_unknown_codec_at_bits_is_one_line(capsys, tmp_path):
+    assert main(["run", "--codec", "nosuch@8", "--out", str(tmp_path / "x")]) == 2
+    assert "Unknown codec 'nosuch'" in capsys.readouterr().err
+
+
+def test_the_deployed_preset_runs_every_preset_at_its_bits(tmp_path):
+    deployed = PRESETS["deployed"]
+    config = text_run_config(tmp_path, tasks=("perplexity",), codecs=deployed["codecs"], bits=deployed["bits"],
+                             limit=1, codec_seeds=[0], batch_size=1)
+    out = run(config, out=tmp_path / "run", model=tiny_causal_lm(head_dim=32), progress=False, log=lambda *_: None)
+    labels = {r["label"] for r in read_rows(out / "rows.jsonl")}
+    presets = {c for c in deployed["codecs"] if "@" in c}
+    assert presets <= labels and {"octopus@2", "turboquant-mse@4", "none"} <= labels
+    assert "vllm-fp8@2" not in labels  # a preset runs at its own bits only
+    int4 = next(r for r in read_rows(out / "rows.jsonl") if r["label"] == "vllm-int4-per-token-head@4")
+    assert int4["bits_per_coord"] == pytest.approx(4 + 32 / 32)  # d/2 bytes + a float32 scale per 32 coordinates
