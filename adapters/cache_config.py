@@ -72,13 +72,17 @@ class CacheConfig:
         return "none" if self.codec == "none" else f"{self.codec}@{self.bits}"
 
     def protected_layers(self, num_layers: int) -> set[int]:
-        if self.protect in ("none", None, []):
-            return set()
-        if self.protect == "boundary-1":
-            return {0, num_layers - 1}
-        check_protect(self.protect, num_layers)
-        return {int(i) % num_layers for i in self.protect}  # -1: the last layer
+        """Layers kept native: ``protect``'s (negative indices from the end), and those the codec's engine
+        keeps uncompressed by itself (:meth:`kernels.base.Codec.engine_skipped_layers`)."""
+        from kernels import codec_class
 
+        engine = set() if self.codec == "none" else codec_class(self.codec).engine_skipped_layers(num_layers, self.options)
+        if self.protect in ("none", None, []):
+            return engine
+        if self.protect == "boundary-1":
+            return {0, num_layers - 1} | engine
+        check_protect(self.protect, num_layers)
+        return {int(i) % num_layers for i in self.protect} | engine  # -1: the last layer
 
 def check_protect(protect, layers: int) -> None:
     """ValueError unless every protected layer index exists in a model of ``layers`` layers (0..layers-1,

@@ -162,6 +162,12 @@ class Codec:
                                               config.head_dim, group_size=config.value_group)
 
     @classmethod
+    def engine_skipped_layers(cls, num_layers: int, options: dict | None = None) -> set[int]:
+        """Layers an engine's preset keeps uncompressed by itself (vLLM's TurboQuant: the first and last
+        two), given the codec's options; the cache keeps them native as it keeps ``--protect``'s."""
+        return set()
+
+    @classmethod
     def head_dim_unsupported(cls, head_dim: int) -> str | None:
         """None where the codec takes keys of ``head_dim``, else why not (construction raises it)."""
         return None

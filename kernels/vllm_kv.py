@@ -56,10 +56,10 @@ def _round_half_away(x: torch.Tensor) -> torch.Tensor:
 
 
 class _PresetValues:
-    """The value side of a preset: the keys' format (what ``Codec.value_quantizer`` holds)."""
+    """The value side of a preset, in the preset's format (what ``Codec.value_quantizer`` holds)."""
 
     def __init__(self, codec: "_VllmPreset"):
-        self.codec, self.bits, self.head_dim = codec, codec.bits, codec.head_dim
+        self.codec, self.bits, self.head_dim = codec, codec.value_bits, codec.head_dim
 
     def encode(self, v: torch.Tensor) -> Encoded:
         return Encoded(self.codec._quantize(v, "v"), tuple(v.shape), v.dtype)
@@ -68,7 +68,7 @@ class _PresetValues:
         return self.codec._dequantize(state.tensors, "v")
 
     def expected_nbytes(self, shape) -> int:
-        return self.codec.expected_nbytes(shape)
+        return self.codec.expected_value_nbytes(shape)
 
 
 class _VllmPreset(Codec):
@@ -76,10 +76,14 @@ class _VllmPreset(Codec):
     ``_dequantize`` over ``[..., T, d]`` and ``bytes_per_vector``."""
     engine_preset = True
 
+    #: the preset's value bits (None: the key bits)
+    preset_value_bits: int | None = None
+
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
-        if config.value_bits not in (None, config.bits):
-            raise ValueError(f"codec '{self.name}' stores values as vLLM does, at {config.bits} bits: leave "
+        self.value_bits = self.preset_value_bits or config.bits
+        if config.value_bits not in (None, self.value_bits):
+            raise ValueError(f"codec '{self.name}' stores values as vLLM does, at {self.value_bits} bits: leave "
                              f"--value-bits out (got {config.value_bits})")
         self.value_quantizer = _PresetValues(self)
 
@@ -91,6 +95,9 @@ class _VllmPreset(Codec):
 
     def expected_nbytes(self, shape):
         return math.prod(shape[:-1]) * self.bytes_per_vector
+
+    def expected_value_nbytes(self, shape):
+        return self.expected_nbytes(shape)
 
     def _quantize(self, x: torch.Tensor, side: str) -> dict[str, torch.Tensor]:
         raise NotImplementedError

@@ -102,6 +102,29 @@ def _int4_zero_point_ref(x: np.ndarray) -> np.ndarray:
     return (np.clip(half_away(x / scale + zp), 0, 15) - zp) * scale
 
 
+@functools.lru_cache(maxsize=None)
+def _gauss_lloyd_max(d: int, bits: int) -> np.ndarray:
+    """Lloyd-Max centroids of N(0, 1/d) by iterating conditional means on a fine grid (Max 1960)."""
+    s = 1 / math.sqrt(d)
+    x = np.linspace(-8 * s, 8 * s, 200001)
+    w = np.exp(-x * x / (2 * s * s))
+    c = np.linspace(-2 * s, 2 * s, 1 << bits)
+    for _ in range(500):
+        cell = np.searchsorted((c[1:] + c[:-1]) / 2, x)
+        c = np.bincount(cell, w * x, len(c)) / np.bincount(cell, w, len(c))
+    return c
+
+
+def _lloyd_max_nc_ref(u: np.ndarray, bits: int, correct: bool) -> np.ndarray:
+    """Each coordinate of a unit vector to its nearest N(0, 1/d) Lloyd-Max centroid; with ``correct`` the
+    centroid vector divided by its norm; times the norm (fp16)."""
+    c = _gauss_lloyd_max(u.shape[-1], bits)
+    q = c[np.abs(u[..., None] - c).argmin(-1)]
+    if correct:
+        q = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    return q * _fp16(np.linalg.norm(u, axis=-1, keepdims=True))
+
+
 def reference_distortion(name: str, bits: int, u: torch.Tensor) -> tuple[float, float]:
     """(E||u - u_hat||^2 of the method at ``bits`` on unit vectors ``u`` [n, d], relative tolerance)."""
     d, x = u.shape[-1], u.double().numpy()
@@ -129,6 +152,10 @@ def reference_distortion(name: str, bits: int, u: torch.Tensor) -> tuple[float, 
     if name in ("vllm-int8-per-token-head", "vllm-fp8-per-token-head"):
         kind = "int8" if "int8" in name else "fp8"
         return float(((x - _per_token_head_ref(x, kind)) ** 2).sum(-1).mean()), 1e-3
+    if name.startswith("vllm-turboquant-"):  # unit vectors: the rotation (deterministic Hadamard) keeps them isotropic
+        if name == "vllm-turboquant-k8v4":  # fp8 keys, no rotation: the same codes
+            return float(((x - fp8_round(x, "e4m3")) ** 2).sum(-1).mean()), 1e-3
+        return float(((x - _lloyd_max_nc_ref(x, bits, correct=name.endswith("-nc"))) ** 2).sum(-1).mean()), 0.03
     if name == "vllm-int4-per-token-head":  # after a random-sign Hadamard rotation: another draw of the same
         # distribution (as quarot); the per-token extremes spread the mean by ~1%
         return float(((x - _int4_zero_point_ref(x)) ** 2).sum(-1).mean()), 0.03

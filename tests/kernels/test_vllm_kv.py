@@ -117,3 +117,77 @@ def test_value_bits_are_the_presets_own(name):
     make_codec(name, PRESETS[name], 128, value_bits=PRESETS[name])
     with pytest.raises(ValueError, match="stores values as vLLM does"):
         make_codec(name, PRESETS[name], 128, value_bits=2)
+
+
+# --- vLLM's TurboQuant presets (kernels/vllm_turboquant.py) -------------------------------------------
+TQ = {"vllm-turboquant-k8v4": (8, 4), "vllm-turboquant-4bit-nc": (4, 4), "vllm-turboquant-k3v4-nc": (3, 4),
+      "vllm-turboquant-3bit-nc": (3, 3)}
+
+
+@pytest.mark.parametrize("name", sorted(TQ))
+def test_turboquant_presets_store_vllms_slot(name):
+    """vLLM's TurboQuantConfig: key_packed_size = d (fp8) or ceil(d b / 8) + 2 (fp16 norm); value_packed_size =
+    ceil(d vb / 8) + 4 (fp16 scale and zero)."""
+    kb, vb = TQ[name]
+    for d in (64, 128, 256):
+        c = make_codec(name, kb, d, num_heads=2)
+        x = _keys(n=16, d=d, seed=5)
+        key_bytes = d if kb == 8 else -(-d * kb // 8) + 2
+        assert c.encode(x).nbytes() == x[..., 0].numel() * key_bytes
+        assert c.encode_values(x).nbytes() == x[..., 0].numel() * (-(-d * vb // 8) + 4)
+
+
+def test_turboquant_centroids_are_lloyd_max_for_the_rotated_coordinates():
+    """vLLM solves Lloyd-Max for N(0, 1/d) by trapezoids: against the independent grid solution, and the
+    published N(0, 1) figures scaled by 1/sqrt(d) (Max 1960: 3 bits 0.2451, 0.7560, 1.3440, 2.1520)."""
+    from distortion_refs import _gauss_lloyd_max
+
+    from kernels.vllm_turboquant import lloyd_max_centroids
+
+    for bits in (3, 4):
+        np.testing.assert_allclose(lloyd_max_centroids(128, bits).numpy(), _gauss_lloyd_max(128, bits), atol=2e-4)
+    np.testing.assert_allclose(lloyd_max_centroids(128, 3).numpy()[4:] * np.sqrt(128), [0.2451, 0.7560, 1.3440, 2.1520],
+                               atol=2e-3)
+
+
+def test_turboquant_keys_and_values_by_numpy():
+    from kernels.vllm_turboquant import hadamard_matrix, lloyd_max_centroids
+
+    d = 64
+    x = _keys(n=32, d=d, seed=6)
+    c = make_codec("vllm-turboquant-4bit-nc", 4, d, num_heads=2)
+    s = c.encode(x)
+    xs = x.numpy().astype(np.float64)
+    h = hadamard_matrix(d).numpy().astype(np.float64)
+    np.testing.assert_allclose(h @ h, np.eye(d), atol=1e-6)
+    norm = np.linalg.norm(xs, axis=-1, keepdims=True)
+    y = (xs / (norm + 1e-8)) @ h
+    cents = lloyd_max_centroids(d, 4).numpy().astype(np.float64)
+    idx = (y[..., None] >= (cents[1:] + cents[:-1]) / 2).sum(-1)  # the midpoints at or below each coordinate
+    got = c.key_field.unpack(s.tensors["codes"]).numpy()
+    assert (got != idx).mean() < 1e-3  # float32 against float64 rotation: a tie at a midpoint at most
+    q = cents[got]
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-16)  # norm correction
+    ref = (q * norm.astype(np.float16).astype(np.float64)) @ h
+    np.testing.assert_allclose(c.decode(s).double().numpy(), ref, rtol=1e-5, atol=1e-5)
+    v = c.encode_values(x)
+    lo, hi = xs.min(-1, keepdims=True), xs.max(-1, keepdims=True)
+    scale = np.maximum((hi - lo) / 15, 1e-8).astype(np.float32)
+    codes = np.clip(np.trunc((xs.astype(np.float32) - lo.astype(np.float32)) / scale + 0.5), 0, 15)
+    np.testing.assert_array_equal(c.value_field.unpack(v.tensors["codes"]).numpy(), codes)
+    np.testing.assert_allclose(c.decode_values(v).double().numpy(),
+                               codes * scale.astype(np.float16) + lo.astype(np.float16), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.engine_boundaries
+def test_turboquant_keeps_the_boundary_layers_native():
+    """vLLM's get_boundary_skip_layers: the first and last two layers (at most half of them) stay uncompressed."""
+    from adapters.kv_cache import CacheConfig, CompressedKVCache
+
+    cache = CompressedKVCache(CacheConfig(codec="vllm-turboquant-k3v4-nc", bits=3, protect=[5]), 8, 2, 64)
+    assert [i for i, layer in enumerate(cache.layers) if layer.codec is None] == [0, 1, 5, 6, 7]
+    cache = CompressedKVCache(CacheConfig(codec="vllm-turboquant-k3v4-nc", bits=3), 3, 2, 64)
+    assert [layer.codec is None for layer in cache.layers] == [True, False, True]  # n = min(2, 3 // 2) = 1 each end
+    assert CacheConfig(codec="vllm-int8-per-token-head", bits=8).protected_layers(8) == set()
+    off = CacheConfig(codec="vllm-turboquant-k3v4-nc", bits=3, options={"boundary_layers": 0})
+    assert off.protected_layers(8) == set()  # an experiment's choice, not vLLM's
