@@ -268,7 +268,8 @@ PRESETS: dict[str, dict] = {
     "deployed": {
         "codecs": ["octopus", "turboquant-mse", "vllm-fp8@8", "vllm-fp8-e5m2@8", "vllm-fp8-per-token-head@8",
                    "vllm-int8-per-token-head@8", "vllm-int4-per-token-head@4", "vllm-turboquant-k8v4@8",
-                   "vllm-turboquant-4bit-nc@4", "vllm-turboquant-k3v4-nc@3", "vllm-turboquant-3bit-nc@3"],
+                   "vllm-turboquant-4bit-nc@4", "vllm-turboquant-k3v4-nc@3", "vllm-turboquant-3bit-nc@3",
+                   "sglang-fp8-e4m3@8", "sglang-fp8-e5m2@8"],
         "bits": [2, 3, 4],
     },
     # RULER's niah defaults (its scripts/synthetic.yaml and constants.py): 4 needles, 128 tokens to generate

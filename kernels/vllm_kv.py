@@ -26,87 +26,19 @@ State: ``codes`` uint8 ``[..., T, d]`` (fp8 bit patterns, int8 two's complement,
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from .base import Codec
-from .encoded import Encoded
+from .engine_preset import EnginePreset, fp8_saturate, fp8_value
 from .registry import register_codec
-
-FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-
-
-def fp8_saturate(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """float32 -> fp8 bit patterns (uint8), clamped to the largest finite value (SATFINITE), rounded
-    to nearest even (torch's cast)."""
-    dtype = FP8[kind]
-    top = torch.finfo(dtype).max
-    return x.float().clamp(-top, top).to(dtype).view(torch.uint8)
-
-
-def fp8_value(codes: torch.Tensor, kind: str) -> torch.Tensor:
-    return codes.view(FP8[kind]).float()
-
 
 def _round_half_away(x: torch.Tensor) -> torch.Tensor:
     """vLLM's int4 kernel rounds with ``(x + 0.5).to(int32)`` for x >= 0, ``(x - 0.5)`` below."""
     return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5))
 
 
-class _PresetValues:
-    """The value side of a preset, in the preset's format (what ``Codec.value_quantizer`` holds)."""
-
-    def __init__(self, codec: "_VllmPreset"):
-        self.codec, self.bits, self.head_dim = codec, codec.value_bits, codec.head_dim
-
-    def encode(self, v: torch.Tensor) -> Encoded:
-        return Encoded(self.codec._quantize(v, "v"), tuple(v.shape), v.dtype)
-
-    def decode(self, state: Encoded) -> torch.Tensor:
-        return self.codec._dequantize(state.tensors, "v")
-
-    def expected_nbytes(self, shape) -> int:
-        return self.codec.expected_value_nbytes(shape)
-
-
-class _VllmPreset(Codec):
-    """Keys and values in one vLLM format (module docstring); subclasses give ``_quantize`` and
-    ``_dequantize`` over ``[..., T, d]`` and ``bytes_per_vector``."""
-    engine_preset = True
-
-    #: the preset's value bits (None: the key bits)
-    preset_value_bits: int | None = None
-
-    def __init__(self, config, device="cpu"):
-        super().__init__(config, device)
-        self.value_bits = self.preset_value_bits or config.bits
-        if config.value_bits not in (None, self.value_bits):
-            raise ValueError(f"codec '{self.name}' stores values as vLLM does, at {self.value_bits} bits: leave "
-                             f"--value-bits out (got {config.value_bits})")
-        self.value_quantizer = _PresetValues(self)
-
-    def _encode(self, keys):
-        return Encoded(self._quantize(keys, "k"), tuple(keys.shape), keys.dtype)
-
-    def _decode(self, state):
-        return self._dequantize(state.tensors, "k")
-
-    def expected_nbytes(self, shape):
-        return math.prod(shape[:-1]) * self.bytes_per_vector
-
-    def expected_value_nbytes(self, shape):
-        return self.expected_nbytes(shape)
-
-    def _quantize(self, x: torch.Tensor, side: str) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
-
-    def _dequantize(self, t: dict[str, torch.Tensor], side: str) -> torch.Tensor:
-        raise NotImplementedError
-
-
-class _PerTensorFp8(_VllmPreset):
+class _PerTensorFp8(EnginePreset):
     bits_supported = (8,)
     kind = "e4m3"
 
@@ -142,7 +74,7 @@ class VllmFp8E5m2(_PerTensorFp8):
     kind = "e5m2"
 
 
-class _PerTokenHead(_VllmPreset):
+class _PerTokenHead(EnginePreset):
     """Symmetric per-(token, head) scales: fp8 e4m3 (round to nearest even) or int8 (truncated)."""
     bits_supported = (8,)
     qmax, qmin = 127.0, -128.0
@@ -206,7 +138,7 @@ def hadamard(x: torch.Tensor) -> torch.Tensor:
 
 
 @register_codec("vllm-int4-per-token-head")
-class VllmInt4PerTokenHead(_VllmPreset):
+class VllmInt4PerTokenHead(EnginePreset):
     """vLLM ``--kv-cache-dtype int4_per_token_head``."""
     bits_supported = (4,)
 

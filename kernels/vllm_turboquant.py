@@ -41,7 +41,7 @@ import torch
 
 from .packing import BitField
 from .registry import register_codec
-from .vllm_kv import _VllmPreset, fp8_saturate, fp8_value
+from .engine_preset import EnginePreset, fp8_saturate, fp8_value
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,7 +81,7 @@ def hadamard_matrix(d: int) -> torch.Tensor:
     return h / math.sqrt(d)
 
 
-class _VllmTurboQuant(_VllmPreset):
+class _VllmTurboQuant(EnginePreset):
     """One TurboQuant preset: ``key_bits`` (8 = fp8), ``preset_value_bits``, ``norm_correction``."""
     key_bits: int
     norm_correction: bool

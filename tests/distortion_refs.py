@@ -147,7 +147,7 @@ def reference_distortion(name: str, bits: int, u: torch.Tensor) -> tuple[float, 
         g = x.reshape(-1, 32, d)
         return float(((g - _min_max_rtn(g, bits, 1)) ** 2).sum(-1).mean()), 1e-4
     # vLLM's KV-cache dtypes: the same vectors, so the same codes up to float32 arithmetic
-    if name in ("vllm-fp8", "vllm-fp8-e5m2"):  # per-tensor scale 1.0
+    if name in ("vllm-fp8", "vllm-fp8-e5m2", "sglang-fp8-e4m3", "sglang-fp8-e5m2"):  # per-tensor scale 1.0
         return float(((x - fp8_round(x, "e5m2" if name.endswith("e5m2") else "e4m3")) ** 2).sum(-1).mean()), 1e-3
     if name in ("vllm-int8-per-token-head", "vllm-fp8-per-token-head"):
         kind = "int8" if "int8" in name else "fp8"

@@ -115,7 +115,7 @@ def test_int4_refuses_a_head_dim_vllm_cannot_rotate():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_value_bits_are_the_presets_own(name):
     make_codec(name, PRESETS[name], 128, value_bits=PRESETS[name])
-    with pytest.raises(ValueError, match="stores values as vLLM does"):
+    with pytest.raises(ValueError, match="stores values as its engine does"):
         make_codec(name, PRESETS[name], 128, value_bits=2)
 
 
@@ -191,3 +191,22 @@ def test_turboquant_keeps_the_boundary_layers_native():
     assert CacheConfig(codec="vllm-int8-per-token-head", bits=8).protected_layers(8) == set()
     off = CacheConfig(codec="vllm-turboquant-k3v4-nc", bits=3, options={"boundary_layers": 0})
     assert off.protected_layers(8) == set()  # an experiment's choice, not vLLM's
+
+
+# --- SGLang's fp8 dtypes (kernels/sglang_kv.py) -------------------------------------------------------
+@pytest.mark.parametrize("name, kind", [("sglang-fp8-e4m3", "e4m3"), ("sglang-fp8-e5m2", "e5m2")])
+def test_sglang_fp8_is_torchs_cast_after_a_division_in_the_models_dtype(name, kind):
+    dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[kind]
+    x = (_keys(n=16, d=128, seed=7) * 40).to(torch.bfloat16)
+    c = make_codec(name, 8, 128)
+    np.testing.assert_array_equal(c.decode(c.encode(x)).float().numpy(), x.to(dtype).to(torch.bfloat16).float().numpy())
+    np.testing.assert_array_equal(c.decode(c.encode(x.float())).double().numpy(),
+                                  fp8_round(x.double().numpy(), kind) if kind == "e4m3" else
+                                  x.float().to(dtype).double().numpy())  # e4m3: the definition, saturating
+    scaled = make_codec(name, 8, 128, k_scale=3.0)
+    want = (x / torch.tensor(3.0, dtype=torch.bfloat16)).to(dtype).float() * 3.0  # divided in bfloat16
+    np.testing.assert_array_equal(scaled.decode(scaled.encode(x)).float().numpy(), want.to(torch.bfloat16).float().numpy())
+    big = torch.full((1, 1, 1, 128), 1e6)
+    top = torch.finfo(dtype).max
+    assert make_codec(name, 8, 128).decode(make_codec(name, 8, 128).encode(big))[0, 0, 0, 0] == (
+        top if kind == "e4m3" else float("inf"))  # vLLM saturates both

@@ -1,0 +1,64 @@
+"""SGLang's fp8 KV-cache dtypes (``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``) as codecs.
+
+Read from SGLang's source (sgl-project/sglang, ``python/sglang/srt/mem_cache/memory_pool.py``,
+``MHATokenToKVPool.set_kv_buffer``): where the cache dtype differs from the model's, keys and values are
+divided in place by the layer's ``k_scale`` / ``v_scale`` when the checkpoint has them (in the model's
+dtype: ``cache_k.div_(k_scale)``), then cast with torch's ``.to(float8)``: round to nearest even, e4m3
+saturating at 448 (the torch this project pins) but e5m2 overflowing to infinity, where vLLM's store
+saturates both. Without checkpoint scales nothing is divided (the default here, ``k_scale`` and ``v_scale``
+1.0). One byte per coordinate; the per-layer scales are not per token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .engine_preset import FP8, EnginePreset, fp8_value
+from .registry import register_codec
+
+
+def fp8_cast(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """``x.to(float8)``, torch's own cast as SGLang calls it (uint8 bit patterns): round to nearest even;
+    beyond the largest finite value e4m3 saturates at 448 and e5m2 becomes infinite (torch 2.11-2.13; older
+    torch made e4m3 NaN there)."""
+    return x.to(FP8[kind]).view(torch.uint8)
+
+
+class _SglangFp8(EnginePreset):
+    bits_supported = (8,)
+    kind = "e4m3"
+
+    @dataclass(frozen=True)
+    class Options:
+        k_scale: float = 1.0  # the checkpoint's per-layer key scale (1.0: none, nothing divided)
+        v_scale: float = 1.0
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        if not (self.opts.k_scale > 0 and self.opts.v_scale > 0):
+            raise ValueError(f"codec '{self.name}': k_scale and v_scale must be > 0")
+        self.bytes_per_vector = self.head_dim
+
+    def _scale(self, side: str) -> float:
+        return self.opts.k_scale if side == "k" else self.opts.v_scale
+
+    def _quantize(self, x, side):
+        scale = self._scale(side)
+        if scale != 1.0:  # divided in the model's dtype, as the pool divides in place
+            x = x / torch.tensor(scale, dtype=x.dtype)
+        return {"codes": fp8_cast(x, self.kind)}
+
+    def _dequantize(self, t, side):
+        return fp8_value(t["codes"], self.kind) * self._scale(side)
+
+
+@register_codec("sglang-fp8-e4m3")
+class SglangFp8E4m3(_SglangFp8):
+    """SGLang ``--kv-cache-dtype fp8_e4m3``."""
+
+
+@register_codec("sglang-fp8-e5m2")
+class SglangFp8E5m2(_SglangFp8):
+    """SGLang ``--kv-cache-dtype fp8_e5m2``."""
+    kind = "e5m2"
