@@ -7,6 +7,7 @@ research codecs on the same prompts.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -78,3 +79,27 @@ class EnginePreset(Codec):
 
     def _dequantize(self, t: dict[str, torch.Tensor], side: str) -> torch.Tensor:
         raise NotImplementedError
+
+
+class PerTensorFp8(EnginePreset):
+    """Keys and values in fp8 (``kind`` 'e4m3' or 'e5m2') after one scale per layer each (``k_scale``,
+    ``v_scale``: 1.0 where the checkpoint has none); subclasses give the engine's ``_quantize``. The two
+    float32 scales are per layer, not per token: one byte per coordinate."""
+    kind = "e4m3"
+
+    @dataclass(frozen=True)
+    class Options:
+        k_scale: float = 1.0  # the per-layer key scale (1.0 without calibrated checkpoint scales)
+        v_scale: float = 1.0
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        if not (self.opts.k_scale > 0 and self.opts.v_scale > 0):
+            raise ValueError(f"codec '{self.name}': k_scale and v_scale must be > 0")
+        self.bytes_per_vector = self.head_dim
+
+    def _scale(self, side: str) -> float:
+        return self.opts.k_scale if side == "k" else self.opts.v_scale
+
+    def _dequantize(self, t, side):
+        return fp8_value(t["codes"], self.kind) * self._scale(side)

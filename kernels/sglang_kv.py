@@ -10,11 +10,9 @@ saturates both. Without checkpoint scales nothing is divided (the default here, 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .engine_preset import FP8, EnginePreset, fp8_value
+from .engine_preset import FP8, PerTensorFp8
 from .registry import register_codec
 
 
@@ -25,32 +23,14 @@ def fp8_cast(x: torch.Tensor, kind: str) -> torch.Tensor:
     return x.to(FP8[kind]).view(torch.uint8)
 
 
-class _SglangFp8(EnginePreset):
+class _SglangFp8(PerTensorFp8):
     bits_supported = (8,)
-    kind = "e4m3"
-
-    @dataclass(frozen=True)
-    class Options:
-        k_scale: float = 1.0  # the checkpoint's per-layer key scale (1.0: none, nothing divided)
-        v_scale: float = 1.0
-
-    def __init__(self, config, device="cpu"):
-        super().__init__(config, device)
-        if not (self.opts.k_scale > 0 and self.opts.v_scale > 0):
-            raise ValueError(f"codec '{self.name}': k_scale and v_scale must be > 0")
-        self.bytes_per_vector = self.head_dim
-
-    def _scale(self, side: str) -> float:
-        return self.opts.k_scale if side == "k" else self.opts.v_scale
 
     def _quantize(self, x, side):
         scale = self._scale(side)
         if scale != 1.0:  # divided in the model's dtype, as the pool divides in place
             x = x / torch.tensor(scale, dtype=x.dtype)
         return {"codes": fp8_cast(x, self.kind)}
-
-    def _dequantize(self, t, side):
-        return fp8_value(t["codes"], self.kind) * self._scale(side)
 
 
 @register_codec("sglang-fp8-e4m3")

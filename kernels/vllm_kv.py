@@ -26,11 +26,10 @@ State: ``codes`` uint8 ``[..., T, d]`` (fp8 bit patterns, int8 two's complement,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 
-from .engine_preset import EnginePreset, fp8_saturate, fp8_value
+from .engine_preset import EnginePreset, PerTensorFp8, fp8_saturate, fp8_value
 from .registry import register_codec
 
 def _round_half_away(x: torch.Tensor) -> torch.Tensor:
@@ -38,38 +37,20 @@ def _round_half_away(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5))
 
 
-class _PerTensorFp8(EnginePreset):
+class _VllmFp8(PerTensorFp8):
     bits_supported = (8,)
-    kind = "e4m3"
-
-    @dataclass(frozen=True)
-    class Options:
-        k_scale: float = 1.0  # vLLM's per-tensor key scale (1.0 without calibrated checkpoint scales)
-        v_scale: float = 1.0
-
-    def __init__(self, config, device="cpu"):
-        super().__init__(config, device)
-        if not (self.opts.k_scale > 0 and self.opts.v_scale > 0):
-            raise ValueError(f"codec '{self.name}': k_scale and v_scale must be > 0")
-        self.bytes_per_vector = self.head_dim
-
-    def _scale(self, side: str) -> float:
-        return self.opts.k_scale if side == "k" else self.opts.v_scale
 
     def _quantize(self, x, side):
         return {"codes": fp8_saturate(x.float() / self._scale(side), self.kind)}
 
-    def _dequantize(self, t, side):
-        return fp8_value(t["codes"], self.kind) * self._scale(side)
-
 
 @register_codec("vllm-fp8")
-class VllmFp8(_PerTensorFp8):
+class VllmFp8(_VllmFp8):
     """vLLM ``--kv-cache-dtype fp8`` (= ``fp8_e4m3``)."""
 
 
 @register_codec("vllm-fp8-e5m2")
-class VllmFp8E5m2(_PerTensorFp8):
+class VllmFp8E5m2(_VllmFp8):
     """vLLM ``--kv-cache-dtype fp8_e5m2``."""
     kind = "e5m2"
 
