@@ -206,7 +206,7 @@ def test_sglang_fp8_is_torchs_cast_after_a_division_in_the_models_dtype(name, ki
     scaled = make_codec(name, 8, 128, k_scale=3.0)
     want = (x / torch.tensor(3.0, dtype=torch.bfloat16)).to(dtype).float() * 3.0  # divided in bfloat16
     np.testing.assert_array_equal(scaled.decode(scaled.encode(x)).float().numpy(), want.to(torch.bfloat16).float().numpy())
-    big = torch.full((1, 1, 1, 128), 1e6)
-    top = torch.finfo(dtype).max
-    assert make_codec(name, 8, 128).decode(make_codec(name, 8, 128).encode(big))[0, 0, 0, 0] == (
-        top if kind == "e4m3" else float("inf"))  # vLLM saturates both
+    big = torch.full((1, 1, 1, 128), 1e6)  # beyond the format: whatever this torch's cast makes of it (vLLM saturates)
+    got = make_codec(name, 8, 128).decode(make_codec(name, 8, 128).encode(big))[0, 0, 0, 0]
+    want = big.to(dtype).float()[0, 0, 0, 0]
+    assert torch.equal(got, want) or (got.isnan() and want.isnan())
