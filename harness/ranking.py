@@ -71,6 +71,14 @@ def rank(configs: list[Config], cmp: Comparisons) -> dict:
     return {"configs": entries, "pairs": pairs}
 
 
+def against(research: list[Config], deployed: list[Config], cmp: Comparisons) -> list[dict]:
+    """[{a, b, a_rate, b_rate, mean, ci95, word, n}]: every ``research`` config against every ``deployed``
+    one (an engine's cache), paired on the same prompts and seeds, whatever their bit widths."""
+    return [{"a": r.label, "b": d.label, "a_rate": r.rate, "b_rate": d.rate, **cmp(r.label, d.label).to_json()}
+            for r in sorted(research, key=lambda c: (c.rate is None, c.rate or 0.0, c.label))
+            for d in sorted(deployed, key=lambda c: (c.rate is None, c.rate or 0.0, c.label))]
+
+
 def front(configs: list[Config], cmp: Comparisons) -> list[dict]:
     """[{label, bits, cache_bits_per_coord, front, dominated_by}] ordered by rate: ``front`` is
     False where a config with no more cache bits per coordinate is significantly better (those

@@ -21,8 +21,8 @@ from .rows import BASELINE_LABEL, atomic_write, num, read_rows, write_via
 from .speed import markdown as speed_markdown
 from .speed import problem_note, read_speed, summarize_speed
 from .summary import SUMMARY_VERSION, summarize
-from .tables import (arrow, display, fmt, fmt_ci, fmt_diff, html_text, md_link, md_text, pair_tables,
-                     per_prompt_table, ranking_tables, values)
+from .tables import (arrow, deployed_table, display, fmt, fmt_ci, fmt_diff, html_text, md_link, md_text,
+                     pair_tables, per_prompt_table, ranking_tables, values)
 
 INTERVALS = (
     "**Intervals.** Each value is measured per prompt and per codec seed (the codec's random draws). "
@@ -231,6 +231,7 @@ def _task_section(out: Path, task: str, t: dict, rows: list[dict], speed: list[d
         if plot_metric(out / png, task, m, t["groups"]):
             md += [f"![{task} {display(m)} against true bits per coordinate]({png})", ""]
     if head is not None:
+        md += deployed_table(t, head)
         md += pair_tables(t, head)
     md += speed_markdown(speed)  # before the per-prompt values: never the report's last lines
     md += ["<details><summary>Per-prompt values (mean over codec seeds)</summary>", ""]

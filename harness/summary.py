@@ -13,11 +13,11 @@ import math
 from pathlib import Path
 
 from .input_files import read_run_json
-from .ranking import Comparisons, Config, front, rank
+from .ranking import Comparisons, Config, against, front, rank
 from .rows import BASELINE_LABEL, ID_FIELDS, codec_seed, num, read_rows
 from .stats import interval, paired
 
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3
 RATE_FIELDS = ("bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord", "cache_bytes", "uncompressed_bytes")
 
 
@@ -92,14 +92,19 @@ def _group(label: str, grows: list[dict], metrics: list[dict], base_rows: list[d
     return g
 
 
-def _rankings(groups: list[dict], trows: list[dict], metric: dict) -> tuple[list[dict], list[dict]]:
-    """(per bit width {bits, configs, pairs}, the rate-matched front) on the headline ``metric``."""
+def _rankings(groups: list[dict], trows: list[dict], metric: dict) -> tuple[list[dict], list[dict], list[dict]]:
+    """(per bit width {bits, configs, pairs}, the rate-matched front, research codecs against the engines'
+    deployed caches) on the headline ``metric``."""
+    from kernels import CODECS
+
+    kept = [g for g in groups if g["label"] != BASELINE_LABEL and metric["name"] in g["metrics"]]
     configs = [Config(g["label"], g["bits"], cells([r for r in trows if r["label"] == g["label"]], metric["name"]),
-                      g.get("cache_bits_per_coord"))
-               for g in groups if g["label"] != BASELINE_LABEL and metric["name"] in g["metrics"]]
+                      g.get("cache_bits_per_coord")) for g in kept]
     cmp = Comparisons(configs, metric["higher_is_better"])
     by_bits = [{"bits": b, **rank([c for c in configs if c.bits == b], cmp)} for b in sorted({c.bits for c in configs})]
-    return by_bits, front(configs, cmp)
+    engine = {g["label"] for g in kept if getattr(CODECS.get(g["codec"]), "engine_preset", False)}
+    deployed = against([c for c in configs if c.label not in engine], [c for c in configs if c.label in engine], cmp)
+    return by_bits, front(configs, cmp), deployed
 
 
 def summarize(out: Path) -> dict:
@@ -116,7 +121,7 @@ def summarize(out: Path) -> dict:
         groups = [_group(label, [r for r in trows if r["label"] == label], metrics, base_rows)
                   for label in dict.fromkeys(r["label"] for r in trows)]
         head = headline(task, metric_names)
-        ranking, rate_front = _rankings(groups, trows, metrics[metric_names.index(head)]) if head else ([], [])
+        ranking, rate_front, deployed = _rankings(groups, trows, metrics[metric_names.index(head)]) if head else ([], [], [])
         summary["tasks"][task] = {
             "metrics": metrics,
             "headline": head,
@@ -125,5 +130,6 @@ def summarize(out: Path) -> dict:
             "groups": groups,
             "ranking": ranking,
             "front": rate_front,
+            "against_deployed": deployed,
         }
     return summary

@@ -169,6 +169,35 @@ def ranking_tables(t: dict, head: dict) -> list[str]:
     return md
 
 
+def _verdict(p: dict) -> str:
+    return p.get("word") or ("one cell (n = 1)" if p.get("n") == 1 else "indistinguishable")
+
+
+def deployed_table(t: dict, head: dict) -> list[str]:
+    """Each research codec (rows) against each engine's deployed cache (columns) on the headline metric,
+    paired on the same prompts and seeds whatever the bit widths: what the research codec is, with A − B
+    ± 95%, and each side's cache bits per coordinate ([] where the run has no deployed cache or no research codec)."""
+    pairs = t.get("against_deployed") or []
+    if not pairs:
+        return []
+    rows, cols = list(dict.fromkeys(p["a"] for p in pairs)), list(dict.fromkeys(p["b"] for p in pairs))
+    cell = {(p["a"], p["b"]): p for p in pairs}
+    rate = {p["a"]: p["a_rate"] for p in pairs} | {p["b"]: p["b_rate"] for p in pairs}
+
+    def name(label):
+        return f"{label} ({fmt(rate[label], 3)} b)" if rate.get(label) is not None else label
+
+    md = [f"### Research codecs against deployed caches on {_title(head)}", "",
+          "Each cell says what the row's codec is against the column's cache (an engine's preset), paired on the "
+          "same prompts and codec seeds: row − column ± 95%; a word only where the interval excludes 0. "
+          "(b) = cache bits per coordinate, so a cell also says whether the row stores less.", "",
+          "| research codec | " + " | ".join(name(c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    for r in rows:
+        cells = [f"{_verdict(cell[(r, c)])} ({fmt_diff(cell[(r, c)], with_word=False)})" for c in cols]
+        md.append(f"| {name(r)} | " + " | ".join(cells) + " |")
+    return md + [""]
+
+
 def pair_tables(t: dict, head: dict) -> list[str]:
     """Per bit width, every pair of configurations on the headline metric: A − B ± 95% and the word
     for A ([] where no bit width has two configurations)."""

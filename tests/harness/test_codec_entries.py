@@ -2,6 +2,8 @@
 ``--preset deployed``, which runs vLLM's KV-cache dtypes beside OCTOPUS and TurboQuant-MSE."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from tiny_lm import text_run_config, tiny_causal_lm
 
@@ -36,3 +38,11 @@ def test_the_deployed_preset_runs_every_preset_at_its_bits(tmp_path):
     assert "vllm-fp8@2" not in labels  # a preset runs at its own bits only
     int4 = next(r for r in read_rows(out / "rows.jsonl") if r["label"] == "vllm-int4-per-token-head@4")
     assert int4["bits_per_coord"] == pytest.approx(4 + 32 / 32)  # d/2 bytes + a float32 scale per 32 coordinates
+    # the report answers the question directly: every research codec against every deployed cache, paired
+    t = json.loads((out / "summary.json").read_text())["tasks"]["perplexity"]
+    research = {"octopus@2", "octopus@3", "octopus@4", "turboquant-mse@2", "turboquant-mse@3", "turboquant-mse@4"}
+    assert {(p["a"], p["b"]) for p in t["against_deployed"]} == {(r, d) for r in research for d in presets}
+    one = next(p for p in t["against_deployed"] if (p["a"], p["b"]) == ("octopus@2", "vllm-fp8@8"))
+    assert one["word"] in (None, "better", "worse") and one["n"] == 1 and one["a_rate"] < one["b_rate"]
+    md = (out / "report.md").read_text()
+    assert "### Research codecs against deployed caches on" in md and "| octopus@2 (" in md

@@ -37,7 +37,7 @@ def by_hand_t(values: list[float]) -> tuple[float, float, float]:
 def test_summary_fields(tmp_path, headline_kl):
     out = write_run(tmp_path / "run", synthetic_rows(CONFIGS))
     s = json.loads(dumps(summarize(out), indent=2))
-    assert s["version"] == 2
+    assert s["version"] == 3 and s["tasks"]["perplexity"]["against_deployed"] == []  # no engine preset in this run
     t = s["tasks"]["perplexity"]
     assert t["headline"] == "kl" and t["codec_seeds"] == [0, 1, 2] and t["prompts"] == ["p0", "p1", "p2", "p3"]
     groups = {g["label"]: g for g in t["groups"]}
