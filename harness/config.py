@@ -214,7 +214,9 @@ class RunConfig:
             if codec == "none":
                 continue
             options = self.codec_options_for(codec)
-            out += [CacheConfig(codec=codec, bits=b, options=dict(options), **common) for b in bits]
+            for b in bits:
+                if all((c.codec, c.bits) != (codec, b) for c in out):  # each (codec, bits) once
+                    out.append(CacheConfig(codec=codec, bits=b, options=dict(options), **common))
         return out
 
     def codec_entries(self) -> list[tuple[str, list[int]]]:

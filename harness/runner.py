@@ -151,8 +151,11 @@ def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int]
             continue
         try:
             if geometry is not None:
-                _, n_kv, head_dim = geometry
+                layers, n_kv, head_dim = geometry
                 make_codec(cc.codec_config(head_dim, n_kv))
+                if len(cc.protected_layers(layers)) >= layers:  # --protect, or an engine's own native layers
+                    raise ValueError(f"every one of the model's {layers} layers stays native (--protect, or the "
+                                     f"layers the codec's engine keeps uncompressed): nothing to compress")
             else:
                 from kernels import codec_class
 

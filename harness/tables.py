@@ -170,7 +170,13 @@ def ranking_tables(t: dict, head: dict) -> list[str]:
 
 
 def _verdict(p: dict) -> str:
-    return p.get("word") or ("one cell (n = 1)" if p.get("n") == 1 else "indistinguishable")
+    """The word; without one, why: nothing paired or not finite, one cell, or an interval that holds 0."""
+    if p.get("word"):
+        return p["word"]
+    mean = num(p.get("mean"))
+    if not p.get("n") or mean is None or not math.isfinite(mean):
+        return "not comparable"
+    return "one cell (n = 1)" if p.get("n") == 1 else "indistinguishable"
 
 
 def deployed_table(t: dict, head: dict) -> list[str]:

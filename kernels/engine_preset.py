@@ -94,8 +94,8 @@ class PerTensorFp8(EnginePreset):
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
-        if not (self.opts.k_scale > 0 and self.opts.v_scale > 0):
-            raise ValueError(f"codec '{self.name}': k_scale and v_scale must be > 0")
+        if not all(0 < s < math.inf for s in (self.opts.k_scale, self.opts.v_scale)):
+            raise ValueError(f"codec '{self.name}': k_scale and v_scale must be finite and > 0")
         self.bytes_per_vector = self.head_dim
 
     def _scale(self, side: str) -> float:

@@ -17,6 +17,8 @@ def test_a_codec_at_its_own_bits():
     c = RunConfig(codecs=["octopus", "vllm-int8-per-token-head@8", "kivi@2,4"], bits=[2, 3])
     assert [cc.label for cc in c.cache_configs()] == ["none", "octopus@2", "octopus@3", "vllm-int8-per-token-head@8",
                                                       "kivi@2", "kivi@4"]
+    again = RunConfig(codecs=["octopus", "octopus@4", "vllm-fp8@8,8"], bits=[2, 4]).cache_configs()
+    assert [cc.label for cc in again] == ["none", "octopus@2", "octopus@4", "vllm-fp8@8"]  # each (codec, bits) once
     for bad in ("octopus@", "octopus@x", "octopus@0"):
         with pytest.raises(RunError, match=f"--codec {bad}: NAME@B takes bit widths"):
             RunConfig(codecs=[bad]).cache_configs()
@@ -46,3 +48,26 @@ def test_the_deployed_preset_runs_every_preset_at_its_bits(tmp_path):
     assert one["word"] in (None, "better", "worse") and one["n"] == 1 and one["a_rate"] < one["b_rate"]
     md = (out / "report.md").read_text()
     assert "### Research codecs against deployed caches on" in md and "| octopus@2 (" in md
+
+
+@pytest.mark.engine_boundaries
+def test_a_preset_that_keeps_every_layer_native_is_skipped_not_fatal(tmp_path):
+    """vLLM's TurboQuant keeps the first and last two layers native: on a 2-layer model nothing is left to
+    compress, so that configuration is skipped with the reason and the rest of the run goes on."""
+    config = text_run_config(tmp_path, tasks=("perplexity",), codecs=("vllm-turboquant-k3v4-nc@3", "octopus"),
+                             bits=[2], limit=1, codec_seeds=[0], batch_size=1)
+    out = run(config, out=tmp_path / "run", model=tiny_causal_lm(head_dim=32), progress=False, log=lambda *_: None)
+    labels = {r["label"] for r in read_rows(out / "rows.jsonl")}
+    assert "octopus@2" in labels and "vllm-turboquant-k3v4-nc@3" not in labels
+    skipped = json.loads((out / "model.json").read_text())["skipped"]
+    assert [s["label"] for s in skipped] == ["vllm-turboquant-k3v4-nc@3"] and "nothing to compress" in skipped[0]["reason"]
+
+
+def test_a_verdict_says_when_there_is_nothing_to_compare():
+    from harness.tables import _verdict
+
+    assert _verdict({"word": None, "mean": None, "n": 0}) == "not comparable"
+    assert _verdict({"word": None, "mean": float("-inf"), "n": 4}) == "not comparable"
+    assert _verdict({"word": None, "mean": 0.1, "n": 1}) == "one cell (n = 1)"
+    assert _verdict({"word": None, "mean": 0.1, "n": 4}) == "indistinguishable"
+    assert _verdict({"word": "better", "mean": -0.1, "n": 4}) == "better"
