@@ -49,6 +49,7 @@ from .environment import environment, environment_diff
 from .lock import RunLock, RunLocked, describe
 from .merge import MERGE_WAIT_S, complete, finish, stored_rows
 from .rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name, write_via
+from .run_checks import check_limits, task_options
 from .run_folder import claim_out, make_out, refuse_live_shards, start_out, write_config
 from .shard import ROWS_NAME, Plan, Shard, adopt_plan, write_plan
 from .speed import SPEED_NAME, speed_line
@@ -89,55 +90,6 @@ def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
     # supporting any given bit width -> RunError (head-dim checks need the model: check_pairs again)
     check_pairs(config.cache_configs(), None)
     return config, spec
-
-
-def task_options(cls, given: dict) -> dict:
-    """Every option of a task that declares ``option_defaults``, given values parsed by type, so
-    config.json names each value the run used (a task without declared options gets ``given``)."""
-    from harness.tasks.base import option_allowed, parse_option
-
-    defaults = getattr(cls, "option_defaults", {})
-    if not defaults:
-        return dict(given)
-    bad = set(given) - set(defaults)
-    if bad:
-        raise RunError(f"unknown option(s) {sorted(bad)} for task '{cls.name}'. Available: {', '.join(defaults)}")
-    out = {}
-    for name, spec in defaults.items():
-        default = spec[0]
-        try:
-            value = parse_option(given[name], default) if name in given else default
-            option_allowed(spec).check(value)
-        except (ValueError, TypeError) as e:
-            shown = given.get(name, default)
-            raise RunError(f"task option {cls.name}.{name}={shown}: {e} (harness list shows every task "
-                           f"option)") from None
-        out[name] = list(value) if isinstance(value, tuple) else value
-    try:
-        cls.check_options(out)
-    except ValueError as e:
-        raise RunError(f"task options of '{cls.name}': {e}") from None
-    return out
-
-
-def check_limits(config: RunConfig, layers: int | None, positions: int | None, source: str) -> None:
-    """The run's options against the model's limits (``source`` says where they were read): protected
-    layer indices within its layers, and task options counted in tokens within its positions."""
-    from adapters.cache_config import check_protect
-    from harness.tasks import get_task
-    from harness.tasks.base import option_allowed
-
-    if layers is not None:
-        try:
-            check_protect(config.protect, layers)
-        except ValueError as e:
-            raise RunError(f"--protect {','.join(map(str, config.protect))}: {e} ({source})") from None
-    for t in config.tasks:
-        for name, spec in getattr(get_task(t), "option_defaults", {}).items():
-            try:
-                option_allowed(spec).check_positions(config.task_options.get(t, {}).get(name, spec[0]), positions)
-            except ValueError as e:
-                raise RunError(f"task option {t}.{name}: {e} ({source}); give a shorter context") from None
 
 
 def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int] | None) -> tuple[list[CacheConfig], list[dict]]:
