@@ -169,7 +169,7 @@ def ranking_tables(t: dict, head: dict) -> list[str]:
     return md
 
 
-def _verdict(p: dict) -> str:
+def verdict(p: dict) -> str:
     """The word; without one, why: nothing paired or not finite, one cell, or an interval that holds 0."""
     if p.get("word"):
         return p["word"]
@@ -199,7 +199,7 @@ def deployed_table(t: dict, head: dict) -> list[str]:
           "(b) = cache bits per coordinate, so a cell also says whether the row stores less.", "",
           "| research codec | " + " | ".join(name(c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
     for r in rows:
-        cells = [f"{_verdict(cell[(r, c)])} ({fmt_diff(cell[(r, c)], with_word=False)})" for c in cols]
+        cells = [f"{verdict(cell[(r, c)])} ({fmt_diff(cell[(r, c)], with_word=False)})" for c in cols]
         md.append(f"| {name(r)} | " + " | ".join(cells) + " |")
     return md + [""]
 

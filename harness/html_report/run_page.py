@@ -11,10 +11,11 @@ from pathlib import Path
 from ..report import INTERVALS, _bytes, _header, _unavailable
 from .. import speed as speed_mod
 from ..rows import BASELINE_LABEL, num
-from ..tables import _title, display, fmt, fmt_ci, values
+from ..tables import _title, display, fmt, fmt_ci, fmt_diff, values, verdict
 from . import media as media_mod
 from . import plots
-from .page import cell, diff_cell, interval_cell, mean_cell, number, per_prompt, prose, render, slug, table, word_cell
+from .page import (cell, diff_cell, interval_cell, mean_cell, number, per_prompt, prose, render, slug, table, word_cell,
+                   word_class)
 
 HTML_NAME = "report.html"
 
@@ -41,6 +42,26 @@ def rate_front(t: dict, head: dict) -> dict | None:
             for f in t["front"]]
     return table(["config", "bits", "cache bits/coord", f"{_title(head)}, mean ± 95%", "on the front", "dominated by"],
                  rows, cls="front")
+
+
+def against_deployed(t: dict) -> dict | None:
+    """Each research codec (rows) against each engine's deployed cache (columns): the verdict with row −
+    column ± 95%, coloured by it (report.md's table, :func:`harness.tables.deployed_table`)."""
+    pairs = t.get("against_deployed") or []
+    if not pairs:
+        return None
+    rows, cols = list(dict.fromkeys(p["a"] for p in pairs)), list(dict.fromkeys(p["b"] for p in pairs))
+    cell_of = {(p["a"], p["b"]): p for p in pairs}
+    rate = {p["a"]: p["a_rate"] for p in pairs} | {p["b"]: p["b_rate"] for p in pairs}
+
+    def name(label):
+        return f"{label} ({fmt(rate[label], 3)} b)" if rate.get(label) is not None else label
+
+    def verdict_cell(p):
+        return cell(f"{verdict(p)} ({fmt_diff(p, with_word=False)})", p.get("mean"), word_class(p.get("word")))
+
+    body = [[cell(name(r), rate.get(r)), *(verdict_cell(cell_of[(r, c)]) for c in cols)] for r in rows]
+    return table(["research codec (cache bits/coord)", *map(name, cols)], body, cls="deployed")
 
 
 def configurations(t: dict) -> dict:
@@ -100,6 +121,7 @@ def task_section(out: Path, task: str, t: dict, rows: list[dict], speed: list[di
         "name": task, "id": slug("task", task), "prompts": t["prompts"], "seeds": seeds,
         "headline": _title(head) if head else None,
         "ranking": ranking(t, head) if head else None, "front": rate_front(t, head) if head else None,
+        "deployed": against_deployed(t) if head else None,
         "plots": [p for p in plot_list if p], "configs": configurations(t), "pairs": pairs(t), "per_prompt": tables,
         "media": media_mod.sections(media, task, rows, metrics, slug(task)), "missing": media.missing,
         "speed": speed_table(speed),

@@ -48,6 +48,8 @@ def test_the_deployed_preset_runs_every_preset_at_its_bits(tmp_path):
     assert one["word"] in (None, "better", "worse") and one["n"] == 1 and one["a_rate"] < one["b_rate"]
     md = (out / "report.md").read_text()
     assert "### Research codecs against deployed caches on" in md and "| octopus@2 (" in md
+    page = (out / "report.html").read_text()
+    assert "Research codecs against deployed caches on" in page and "vllm-int4-per-token-head@4 (" in page
 
 
 @pytest.mark.engine_boundaries
@@ -64,10 +66,10 @@ def test_a_preset_that_keeps_every_layer_native_is_skipped_not_fatal(tmp_path):
 
 
 def test_a_verdict_says_when_there_is_nothing_to_compare():
-    from harness.tables import _verdict
+    from harness.tables import verdict
 
-    assert _verdict({"word": None, "mean": None, "n": 0}) == "not comparable"
-    assert _verdict({"word": None, "mean": float("-inf"), "n": 4}) == "not comparable"
-    assert _verdict({"word": None, "mean": 0.1, "n": 1}) == "one cell (n = 1)"
-    assert _verdict({"word": None, "mean": 0.1, "n": 4}) == "indistinguishable"
-    assert _verdict({"word": "better", "mean": -0.1, "n": 4}) == "better"
+    assert verdict({"word": None, "mean": None, "n": 0}) == "not comparable"
+    assert verdict({"word": None, "mean": float("-inf"), "n": 4}) == "not comparable"
+    assert verdict({"word": None, "mean": 0.1, "n": 1}) == "one cell (n = 1)"
+    assert verdict({"word": None, "mean": 0.1, "n": 4}) == "indistinguishable"
+    assert verdict({"word": "better", "mean": -0.1, "n": 4}) == "better"
