@@ -155,8 +155,9 @@ def _header(config: dict, m: dict, summary: dict) -> list[str]:
     vb = config.get("value_bits")
     # video and audio models keep their own native window (a frame, a scale) and say so
     window = m.get("window_note") or m.get("cache_window") or f"the last {config['residual']} tokens"
+    engine = _engine_native_layers(config, m.get("layers"))
     md += [
-        f"**Cache**: native window of {window}; protected layers: {config['protect']}; "
+        f"**Cache**: native window of {window}; protected layers: {config['protect']}{engine}; "
         f"values quantized per token in groups of {config['value_group']} at "
         f"{'the key bit width' if vb is None else f'{vb} bits'}; keys read through each codec's "
         f"{'score estimator' if config['attend'] == 'score' else 'reconstruction'}; prompt seed {config['seed']}, "
@@ -177,6 +178,24 @@ def _header(config: dict, m: dict, summary: dict) -> list[str]:
         md += [f"- `{s['label']}`: {s['reason']}" for s in summary["skipped"]]
         md.append("")
     return md
+
+
+def _engine_native_layers(config: dict, layers) -> str:
+    """'' or '; ... also kept native by their engines' for the codecs that keep layers uncompressed by
+    themselves (vLLM's TurboQuant presets: the first and last two)."""
+    from kernels import CODECS
+    from kernels.config import parse_codec_options
+
+    if not isinstance(layers, int):
+        return ""
+    kept = []
+    for n in dict.fromkeys(str(c).partition("@")[0] for c in config.get("codecs", [])):
+        if n in CODECS:
+            options = parse_codec_options(n, config.get("codec_options", {}).get(n, {}))
+            native = CODECS[n].engine_skipped_layers(layers, options)
+            if native:
+                kept.append(f"{n}: {sorted(native)}")
+    return f" (and by their engines' rule, layers {'; '.join(kept)})" if kept else ""
 
 
 def pivot(groups: list[dict], value, title: str) -> list[str]:

@@ -63,6 +63,8 @@ def test_a_preset_that_keeps_every_layer_native_is_skipped_not_fatal(tmp_path):
     assert "octopus@2" in labels and "vllm-turboquant-k3v4-nc@3" not in labels
     skipped = json.loads((out / "model.json").read_text())["skipped"]
     assert [s["label"] for s in skipped] == ["vllm-turboquant-k3v4-nc@3"] and "nothing to compress" in skipped[0]["reason"]
+    # the report's header says which layers the engine keeps native, as --protect's are said
+    assert "by their engines' rule, layers vllm-turboquant-k3v4-nc: [0, 1]" in (out / "report.md").read_text()
 
 
 def test_a_verdict_says_when_there_is_nothing_to_compare():
