@@ -149,6 +149,15 @@ def safe_name(s: str) -> str:
     return "_" + name if name in ("", ".", "..") else name
 
 
+def within(root: Path, rel) -> Path | None:
+    """``root / rel`` for a path read from a row (data, not trusted) that names a place inside ``root``
+    once resolved (links followed); None for a non-string, an absolute path, '..' out of it or a link out."""
+    if not isinstance(rel, str) or not rel:
+        return None
+    path = Path(root) / rel
+    return path if path.resolve().is_relative_to(Path(root).resolve()) else None
+
+
 def inside(root: Path, *parts) -> Path:
     """``root / parts...``, refused (:class:`UnsafePath`) unless it resolves to a path inside ``root``
     (symbolic links followed). Build ``parts`` with :func:`safe_name` where they come from input."""

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from urllib.parse import quote
 
-from .rows import num
+from .rows import num, within
 
 
 def fmt(x, digits: int = 4) -> str:
@@ -90,10 +90,7 @@ def md_link(rel, root: Path) -> str | None:
     None where it is not one: absolute, naming a scheme, or resolving outside ``root`` (by '..' or a
     symbolic link), as the HTML page decides (:class:`harness.html_report.media.Media`)."""
     rel = str(rel)
-    if not rel or Path(rel).is_absolute() or ":" in rel or any(ord(c) < 0x20 for c in rel):
-        return None
-    base = Path(root).resolve()
-    if not (base / rel).resolve().is_relative_to(base):
+    if ":" in rel or any(ord(c) < 0x20 for c in rel) or within(root, rel) is None:  # ':' would name a scheme
         return None
     return quote(Path(rel).as_posix())
 

@@ -27,10 +27,13 @@ State: ``codes`` uint8 ``[..., T, d]`` (fp8 bit patterns, int8 two's complement,
 from __future__ import annotations
 
 
+import functools
+
 import torch
 
 from .engine_preset import EnginePreset, PerTensorFp8, fp8_saturate, fp8_value
 from .registry import register_codec
+from .rotation import fwht
 
 def _round_half_away(x: torch.Tensor) -> torch.Tensor:
     """vLLM's int4 kernel rounds with ``(x + 0.5).to(int32)`` for x >= 0, ``(x - 0.5)`` below."""
@@ -101,21 +104,12 @@ class VllmFp8PerTokenHead(_PerTokenHead):
         return fp8_value(codes, "e4m3")
 
 
+@functools.lru_cache(maxsize=None)
 def rht_signs(d: int) -> torch.Tensor:
     """vLLM's fixed RHT signs (``_get_rht_signs(d, 0)``): Bernoulli(0.5) draws of a CPU generator seeded
     0x9E3779B9, as ±1. Fixed by vLLM, not a codec seed: every deployment uses these."""
     gen = torch.Generator(device="cpu").manual_seed(0x9E3779B9)
     return 2.0 * torch.bernoulli(torch.full((d,), 0.5), generator=gen) - 1.0
-
-
-def hadamard(x: torch.Tensor) -> torch.Tensor:
-    """Unnormalized Walsh-Hadamard transform over the last dim (a power of 2): H x, H H = d I."""
-    d, h = x.shape[-1], 1
-    while h < d:
-        xv = x.reshape(*x.shape[:-1], d // (2 * h), 2, h)
-        x = torch.stack([xv[..., 0, :] + xv[..., 1, :], xv[..., 0, :] - xv[..., 1, :]], dim=-2).reshape(x.shape)
-        h *= 2
-    return x
 
 
 @register_codec("vllm-int4-per-token-head")
@@ -137,7 +131,7 @@ class VllmInt4PerTokenHead(EnginePreset):
 
     def _quantize(self, x, side):
         # the rotated vector is rounded back to the model's dtype before quantization, as vLLM does
-        y = hadamard(x.float() * self.signs.to(x.device)).to(x.dtype).float()
+        y = fwht(x.float() * self.signs.to(x.device)).to(x.dtype).float()
         lo, hi = y.amin(-1, keepdim=True), y.amax(-1, keepdim=True)
         scale = ((hi - lo) / 15.0).clamp_min(1e-6)
         zp = _round_half_away(-lo / scale).clamp(0, 15)
@@ -152,4 +146,4 @@ class VllmInt4PerTokenHead(EnginePreset):
         packed = t["codes"]
         q = torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2).float()
         y = (q - zp) * scale
-        return hadamard(y) * self.signs.to(y.device) / self.head_dim  # H (s x) inverted: s H y / d
+        return fwht(y) * self.signs.to(y.device) / self.head_dim  # H (s x) inverted: s H y / d

@@ -39,9 +39,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .engine_preset import EnginePreset, fp8_saturate, fp8_value
 from .packing import BitField
 from .registry import register_codec
-from .engine_preset import EnginePreset, fp8_saturate, fp8_value
+from .rotation import hadamard_matrix
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,14 +74,6 @@ def lloyd_max_centroids(d: int, bits: int) -> torch.Tensor:
     return torch.tensor(c, dtype=torch.float32)
 
 
-def hadamard_matrix(d: int) -> torch.Tensor:
-    """The orthonormal Sylvester Hadamard matrix H / sqrt(d) (symmetric: its own inverse)."""
-    h = torch.ones(1, 1)
-    while h.shape[0] < d:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / math.sqrt(d)
-
-
 class _VllmTurboQuant(EnginePreset):
     """One TurboQuant preset: ``key_bits`` (8 = fp8), ``preset_value_bits``, ``norm_correction``."""
     key_bits: int
@@ -107,7 +100,8 @@ class _VllmTurboQuant(EnginePreset):
         self.key_field = BitField(d, self.key_bits)
         self.value_field = BitField(d, self.value_bits)
         if self.key_bits != 8:
-            self.rotation = hadamard_matrix(d).to(self.device)
+            # orthonormal and symmetric: its own inverse
+            self.rotation = hadamard_matrix(d, device=self.device) / math.sqrt(d)
             self.centroids = lloyd_max_centroids(d, self.key_bits).to(self.device)
             self.midpoints = (self.centroids[:-1] + self.centroids[1:]) / 2
             self.bytes_per_vector = self.key_field.nbytes + 2

@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..input_files import read_json
-from ..rows import BASELINE_LABEL, codec_seed, num
+from ..rows import BASELINE_LABEL, codec_seed, num, within
 from ..tables import display, fmt
 from . import plots
 
@@ -44,8 +44,8 @@ class Media:
         if not isinstance(rel, str):
             self.missing.append(f"{rel!r} (not a path)")
             return None
-        path = self.run / rel
-        if not path.resolve().is_relative_to(self.run.resolve()):
+        path = within(self.run, rel)
+        if path is None:
             self.missing.append(f"{rel} (outside the run folder)")
             return None
         if not path.is_file():

@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from distortion_refs import fp8_round  # noqa: E402
 
 from kernels import make_codec  # noqa: E402
-from kernels.vllm_kv import hadamard, rht_signs  # noqa: E402
+from kernels.rotation import fwht as hadamard  # noqa: E402
+from kernels.vllm_kv import rht_signs  # noqa: E402
 
 PRESETS = {"vllm-fp8": 8, "vllm-fp8-e5m2": 8, "vllm-fp8-per-token-head": 8, "vllm-int8-per-token-head": 8,
            "vllm-int4-per-token-head": 4}
@@ -151,14 +152,14 @@ def test_turboquant_centroids_are_lloyd_max_for_the_rotated_coordinates():
 
 
 def test_turboquant_keys_and_values_by_numpy():
-    from kernels.vllm_turboquant import hadamard_matrix, lloyd_max_centroids
+    from kernels.vllm_turboquant import lloyd_max_centroids
 
     d = 64
     x = _keys(n=32, d=d, seed=6)
     c = make_codec("vllm-turboquant-4bit-nc", 4, d, num_heads=2)
     s = c.encode(x)
     xs = x.numpy().astype(np.float64)
-    h = hadamard_matrix(d).numpy().astype(np.float64)
+    h = c.rotation.numpy().astype(np.float64)
     np.testing.assert_allclose(h @ h, np.eye(d), atol=1e-6)
     norm = np.linalg.norm(xs, axis=-1, keepdims=True)
     y = (xs / (norm + 1e-8)) @ h
