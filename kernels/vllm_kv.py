@@ -26,7 +26,6 @@ State: ``codes`` uint8 ``[..., T, d]`` (fp8 bit patterns, int8 two's complement,
 """
 from __future__ import annotations
 
-
 import functools
 
 import torch
