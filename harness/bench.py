@@ -144,6 +144,18 @@ def check_correctness(codec, Hq, Hkv, d, dev, kernel=None) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
+def triton_path(codec):
+    """The Triton decode kernel that reads this codec: (supports, launch). The engines' presets (a token
+    layout) take :mod:`kernels.triton.token_attention`, the others :mod:`kernels.triton.decode_attention`."""
+    if codec.token_layout() is not None:
+        from kernels.triton import token_attention
+
+        return token_attention.supports, token_attention.decode_attention_tokens
+    from kernels.triton import decode_attention
+
+    return decode_attention.supports, decode_attention._launch
+
+
 def fused_codecs() -> list[str]:
     """Every registered codec that declares a fused layout (:meth:`kernels.base.Codec.fused_layout`)."""
     from kernels import list_codecs, make_codec
@@ -178,10 +190,9 @@ def bench_encode(codec_name, bits, Hkv, d, tokens, dev, rep_ms) -> dict | None:
 def run(args) -> dict:
     import triton
 
-    from kernels import make_codec
+    from kernels import list_codecs, make_codec
     from kernels.cuda.decode_lut import LAST_LAUNCH, decode_attention_lut
     from kernels.cuda.decode_lut import supports as lut_supports
-    from kernels.triton.decode_attention import _launch, supports
 
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
@@ -225,14 +236,17 @@ def run(args) -> dict:
                 del fns, kvs
                 for name in codecs:
                     for bits in _csv(args.bits, int):
+                        if bits not in list_codecs()[name]:  # an engine preset has its own bits
+                            continue
                         codec = make_codec(name, bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
+                        supports, _launch = triton_path(codec)
                         why = supports(codec, q.dtype)
                         if why:
                             print(f"skip {name}@{bits}: {why}")
                             continue
                         ck = f"{shape}/{name}@{bits}"
                         if ck not in result["correctness"]:
-                            result["correctness"][ck] = check_correctness(codec, Hq, Hkv, d, dev)
+                            result["correctness"][ck] = check_correctness(codec, Hq, Hkv, d, dev, _launch)
                         ks, vs = random_state(codec, B, Hkv, T, dev, gen)
                         st_bytes = ks.nbytes() + vs.nbytes()
                         ncp = max(1, min(32, math.ceil(L2_FLUSH_BYTES / st_bytes)))
@@ -264,7 +278,7 @@ def run(args) -> dict:
                             result["lut_refused"][f"{name}@{bits}"] = why_lut
 
                         variants = {}
-                        if args.tune:
+                        if args.tune and codec.token_layout() is None:
                             for label, kw in TUNE_VARIANTS.items():
                                 variants[label] = timed(tune | kw)
                             best = min(variants, key=variants.get)

@@ -8,7 +8,8 @@ flight, with masks, causal order and per-sequence lengths, in one float32 softma
 
 :func:`decode_attention` attends one query token per sequence: on CUDA the table-lookup CUDA
 kernel (:mod:`kernels.cuda.decode_lut`, OCTOPUS and TurboQuant-MSE, with or without a QJL residual) where it covers the call, else the fused Triton
-kernel (:mod:`kernels.triton.decode_attention`) where it covers the codec, else :func:`attend`.
+kernel (:mod:`kernels.triton.decode_attention`; :mod:`kernels.triton.token_attention` for a codec that
+declares a token layout, the engines' presets) where it covers the codec, else :func:`attend`.
 The choice is :func:`kernels.backend.decide`'s ('auto' | 'lut' | 'triton' | 'torch', env
 ``KVCODEC_BACKEND``); :func:`decide_attention` returns it with the reason each path was passed over.
 """
@@ -117,7 +118,10 @@ def fused_unsupported(q: torch.Tensor, codec: Codec, device=None) -> str | None:
         return why
     if q.shape[-2] != 1:
         return f"the fused kernel takes one query token per step, got {q.shape[-2]}"
-    from .triton.decode_attention import supports
+    if codec.token_layout() is not None:  # per-token scalar codes (the engines' presets)
+        from .triton.token_attention import supports
+    else:
+        from .triton.decode_attention import supports
 
     return supports(codec, q.dtype)
 
@@ -179,6 +183,11 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
         return decode_lut.decode_attention_lut(q, key_state, value_state, codec, window_k, window_v, lengths,
                                                window_lengths, scale)
     if path == "triton":
+        if codec.token_layout() is not None:
+            from .triton import token_attention
+
+            return token_attention.decode_attention_tokens(q, key_state, value_state, codec, window_k, window_v,
+                                                           lengths, window_lengths, scale)
         from .triton import decode_attention as fused  # looked up at each call (tests wrap the launcher)
 
         return fused.decode_attention_fused(q, key_state, value_state, codec, window_k, window_v, lengths,

@@ -238,6 +238,11 @@ class Codec:
         or None: this codec has no fused path."""
         return None
 
+    def token_layout(self):
+        """Keys and values as per-token scalar codes, as the per-token fused decode kernel reads them
+        (:class:`kernels.token_layout.TokenLayout`: the engines' presets), or None."""
+        return None
+
     def describe(self) -> str:
         return f"{self.name}@{self.bits}b"
 

@@ -13,6 +13,7 @@ import torch
 
 from .base import Codec
 from .encoded import Encoded
+from .token_layout import BlockScale, Element, TokenCodes, TokenLayout
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
@@ -27,6 +28,37 @@ def fp8_saturate(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 def fp8_value(codes: torch.Tensor, kind: str) -> torch.Tensor:
     return codes.view(FP8[kind]).float()
+
+
+#: e2m1 magnitudes by their 3 low bits (bit 3 is the sign)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_EDGES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # midpoints between neighbouring magnitudes
+
+
+def e2m1_codes(y: torch.Tensor, ties: str) -> torch.Tensor:
+    """float32 -> fp4 e2m1 codes (uint8, 0..15), saturating at 6; a tie between two magnitudes goes to
+    the even code (``ties='even'``: round to nearest even, the hardware cast) or the larger magnitude
+    (``'away'``). The sign bit is set for every negative input, zeros included."""
+    a = y.abs()
+    mag = torch.zeros_like(a, dtype=torch.uint8)
+    for i, edge in enumerate(_E2M1_EDGES):  # at a tie the odd code i+1 loses under 'even'
+        up = (a > edge) if (ties == "even" and i % 2 == 0) else (a >= edge)
+        mag += up.to(torch.uint8)
+    return mag | ((y < 0).to(torch.uint8) << 3)
+
+
+def e2m1_value(codes: torch.Tensor) -> torch.Tensor:
+    mag = torch.tensor(E2M1, device=codes.device)[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., n] (values < 16) -> [..., n / 2]: element 2i in the low nibble, 2i + 1 in the high."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2)
 
 
 class _PresetValues:
@@ -103,3 +135,46 @@ class PerTensorFp8(EnginePreset):
 
     def _dequantize(self, t, side):
         return fp8_value(t["codes"], self.kind) * self._scale(side)
+
+    def token_layout(self):
+        element = Element(self.kind)
+        return TokenLayout(TokenCodes(element, scale=self.opts.k_scale), TokenCodes(element, scale=self.opts.v_scale))
+
+
+class BlockFp4(EnginePreset):
+    """fp4 e2m1 codes in blocks of 16 coordinates with one scale byte each (NVFP4, MX), two codes per byte
+    (element 2i in the low nibble): ``codes`` uint8 [..., T, d/2] and ``scale`` uint8 [..., T, d/16],
+    ``d / 2 + d / 16`` bytes a token-head. Subclasses give ``_quantize``, the engine's name (``engine``),
+    how a scale byte reads (``block_scale``, :meth:`_block_scale`) and any per-layer scale
+    (:meth:`_tensor_scale`), and ``bits_supported = (4,)``."""
+    group = 16
+    engine: str
+    block_scale: BlockScale
+
+    @classmethod
+    def head_dim_unsupported(cls, head_dim):
+        if head_dim % cls.group:
+            return (f"{cls.engine}'s fp4 cache scales blocks of {cls.group} coordinates: "
+                    f"head dim {head_dim} is no multiple")
+        return None
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.bytes_per_vector = self.head_dim // 2 + self.head_dim // self.group
+
+    def _tensor_scale(self, side: str) -> float:
+        return 1.0
+
+    def _block_scale(self, sf: torch.Tensor) -> torch.Tensor:
+        """uint8 scale bytes -> float32 block scales."""
+        raise NotImplementedError
+
+    def _dequantize(self, t, side):
+        y = e2m1_value(unpack_nibbles(t["codes"])).unflatten(-1, (-1, self.group))
+        return (y * self._block_scale(t["scale"]).unsqueeze(-1)).flatten(-2) * self._tensor_scale(side)
+
+    def token_layout(self):
+        def side(s):
+            return TokenCodes(Element.E2M1, bits=4, scale_field="scale", scale=self._tensor_scale(s), group=self.group,
+                              block_scale=self.block_scale)
+        return TokenLayout(side("k"), side("v"))

@@ -33,3 +33,15 @@ def num_sms(device) -> int:
 @functools.lru_cache(maxsize=None)
 def _sms(index: int) -> int:  # asked once per device: the launchers run on every decode step
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def split_plan(T: int, block_n: int, heads: int, slots: int, num_splits: int | None = None) -> tuple[int, int, int]:
+    """(splits, chunk tokens, blocks per split) for ``T`` tokens in blocks of ``block_n`` over ``heads``
+    (batch x KV head) rows: ``num_splits`` (default :func:`choose_splits` for ``slots`` resident
+    programs), then as few splits as cover T in chunks of whole blocks."""
+    tiles = max(1, -(-T // block_n))
+    if num_splits is None:
+        num_splits = choose_splits(tiles, heads, slots)
+    per = -(-tiles // num_splits)
+    chunk = per * block_n
+    return (max(1, -(-T // chunk)) if T > 0 else 1), chunk, per

@@ -21,8 +21,18 @@ way; ``--value-bits`` does not apply). Read from vLLM's source (vllm-project/vll
   token-head costs ``d / 2 + 4`` bytes. Reading uses the scale with those bits cleared
   (``vllm/v1/attention/ops/int4_per_token_head.py`` at 055e47c).
 
+- ``vllm-nvfp4``: per block of 16 coordinates, ``sf = (1 / k_scale) * (amax * (1/6))`` stored as fp8 e4m3
+  (round to nearest even, saturating), then each coordinate times ``1 / (sf * k_scale)`` rounded to fp4
+  e2m1 (``cvt.rn.satfinite.e2m1x2.f32``: nearest, ties to even, saturating at 6), two per byte, element
+  2i in the low nibble; read back as ``e2m1 * sf * k_scale``. ``k_scale`` / ``v_scale`` are the
+  checkpoint's per-layer scales (1.0 without). A token-head costs ``d / 2 + d / 16`` bytes
+  (``csrc/libtorch_stable/nvfp4_kv_cache_kernels.cu``, ``reshape_and_cache_nvfp4_kernel``, at 0cd789b, and
+  ``quantization/fp4/nvfp4_utils.cuh`` at 20b4ad8; vLLM runs it on Blackwell only, where the scale bytes
+  of the values are swizzled in the page: the swizzle moves bytes, not values, and is not reproduced).
+
 State: ``codes`` uint8 ``[..., T, d]`` (fp8 bit patterns, int8 two's complement, or packed nibbles
-``[..., T, d/2]``) and, for the per-token-head presets, ``scale`` float32 ``[..., T, 1]``.
+``[..., T, d/2]``) and, for the per-token-head presets, ``scale`` float32 ``[..., T, 1]`` (nvfp4: the
+block scales, uint8 fp8 ``[..., T, d/16]``).
 """
 from __future__ import annotations
 
@@ -30,9 +40,11 @@ import functools
 
 import torch
 
-from .engine_preset import EnginePreset, PerTensorFp8, fp8_saturate, fp8_value
+from .engine_preset import BlockFp4, EnginePreset, PerTensorFp8, e2m1_codes, fp8_saturate, fp8_value, pack_nibbles
 from .registry import register_codec
 from .rotation import fwht
+from .token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
+
 
 def _round_half_away(x: torch.Tensor) -> torch.Tensor:
     """vLLM's int4 kernel rounds with ``(x + 0.5).to(int32)`` for x >= 0, ``(x - 0.5)`` below."""
@@ -75,10 +87,15 @@ class _PerTokenHead(EnginePreset):
     def _dequantize(self, t, side):
         return self._load(t["codes"]) * t["scale"]
 
+    def token_layout(self):
+        side = TokenCodes(self.element, scale_field="scale")
+        return TokenLayout(side, side)
+
 
 @register_codec("vllm-int8-per-token-head")
 class VllmInt8PerTokenHead(_PerTokenHead):
     """vLLM ``--kv-cache-dtype int8_per_token_head``."""
+    element = Element.INT8
 
     @staticmethod
     def _store(q):
@@ -93,6 +110,7 @@ class VllmInt8PerTokenHead(_PerTokenHead):
 class VllmFp8PerTokenHead(_PerTokenHead):
     """vLLM ``--kv-cache-dtype fp8_per_token_head``."""
     qmax, qmin = 448.0, -448.0
+    element = Element.E4M3
 
     @staticmethod
     def _store(q):
@@ -146,3 +164,30 @@ class VllmInt4PerTokenHead(EnginePreset):
         q = torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2).float()
         y = (q - zp) * scale
         return fwht(y) * self.signs.to(y.device) / self.head_dim  # H (s x) inverted: s H y / d
+
+    def token_layout(self):
+        # x = s * H y / d = y @ (H diag(s) / d), the zero point in the scale's low bits
+        rotation = fwht(torch.eye(self.head_dim)) * rht_signs(self.head_dim) / self.head_dim
+        side = TokenCodes(Element.UINT, bits=4, scale_field="scale", offset=Offset.PACKED_ZP, rotation=rotation)
+        return TokenLayout(side, side)
+
+
+@register_codec("vllm-nvfp4")
+class VllmNvfp4(BlockFp4, PerTensorFp8):
+    """vLLM ``--kv-cache-dtype nvfp4``: fp8 block scales, and the per-layer ``k_scale`` / ``v_scale``."""
+    engine, block_scale = "vLLM", BlockScale.E4M3
+    bits_supported = (4,)
+
+    def _tensor_scale(self, side):
+        return self._scale(side)
+
+    def _block_scale(self, sf):
+        return fp8_value(sf, "e4m3")
+
+    def _quantize(self, x, side):
+        xb = x.float().unflatten(-1, (-1, self.group))
+        g = torch.tensor(1.0 / self._scale(side))  # float32 throughout, as the kernel
+        sf = fp8_saturate(g * (xb.abs().amax(-1) * torch.tensor(1.0 / 6.0)), "e4m3")
+        s = fp8_value(sf, "e4m3").unsqueeze(-1)
+        inv = torch.where(s != 0, 1.0 / (s * (1.0 / g)), torch.zeros_like(s))
+        return {"codes": pack_nibbles(e2m1_codes(xb * inv, "even").flatten(-2)), "scale": sf}

@@ -43,6 +43,7 @@ from .engine_preset import EnginePreset, fp8_saturate, fp8_value
 from .packing import BitField
 from .registry import register_codec
 from .rotation import hadamard_matrix
+from .token_layout import Element, Offset, TokenCodes, TokenLayout
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,6 +146,15 @@ class _VllmTurboQuant(EnginePreset):
 
     def _read_values(self, t):
         return self.value_field.unpack(t["codes"]).float() * t["scale"].float() + t["zero"].float()
+
+    def token_layout(self):
+        values = TokenCodes(Element.UINT, bits=self.value_bits, scale_field="scale", offset=Offset.ZERO,
+                            zero_field="zero")
+        if self.key_bits == 8:
+            return TokenLayout(TokenCodes(Element.E4M3), values)
+        keys = TokenCodes(Element.CODEBOOK, bits=self.key_bits, scale_field="norm", normalize=self.norm_correction,
+                          codebook=self.centroids.cpu(), rotation=self.rotation.cpu())
+        return TokenLayout(keys, values)
 
 
 @register_codec("vllm-turboquant-k8v4")

@@ -15,7 +15,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def ref_lse(q, ks, codec, wk, lengths, scale) -> torch.Tensor:
     """Natural log-sum-exp of the reference's scaled scores over [compressed prefix, window], [B, Hq]."""
     B, Hq, _, d = q.shape
-    Hkv = ks.tensors["norm"].shape[-3]
+    Hkv = ks.shape[-3]
     qg = q.reshape(B, Hkv, Hq // Hkv, d)
     s = codec.score(qg, ks).float()
     if lengths is not None:

@@ -92,6 +92,22 @@ def _per_token_head_ref(x: np.ndarray, kind: str) -> np.ndarray:
     return (np.trunc(y) if kind == "int8" else fp8_round(y, "e4m3")) * scale
 
 
+def _fp4_ref(x: np.ndarray, name: str) -> np.ndarray:
+    """Blocks of 16 coordinates, each rounded to the nearest e2m1 value (0, .5, 1, 1.5, 2, 3, 4, 6; by
+    distance) after its block's scale: amax / 6 rounded to e4m3 (vLLM's nvfp4) or the power of two at or
+    above it (SGLang's MX blocks). Ties (measure zero here) are not resolved."""
+    grid = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    xb = x.reshape(x.shape[:-1] + (-1, 16))
+    amax = np.abs(xb).max(-1, keepdims=True)
+    if name == "vllm-nvfp4":
+        scale = fp8_round(amax / 6, "e4m3")
+    else:
+        scale = 2.0 ** np.ceil(np.log2(np.maximum(amax / 6, 1e-10)))
+    y = np.minimum(np.abs(xb) / np.where(scale > 0, scale, 1), 6.0)
+    q = grid[np.abs(y[..., None] - grid).argmin(-1)]
+    return (np.sign(xb) * q * scale).reshape(x.shape)
+
+
 def _int4_zero_point_ref(x: np.ndarray) -> np.ndarray:
     """vLLM's int4 per (token, head): scale (max - min) / 15, an integer zero point round(-min / scale) in
     0..15, codes round(x / scale + zp) in 0..15 (half away from zero), x ~ (q - zp) scale."""
@@ -156,6 +172,8 @@ def reference_distortion(name: str, bits: int, u: torch.Tensor) -> tuple[float, 
         if name == "vllm-turboquant-k8v4":  # fp8 keys, no rotation: the same codes
             return float(((x - fp8_round(x, "e4m3")) ** 2).sum(-1).mean()), 1e-3
         return float(((x - _lloyd_max_nc_ref(x, bits, correct=name.endswith("-nc"))) ** 2).sum(-1).mean()), 0.03
+    if name in ("vllm-nvfp4", "sglang-fp4-e2m1"):  # the same vectors, blocks of 16 with their own scale
+        return float(((x - _fp4_ref(x, name)) ** 2).sum(-1).mean()), 1e-3
     if name == "vllm-int4-per-token-head":  # after a random-sign Hadamard rotation: another draw of the same
         # distribution (as quarot); the per-token extremes spread the mean by ~1%
         return float(((x - _int4_zero_point_ref(x)) ** 2).sum(-1).mean()), 0.03

@@ -3,8 +3,12 @@ splits' partial outputs by log-sum-exp and attends the native window in the same
 query head x DC output coordinates per program. Scores are in the log2 domain (exp2)."""
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from . import interpreting
+from .._lengths import as_lengths
 
 
 @triton.jit
@@ -96,3 +100,38 @@ def _combine_kernel(
         if d0 == 0:
             tl.store(LSE + pid, tl.where(l > 0, (m + tl.log2(tl.maximum(l, 1e-30))) * 0.6931471805599453,
                                          float("-inf")))
+
+
+def launch_combine(q, window_k, window_v, window_lengths, oacc, oml, Hkv: int, GP: int, num_splits: int,
+                   sm_scale_log2: float, return_lse: bool = False, combine_block: int = 256):
+    """Kernel 2 of a split-K decode step: the splits' partials ``oacc`` (fp16, normalised, [B * Hkv *
+    num_splits * GP, d]) and ``oml`` (their log2-sum-exp) merged with the native window ``[B, Hkv, W, d]``
+    (or None) for ``q [B, Hq, 1, d]``. -> (out [B, Hq, 1, d] in q's dtype, lse [B, Hq] float32 natural
+    log-sum-exp where ``return_lse``, else None, the compiled kernel)."""
+    B, Hq, _, D = q.shape
+    dev = q.device
+    G = Hq // Hkv
+    qc = q.reshape(B, Hq, D).contiguous()
+    out = torch.empty(B, Hq, 1, D, dtype=q.dtype, device=dev)
+    lse = torch.empty(B, Hq, dtype=torch.float32, device=dev) if return_lse else out
+    has_w = window_k is not None and window_k.shape[-2] > 0
+    if has_w:
+        W = window_k.shape[-2]
+        wk = window_k if window_k.stride(-1) == 1 else window_k.contiguous()
+        wv = window_v if window_v.stride(-1) == 1 else window_v.contiguous()
+        wl = None if window_lengths is None else as_lengths(window_lengths, B, dev)
+        wstr = (wk.stride(0), wk.stride(1), wk.stride(2), wv.stride(0), wv.stride(1), wv.stride(2))
+        w_block = min(64, triton.next_power_of_2(W))
+    else:
+        W, wk, wv, wl, wstr, w_block = 0, qc, qc, None, (0,) * 6, 16
+    DC = min(32, D)
+    split_block = min(combine_block, 64 if num_splits <= 64 else 256)  # two compiled variants
+    kernel = _combine_kernel[(B * Hq, D // DC)](
+        qc, wk, wv, wl if wl is not None else qc, oacc, oml, out, lse, Hkv, W, *wstr, sm_scale_log2, num_splits,
+        G=G, GP=GP, D=D, DC=DC, SPLIT_BLOCK=split_block,
+        S_STATIC_ITERS=triton.cdiv(num_splits, split_block) if interpreting() else 0,
+        W_BLOCK=w_block, HAS_WINDOW=has_w, HAS_WLENS=wl is not None, WRITE_LSE=return_lse,
+        W_STATIC_ITERS=triton.cdiv(W, w_block) if (has_w and interpreting()) else 0,
+        num_warps=4,
+    )
+    return out, (lse if return_lse else None), kernel

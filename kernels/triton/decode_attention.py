@@ -46,10 +46,10 @@ import triton.language as tl
 
 from . import interpreting
 from ._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
-from .combine import _combine_kernel
+from .combine import launch_combine
 from .._lengths import as_lengths
 from ..fused_layout import KeyCodes
-from ..split_k import choose_splits, num_sms
+from ..split_k import num_sms, split_plan
 from .decode_plan import plan_for
 
 _LOG2E = 1.4426950408889634
@@ -318,12 +318,7 @@ def _launch(q, key_state, value_state, codec, window_k=None, window_v=None, leng
     lens = None if lengths is None else as_lengths(lengths, B, dev)
     qc = q.reshape(B, Hq, D).contiguous()
 
-    tiles = max(1, triton.cdiv(T, block_n))
-    if num_splits is None:
-        num_splits = choose_splits(tiles, B * Hkv, programs_per_sm * num_sms(dev))
-    per = triton.cdiv(tiles, num_splits)
-    chunk = per * block_n
-    num_splits = max(1, triton.cdiv(T, chunk)) if T > 0 else 1
+    num_splits, chunk, per = split_plan(T, block_n, B * Hkv, programs_per_sm * num_sms(dev), num_splits)
 
     norm_name, codes_name = plan.fields
     norm = key_state.tensors[norm_name].contiguous()
@@ -355,40 +350,12 @@ def _launch(q, key_state, value_state, codec, window_k=None, window_v=None, leng
         **({"maxnreg": maxnreg} if maxnreg and not interpreting() else {}),
     )
 
-    out = torch.empty(B, Hq, 1, D, dtype=q.dtype, device=dev)
-    lse = torch.empty(B, Hq, dtype=torch.float32, device=dev) if return_lse else out
-    has_w = window_k is not None and window_k.shape[-2] > 0
-    if has_w:
-        W = window_k.shape[-2]
-        wk, wv = window_k, window_v
-        if wk.stride(-1) != 1:
-            wk = wk.contiguous()
-        if wv.stride(-1) != 1:
-            wv = wv.contiguous()
-        wl = None if window_lengths is None else as_lengths(window_lengths, B, dev)
-        wstr = (wk.stride(0), wk.stride(1), wk.stride(2), wv.stride(0), wv.stride(1), wv.stride(2))
-        w_block = min(64, triton.next_power_of_2(W))
-    else:
-        W = 0
-        wk = wv = qc
-        wl = None
-        wstr = (0,) * 6
-        w_block = 16
-    DC = min(32, D)
     if record is not None:
         record["split"] = split
     if ablate & 4:  # profiling only: the split kernel alone
-        return out
-    split_block = min(combine_block, 64 if num_splits <= 64 else 256)  # two compiled variants
-    combine = _combine_kernel[(B * Hq, D // DC)](
-        qc, wk, wv, wl if wl is not None else qc, oacc, oml, out, lse, Hkv, W, *wstr, sm_scale_log2, num_splits,
-        G=G, GP=GP, D=D, DC=DC, SPLIT_BLOCK=split_block,
-        S_STATIC_ITERS=triton.cdiv(num_splits, split_block) if interpreting() else 0,
-        W_BLOCK=w_block, HAS_WINDOW=has_w, HAS_WLENS=wl is not None,
-        WRITE_LSE=return_lse,
-        W_STATIC_ITERS=triton.cdiv(window_k.shape[-2], w_block) if (has_w and interpreting()) else 0,
-        num_warps=4,
-    )
+        return torch.empty_like(q)
+    out, lse, combine = launch_combine(q, window_k, window_v, window_lengths, oacc, oml, Hkv, GP, num_splits,
+                                       sm_scale_log2, return_lse, combine_block)
     if record is not None:
         record["combine"] = combine
     return (out, lse) if return_lse else out

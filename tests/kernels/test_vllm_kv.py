@@ -211,3 +211,66 @@ def test_sglang_fp8_is_torchs_cast_after_a_division_in_the_models_dtype(name, ki
     got = make_codec(name, 8, 128).decode(make_codec(name, 8, 128).encode(big))[0, 0, 0, 0]
     want = big.to(dtype).float()[0, 0, 0, 0]
     assert torch.equal(got, want) or (got.isnan() and want.isnan())
+
+
+# --- fp4: vLLM's nvfp4 and SGLang's fp4_e2m1 ------------------------------------------------------------
+E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def e2m1_round(y: np.ndarray, ties: str) -> np.ndarray:
+    """The nearest e2m1 magnitude by distance (saturating at 6), a tie to the even code ('even') or the larger
+    magnitude ('away'), the sign kept: from the format's definition, not the codec's midpoint counts."""
+    a = np.minimum(np.abs(y), 6.0)
+    dist = np.abs(a[..., None] - E2M1_GRID)
+    best = dist.min(-1, keepdims=True)
+    tied = np.isclose(dist, best, rtol=0, atol=0)
+    idx = np.arange(8)
+    if ties == "even":
+        pick = np.where(tied, (idx % 2) * 16 + idx, 99).argmin(-1)  # an even code first
+    else:
+        pick = np.where(tied, idx, -1).argmax(-1)  # the larger magnitude
+    return np.sign(y) * E2M1_GRID[pick]
+
+
+@pytest.mark.parametrize("name, ties", [("vllm-nvfp4", "even"), ("sglang-fp4-e2m1", "away")])
+def test_fp4_layout_scales_and_rounding(name, ties):
+    d = 128
+    x = _keys(seed=9) * torch.rand(2, 2, 64, d, generator=torch.Generator().manual_seed(1)).pow(3) * 4
+    x[0, 0, 0, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.1, 0, 0, 0, 0, 0, 0, 0])  # ties
+    x[0, 0, 1, :16] = 0.0  # an empty block
+    c = make_codec(name, 4, d, num_heads=2)
+    s = c.encode(x)
+    codes, sf = s.tensors["codes"], s.tensors["scale"]
+    assert codes.shape == (2, 2, 64, d // 2) and sf.shape == (2, 2, 64, d // 16) and sf.dtype == torch.uint8
+    assert s.nbytes() == x[..., 0].numel() * (d // 2 + d // 16) == c.expected_nbytes(x.shape)
+    xb = x.double().numpy().reshape(2, 2, 64, d // 16, 16)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    if name == "vllm-nvfp4":  # the block scale is amax / 6 as torch casts it to e4m3; the codes x / scale
+        scale = sf.view(torch.float8_e4m3fn).double().numpy()[..., None]
+        np.testing.assert_array_equal(scale, fp8_round(amax.astype(np.float32) * np.float32(1 / 6), "e4m3"))
+        torch.testing.assert_close(sf.view(torch.float8_e4m3fn).float(),
+                                   (x.unflatten(-1, (-1, 16)).abs().amax(-1) * (1 / 6)).to(torch.float8_e4m3fn).float())
+    else:  # a power of two: the smallest 2^e with amax / 2^e <= 6
+        e = sf.numpy().astype(np.float64)[..., None] - 127
+        np.testing.assert_array_equal(e, np.ceil(np.log2(np.maximum(amax / 6, 1e-10))))
+        scale = 2.0 ** e
+    y = np.where(scale > 0, xb / np.where(scale > 0, scale, 1), 0)
+    ref = e2m1_round(y, ties) * scale
+    got = c.decode(s).double().numpy().reshape(ref.shape)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=0)
+    want = np.searchsorted(E2M1_GRID, np.abs(ref / np.where(scale > 0, scale, 1))) | (y < 0) * 8
+    want = want.reshape(2, 2, 64, d)
+    packed = codes.numpy()
+    np.testing.assert_array_equal(packed & 15, want[..., 0::2])  # element 2i in the low nibble
+    np.testing.assert_array_equal(packed >> 4, want[..., 1::2])
+    assert torch.equal(c.decode_values(c.encode_values(x)), c.decode(s))  # values are stored as keys are
+
+
+def test_nvfp4_per_layer_scale():
+    x = _keys(seed=10) * 3000  # amax / 6 beyond e4m3's 448 without a scale
+    c = make_codec("vllm-nvfp4", 4, 128, k_scale=8.0)
+    plain = make_codec("vllm-nvfp4", 4, 128)
+    np.testing.assert_allclose(c.decode(c.encode(x)).numpy(), 8.0 * plain.decode(plain.encode(x / 8.0)).numpy(),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="blocks of 16"):
+        make_codec("vllm-nvfp4", 4, 72)

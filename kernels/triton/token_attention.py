@@ -1,0 +1,339 @@
+"""Split-K flash-decoding attention over per-token scalar codes: the engines' KV-cache presets.
+
+One decode step, ``q [B, Hq, 1, d]`` against a prefix stored as a codec's
+:class:`kernels.token_layout.TokenLayout` declares it (fp8, int8 or b-bit codes with per-token or
+per-tensor scales, zero points, codebooks, rotations) plus a native window ``[B, Hkv, W, d]``:
+
+1. The query is rotated once by the key side's matrix (``q @ M_k^T``: scores are ``y . (M_k q)``).
+2. ``_token_split_kernel``, grid ``(splits, B * Hkv)``: one program serves the G = Hq / Hkv query
+   heads of one KV head (padded to 16) over one chunk of tokens; per block of BLOCK_N tokens it reads
+   the key codes into registers as numbers (:func:`_codes_tile`), scores them on fp16 tensor cores
+   (``[BLOCK_N, d] @ [d, GP]``) times the per-token scale, runs an online softmax, reads the values the
+   same way (scale and offset applied) and accumulates ``out [GP, d] += p^T @ values``. It writes the
+   normalised partial output (fp16) and the log2-sum-exp of each split, as
+   :mod:`.decode_attention` does.
+3. The partial outputs are rotated back by the value side's matrix, where it has one (one matmul over
+   every split's partials: the merge is linear).
+4. ``_combine_kernel`` (:mod:`.combine`, shared with :mod:`.decode_attention`) merges the splits and
+   attends the native window in the same softmax.
+
+No token is materialised in full precision outside registers. Codes are exact in fp16 (fp8, int8,
+4-bit codes minus their zero point); scales multiply the fp32 scores; a value is rounded to fp16 once,
+after its scale, as the table kernels round theirs.
+
+Supported (else :func:`supports` says why and the dispatcher falls back to PyTorch): head dims that are
+powers of two from 32 to 256, code widths of 1, 2, 3, 4 or 8 bits, block scales of 16 or more
+coordinates (a power of two), normalization on the key side only.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+from ._unpack import _row_words, _unpack_tile
+from .combine import launch_combine
+from .._lengths import as_lengths
+from ..split_k import num_sms, split_plan
+from ..token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
+
+_LOG2E = 1.4426950408889634
+# Element / Offset as the kernel's integer constants
+_ELEMENT = {Element.E4M3: 0, Element.E5M2: 1, Element.INT8: 2, Element.UINT: 3, Element.CODEBOOK: 4,
+            Element.E2M1: 5}
+_OFFSET = {Offset.NONE: 0, Offset.PACKED_ZP: 1, Offset.ZERO: 2}
+_BLOCK_SCALE = {BlockScale.E4M3: 0, BlockScale.UE8M0: 1}
+
+
+@triton.jit
+def _e4m3(c):
+    """fp8 e4m3 bit patterns (int32) as float32: the 7 magnitude bits are an fp16 pattern 2^8 too small
+    (subnormals included); 0x7f / 0xff, e4m3's NaN, as NaN."""
+    mag = (((c & 127) << 7).to(tl.int16).to(tl.float16, bitcast=True)).to(tl.float32) * 256.0
+    y = tl.where((c & 128) != 0, -mag, mag)
+    return tl.where((c & 127) == 127, float("nan"), y)
+
+
+@triton.jit
+def _chunk(CODES, SCALE, offs, mask_n, C0: tl.constexpr, CW: tl.constexpr, ELEM: tl.constexpr,
+           BITS: tl.constexpr, ROW: tl.constexpr, OFF: tl.constexpr, GROUP: tl.constexpr,
+           BLOCK_SCALE: tl.constexpr, CB, zp, HW_FP8: tl.constexpr):
+    """Coordinates [C0, C0 + CW) of tokens ``offs`` as float32 [BLOCK_N, CW]: the codes read as numbers
+    (whole 32-bit words per thread, :mod:`._unpack`), less the packed zero point ``zp`` [BLOCK_N], times
+    the block's scale where the chunk is one scale group (CW == GROUP). 0 where masked. HW_FP8: e4m3 by the
+    hardware's conversion (compiled kernels), else by integer arithmetic (the interpreter)."""
+    if BITS == 8:  # bytes: a plain tile load, converted by the hardware where it can
+        byte = tl.load(CODES + offs[:, None] * ROW + C0 + tl.arange(0, CW)[None, :], mask=mask_n[:, None], other=0)
+        c = byte.to(tl.int32)
+    else:
+        w0, w1, w2 = _row_words(CODES + offs * ROW, mask_n, C0, CW, BITS)
+        c = _unpack_tile(w0, w1, w2, offs.shape[0], CW, BITS, 0, 0.0, 0.0, CB)
+    if ELEM == 0:
+        if HW_FP8:
+            y = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            y = _e4m3(c)
+    elif ELEM == 1:  # e5m2 is the high byte of an fp16
+        y = ((c << 8).to(tl.int16).to(tl.float16, bitcast=True)).to(tl.float32)
+    elif ELEM == 2:  # int8, two's complement
+        y = byte.to(tl.int8, bitcast=True).to(tl.float32)
+    elif ELEM == 3:
+        y = c.to(tl.float32)
+    elif ELEM == 4:
+        y = tl.load(CB + c)
+    else:  # e2m1: magnitudes m / 2 below 2, then (2 + low bit) * 2^(m / 2 - 2)
+        m = c & 7
+        big = (2 + (m & 1)).to(tl.float32) * tl.exp2(((m >> 1) - 2).to(tl.float32))
+        mag = tl.where(m < 2, m.to(tl.float32) * 0.5, big)
+        y = tl.where((c & 8) != 0, -mag, mag)
+    if OFF == 1:
+        y = y - zp[:, None]
+    if GROUP > 0:  # one scale byte for the chunk's coordinates
+        sb = tl.load(SCALE + offs * (ROW * 8 // BITS // GROUP) + C0 // GROUP, mask=mask_n,
+                     other=0).to(tl.int32)
+        if BLOCK_SCALE == 0:
+            y = y * _e4m3(sb)[:, None]
+        else:
+            y = y * tl.exp2((sb - 127).to(tl.float32))[:, None]
+    return y
+
+
+@triton.jit
+def _token_scale(SCALE, ZERO, offs, mask_n, scale_const, HAS_SCALE: tl.constexpr, OFF: tl.constexpr,
+                 GROUP: tl.constexpr):
+    """One side's per-token factors of tokens ``offs``: (scale, zero point, additive zero), [BLOCK_N] each."""
+    sc = tl.zeros([offs.shape[0]], tl.float32) + scale_const
+    if HAS_SCALE and GROUP == 0:
+        sc = tl.load(SCALE + offs, mask=mask_n, other=0.0).to(tl.float32)
+    zp = tl.zeros([offs.shape[0]], tl.float32)
+    if OFF == 1:  # the zero point rides in the scale's low 4 mantissa bits
+        bits = sc.to(tl.int32, bitcast=True)
+        zp = (bits & 15).to(tl.float32)
+        sc = (bits & -16).to(tl.float32, bitcast=True)
+    zero = tl.zeros([offs.shape[0]], tl.float32)
+    if OFF == 2:
+        zero = tl.load(ZERO + offs, mask=mask_n, other=0.0).to(tl.float32)
+    return sc, zp, zero
+
+
+@triton.jit
+def _token_block(start, hi, m_i, l_i, acc, fk, fsum, s_scale, KC, KS, KZ, KCB, VC, VS, VZ, VCB, k_scale, v_scale,
+                 D: tl.constexpr, BLOCK_N: tl.constexpr, K_CW: tl.constexpr, V_CW: tl.constexpr,
+                 K_ELEM: tl.constexpr, K_BITS: tl.constexpr, K_ROW: tl.constexpr, K_HAS_SCALE: tl.constexpr,
+                 K_OFF: tl.constexpr, K_NORMALIZE: tl.constexpr, K_GROUP: tl.constexpr, K_BLOCK_SCALE: tl.constexpr,
+                 V_ELEM: tl.constexpr, V_BITS: tl.constexpr, V_ROW: tl.constexpr, V_HAS_SCALE: tl.constexpr,
+                 V_OFF: tl.constexpr, V_GROUP: tl.constexpr, V_BLOCK_SCALE: tl.constexpr, HW_FP8: tl.constexpr):
+    """BLOCK_N tokens from ``start``: scores, online softmax, values. -> (m, l, acc: chunks [V_CW, GP])."""
+    offs = start + tl.arange(0, BLOCK_N)
+    mask_n = offs < hi
+    ks, kzp, kz = _token_scale(KS, KZ, offs, mask_n, k_scale, K_HAS_SCALE, K_OFF, K_GROUP)
+    # scores transposed, [BLOCK_N, GP]: the tokens on the M side of the tensor-core product
+    raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
+    nrm2 = tl.zeros([BLOCK_N], tl.float32)
+    for c in tl.static_range(D // K_CW):
+        y = _chunk(KC, KS, offs, mask_n, c * K_CW, K_CW, K_ELEM, K_BITS, K_ROW, K_OFF, K_GROUP, K_BLOCK_SCALE, KCB,
+                   kzp, HW_FP8)
+        if K_NORMALIZE:
+            nrm2 += tl.sum(y * y, 1)
+        raw = tl.dot(y.to(tl.float16), fk[c], raw)
+    if K_NORMALIZE:
+        ks = ks / tl.sqrt(nrm2 + 1e-16)
+    s = raw * ks[:, None] + kz[:, None] * fsum[None, :]
+    s = tl.where(mask_n[:, None], s * s_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 0))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[None, :])
+    l_i = l_i * alpha + tl.sum(p, 0)
+    p16 = p.to(tl.float16)
+    vs, vzp, vz = _token_scale(VS, VZ, offs, mask_n, v_scale, V_HAS_SCALE, V_OFF, V_GROUP)
+    acc_new = ()
+    for c in tl.static_range(D // V_CW):
+        y = _chunk(VC, VS, offs, mask_n, c * V_CW, V_CW, V_ELEM, V_BITS, V_ROW, V_OFF, V_GROUP, V_BLOCK_SCALE, VCB,
+                   vzp, HW_FP8)
+        v = tl.where(mask_n[:, None], y * vs[:, None] + vz[:, None], 0.0).to(tl.float16)
+        acc_new = acc_new + (tl.dot(tl.trans(v), p16, acc[c] * alpha[None, :]),)
+    return m_new, l_i, acc_new
+
+
+@triton.jit(do_not_specialize=["T_alloc", "chunk", "num_splits"])
+def _token_split_kernel(
+    QF, KC, KS, KZ, KCB, VC, VS, VZ, VCB, LENS, OACC, OML,
+    T_alloc, H, chunk, num_splits, k_scale, v_scale, sm_scale_log2,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, K_CW: tl.constexpr,
+    V_CW: tl.constexpr,
+    K_ELEM: tl.constexpr, K_BITS: tl.constexpr, K_ROW: tl.constexpr, K_HAS_SCALE: tl.constexpr,
+    K_OFF: tl.constexpr, K_NORMALIZE: tl.constexpr, K_GROUP: tl.constexpr, K_BLOCK_SCALE: tl.constexpr,
+    V_ELEM: tl.constexpr, V_BITS: tl.constexpr, V_ROW: tl.constexpr, V_HAS_SCALE: tl.constexpr,
+    V_OFF: tl.constexpr, V_NORMALIZE: tl.constexpr, V_GROUP: tl.constexpr, V_BLOCK_SCALE: tl.constexpr,
+    STATIC_ITERS: tl.constexpr, HAS_LENS: tl.constexpr, HW_FP8: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    if HAS_LENS:
+        L = tl.minimum(tl.load(LENS + b), T_alloc)
+    else:
+        L = T_alloc
+    lo = pid_s * chunk
+    hi = tl.minimum(lo + chunk, L)
+
+    # the rotated query of the G heads in chunks [K_CW, GP] fp16, kept in range by a power of two
+    g = tl.arange(0, GP)
+    qrow = QF + (pid_bh * G + g)[:, None] * D
+    qn2 = tl.zeros([GP], tl.float32)
+    for c in tl.static_range(D // K_CW):
+        qc = tl.load(qrow + c * K_CW + tl.arange(0, K_CW)[None, :], mask=(g < G)[:, None], other=0.0)
+        qn2 += tl.sum(qc * qc, 1)
+    qmax = tl.max(tl.sqrt(qn2), 0)
+    qsc = tl.where(qmax > 16384.0, tl.exp2(tl.ceil(tl.log2(qmax / 16384.0))), 1.0)
+    fk = ()
+    fsum = tl.zeros([GP], tl.float32)  # what an additive key zero adds to each score
+    for c in tl.static_range(D // K_CW):
+        qc = tl.load(qrow + c * K_CW + tl.arange(0, K_CW)[None, :], mask=(g < G)[:, None], other=0.0)
+        f = tl.trans((qc / qsc).to(tl.float16))
+        fsum += tl.sum(f.to(tl.float32), 0)
+        fk = fk + (f,)
+    s_scale = sm_scale_log2 * qsc
+
+    t0 = pid_bh.to(tl.int64) * T_alloc  # this (batch, head)'s token 0
+    KC += t0 * K_ROW
+    VC += t0 * V_ROW
+    KS += t0 * (D // K_GROUP if K_GROUP > 0 else 1)  # a scale per token, or per group of coordinates
+    VS += t0 * (D // V_GROUP if V_GROUP > 0 else 1)
+    KZ += t0
+    VZ += t0
+    m_i = tl.full([GP], -1.0e30, tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = ()  # transposed output accumulator, chunks [V_CW, GP]
+    for c in tl.static_range(D // V_CW):
+        acc = acc + (tl.zeros([V_CW, GP], tl.float32),)
+    if STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
+        for it in range(0, STATIC_ITERS):
+            m_i, l_i, acc = _token_block(
+                lo + it * BLOCK_N, hi, m_i, l_i, acc, fk, fsum, s_scale, KC, KS, KZ, KCB, VC, VS, VZ, VCB,
+                k_scale, v_scale, D, BLOCK_N, K_CW, V_CW, K_ELEM, K_BITS, K_ROW, K_HAS_SCALE, K_OFF, K_NORMALIZE,
+                K_GROUP, K_BLOCK_SCALE, V_ELEM, V_BITS, V_ROW, V_HAS_SCALE, V_OFF, V_GROUP, V_BLOCK_SCALE, HW_FP8)
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            m_i, l_i, acc = _token_block(
+                start, hi, m_i, l_i, acc, fk, fsum, s_scale, KC, KS, KZ, KCB, VC, VS, VZ, VCB,
+                k_scale, v_scale, D, BLOCK_N, K_CW, V_CW, K_ELEM, K_BITS, K_ROW, K_HAS_SCALE, K_OFF, K_NORMALIZE,
+                K_GROUP, K_BLOCK_SCALE, V_ELEM, V_BITS, V_ROW, V_HAS_SCALE, V_OFF, V_GROUP, V_BLOCK_SCALE, HW_FP8)
+
+    part = pid_bh * num_splits + pid_s
+    gm = g < G
+    inv_l = tl.where(l_i > 0, 1.0 / tl.maximum(l_i, 1e-30), 0.0)
+    for c in tl.static_range(D // V_CW):
+        dc = c * V_CW + tl.arange(0, V_CW)
+        tl.store(OACC + (part * GP + g)[None, :] * D + dc[:, None], (acc[c] * inv_l[None, :]).to(tl.float16),
+                 mask=gm[None, :])
+    tl.store(OML + part * GP + g, tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -1.0e30), mask=gm)
+
+
+def supports(codec, q_dtype=torch.bfloat16) -> str | None:
+    """None when this kernel handles the codec (from its declared token layout), else why not."""
+    layout = codec.token_layout()
+    if layout is None:
+        return f"codec '{codec.name}' has no per-token fused kernel (it declares no token layout)"
+    D = codec.head_dim
+    if D < 32 or D > 256 or D & (D - 1):
+        return f"head_dim {D} is not a power of two from 32 to 256"
+    if q_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"query dtype {q_dtype} not supported"
+    for side in (layout.keys, layout.values):
+        if side.bits not in (1, 2, 3, 4, 8):
+            return f"code width {side.bits} not in (1, 2, 3, 4, 8)"
+        if side.group is not None and (side.group < 16 or side.group & (side.group - 1) or side.bits == 3):
+            return (f"block scales of {side.group} coordinates at {side.bits} bits "
+                    "(the kernel reads groups of a power of two >= 16, at 1, 2, 4 or 8 bits)")
+    if layout.values.normalize:
+        return "normalized values (the kernel normalizes keys only)"
+    return None
+
+
+class _SidePlan:
+    """One side's device constants: codebook and rotation on the device, the kernel's constexprs."""
+
+    def __init__(self, side: TokenCodes, D: int, device):
+        self.side = side
+        self.codebook = None if side.codebook is None else side.codebook.float().to(device).contiguous()
+        self.rotation = None if side.rotation is None else side.rotation.float().to(device).contiguous()
+        self.constants = dict(ELEM=_ELEMENT[side.element], BITS=side.bits, ROW=side.row_bytes(D),
+                              HAS_SCALE=side.scale_field is not None, OFF=_OFFSET[side.offset],
+                              NORMALIZE=side.normalize, GROUP=side.group or 0,
+                              BLOCK_SCALE=_BLOCK_SCALE[side.block_scale],
+                              CW=side.group or min(64, D))  # coordinates per chunk: a scale group, or 64
+
+
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _plans(codec, device) -> tuple[_SidePlan, _SidePlan]:
+    """Built once per (codec, device) and kept while the codec lives (a decode loop asks every step)."""
+    per_codec = _PLANS.setdefault(codec, {})
+    key = str(device)
+    if key not in per_codec:
+        layout: TokenLayout = codec.token_layout()
+        per_codec[key] = (_SidePlan(layout.keys, codec.head_dim, device),
+                          _SidePlan(layout.values, codec.head_dim, device))
+    return per_codec[key]
+
+
+def _fields(state, plan: _SidePlan, fallback):
+    side = plan.side
+    t = state.tensors
+    codes = t[side.codes_field].contiguous()
+    scale = t[side.scale_field].contiguous() if side.scale_field else fallback
+    zero = t[side.zero_field].contiguous() if side.zero_field else fallback
+    return codes, scale, zero, plan.codebook if plan.codebook is not None else fallback
+
+
+def decode_attention_tokens(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
+                            window_lengths=None, scale=None, *, return_lse: bool = False, block_n: int = 64,
+                            num_splits: int | None = None, num_warps: int = 4):
+    """Fused decode attention over a token layout. Shapes as :func:`kernels.attention.decode_attention`;
+    returns out [B, Hq, 1, d] in q's dtype, and with ``return_lse`` also lse [B, Hq] float32 (the natural
+    log-sum-exp of the scaled scores). ``block_n`` tokens per block (a multiple of 64); ``num_splits``
+    splits per (batch, KV head) (default: sized to fill the device)."""
+    B, Hq, Tq, D = q.shape
+    assert Tq == 1, "decode attention takes one query token"
+    dev = q.device
+    kp, vp = _plans(codec, dev)
+    codes_k = key_state.tensors[kp.side.codes_field]
+    Hkv, T = codes_k.shape[-3], codes_k.shape[-2]
+    G = Hq // Hkv
+    GP = max(16, triton.next_power_of_2(G))
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    lens = None if lengths is None else as_lengths(lengths, B, dev)
+    qf = q.reshape(B * Hq, D).float()
+    if kp.rotation is not None:  # scores are y . (M q): rotate the query once
+        qf = qf @ kp.rotation.T
+    qf = qf.contiguous()
+
+    # 4 programs of 4 warps per SM
+    num_splits, chunk, per = split_plan(T, block_n, B * Hkv, 4 * num_sms(dev), num_splits)
+
+    kc, ks, kz, kcb = _fields(key_state, kp, qf)
+    vc, vs, vz, vcb = _fields(value_state, vp, qf)
+    oacc = torch.empty(B * Hkv * num_splits * GP, D, dtype=torch.float16, device=dev)
+    oml = torch.empty(B * Hkv * num_splits * GP, dtype=torch.float32, device=dev)
+    sm_scale_log2 = scale * _LOG2E
+    kconst = {f"K_{k}": v for k, v in kp.constants.items()}
+    vconst = {f"V_{k}": v for k, v in vp.constants.items()}
+    _token_split_kernel[(num_splits, B * Hkv)](
+        qf, kc, ks, kz, kcb, vc, vs, vz, vcb, lens if lens is not None else qf, oacc, oml,
+        T, Hkv, chunk, num_splits, float(kp.side.scale), float(vp.side.scale), sm_scale_log2,
+        G=G, GP=GP, D=D, BLOCK_N=block_n, **kconst, **vconst,
+        STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None, HW_FP8=not interpreting(),
+        num_warps=num_warps,
+    )
+    if vp.rotation is not None:  # partials back to the model's frame: the merge below is linear in them
+        oacc = (oacc.float() @ vp.rotation).to(torch.float16)
+
+    out, lse, _ = launch_combine(q, window_k, window_v, window_lengths, oacc, oml, Hkv, GP, num_splits,
+                                 sm_scale_log2, return_lse)
+    return (out, lse) if return_lse else out
