@@ -2,6 +2,8 @@
 
 - :mod:`.decode_attention`: split-K flash-decoding attention that reads packed key codes
   (OCTOPUS, OCTOPUS-QJL, TurboQuant-MSE/-prod) and group-quantized values, plus a native window.
+- :mod:`.token_attention`: the same over per-token scalar codes (the engines' KV-cache presets), read as
+  their ``codec.token_layout()`` declares (:mod:`kernels.token_layout`); :mod:`.combine` is shared.
 - :mod:`.octopus_encode`, :mod:`.turboquant_encode`: fused key encoders producing the reference states;
   :mod:`.encoders` says which writes which key layout.
 

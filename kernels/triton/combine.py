@@ -1,6 +1,8 @@
-"""Kernel 2 of the fused decode attention (:mod:`kernels.triton.decode_attention`): merges the
-splits' partial outputs by log-sum-exp and attends the native window in the same softmax; one
-query head x DC output coordinates per program. Scores are in the log2 domain (exp2)."""
+"""What the split-K decode kernels share (:mod:`kernels.triton.decode_attention`,
+:mod:`kernels.triton.token_attention`): kernel 1's partial results (:func:`_store_partials`) and kernel 2,
+which merges the splits' partial outputs by log-sum-exp and attends the native window in the same
+softmax, one query head x DC output coordinates per program (:func:`launch_combine`). Scores are in
+the log2 domain (exp2)."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +11,20 @@ import triton.language as tl
 
 from . import interpreting
 from .._lengths import as_lengths
+
+
+@triton.jit
+def _store_partials(OACC, OML, acc, m_i, l_i, part, g, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                    CW: tl.constexpr):
+    """Kernel 1's result for split ``part``: the normalised output (fp16) from the transposed accumulator
+    chunks ``acc`` [CW, GP], and the log2-sum-exp of each query head (-1e30 where nothing was attended)."""
+    gm = g < G
+    inv_l = tl.where(l_i > 0, 1.0 / tl.maximum(l_i, 1e-30), 0.0)
+    for c in tl.static_range(D // CW):
+        dc = c * CW + tl.arange(0, CW)
+        tl.store(OACC + (part * GP + g)[None, :] * D + dc[:, None], (acc[c] * inv_l[None, :]).to(tl.float16),
+                 mask=gm[None, :])
+    tl.store(OML + part * GP + g, tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -1.0e30), mask=gm)
 
 
 @triton.jit

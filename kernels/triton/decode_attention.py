@@ -46,7 +46,7 @@ import triton.language as tl
 
 from . import interpreting
 from ._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
-from .combine import launch_combine
+from .combine import _store_partials, launch_combine
 from .._lengths import as_lengths
 from ..fused_layout import KeyCodes
 from ..split_k import num_sms, split_plan
@@ -233,14 +233,7 @@ def _split_kernel(
                 VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
 
     # ---- partial results: normalised output (fp16) and log2-sum-exp per query head ----------
-    part = pid_bh * num_splits + pid_s
-    gm = g < G
-    inv_l = tl.where(l_i > 0, 1.0 / tl.maximum(l_i, 1e-30), 0.0)
-    for c in tl.static_range(D // CW):
-        dc = c * CW + tl.arange(0, CW)
-        tl.store(OACC + (part * GP + g)[None, :] * D + dc[:, None], (acc[c] * inv_l[None, :]).to(tl.float16),
-                 mask=gm[None, :])
-    tl.store(OML + part * GP + g, tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -1.0e30), mask=gm)
+    _store_partials(OACC, OML, acc, m_i, l_i, pid_bh * num_splits + pid_s, g, G, GP, D, CW)
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from . import interpreting
 from ._unpack import _row_words, _unpack_tile
-from .combine import launch_combine
+from .combine import _store_partials, launch_combine
 from .._lengths import as_lengths
 from ..split_k import num_sms, split_plan
 from ..token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
@@ -224,14 +224,7 @@ def _token_split_kernel(
                 k_scale, v_scale, D, BLOCK_N, K_CW, V_CW, K_ELEM, K_BITS, K_ROW, K_HAS_SCALE, K_OFF, K_NORMALIZE,
                 K_GROUP, K_BLOCK_SCALE, V_ELEM, V_BITS, V_ROW, V_HAS_SCALE, V_OFF, V_GROUP, V_BLOCK_SCALE, HW_FP8)
 
-    part = pid_bh * num_splits + pid_s
-    gm = g < G
-    inv_l = tl.where(l_i > 0, 1.0 / tl.maximum(l_i, 1e-30), 0.0)
-    for c in tl.static_range(D // V_CW):
-        dc = c * V_CW + tl.arange(0, V_CW)
-        tl.store(OACC + (part * GP + g)[None, :] * D + dc[:, None], (acc[c] * inv_l[None, :]).to(tl.float16),
-                 mask=gm[None, :])
-    tl.store(OML + part * GP + g, tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -1.0e30), mask=gm)
+    _store_partials(OACC, OML, acc, m_i, l_i, pid_bh * num_splits + pid_s, g, G, GP, D, V_CW)
 
 
 def supports(codec, q_dtype=torch.bfloat16) -> str | None:
