@@ -65,7 +65,7 @@ def why_not(model, cache, steps: int, capture: bool = True) -> str | None:
         return "attention logit soft-capping (the fused kernels do not cap)"
     for i, layer in enumerate(cache.layers):
         if not isinstance(layer, CompressedLayer):
-            return f"layer {i} attends through a sliding window (transformers' own cache layer)"
+            return f"layer {i} is transformers' own cache layer (a sliding window, or its quantized cache)"
         why = layer_why_not(layer.kv)
         if why is not None:
             return f"layer {i}: {why}"

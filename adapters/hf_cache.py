@@ -18,6 +18,9 @@ Two pieces, used together:
   cache layer is transformers' own (:class:`NativeSlidingLayer`), whose keys are untagged, so they
   attend exactly as with a ``DynamicCache``; what they hold is mirrored into their (codec-free)
   :class:`LayerKV`, so the cache's byte counts include it.
+- Codecs that are transformers' own quantized cache (``hf-quanto``, ``hf-hqq``) store every codec layer in
+  transformers' ``QuantoQuantizedLayer`` / ``HQQQuantizedLayer`` (:mod:`adapters.hf_library_layer`), whose
+  keys reach the model's own attention untagged in the same way.
 
 ``with attach(model) as new_cache:`` switches the model's attention implementation to
 ``kvcodec`` and restores it on exit; ``new_cache(cache_config)`` builds a cache to pass to
@@ -54,6 +57,7 @@ from kernels import make_codec
 
 from .hf_arch import UnservableModel, attention_softcap, decoder_arch, geometry, refuse_padding, servable
 from .hf_compat import cache_kwargs, check_transformers, passed_cache
+from .hf_library_layer import is_library_layer, library_layer
 from .hf_sliding import NativeSlidingLayer
 from .kv_cache import CacheConfig, CompressedKVCache, LayerKV
 from .padded_batch import pads_from_mask
@@ -192,7 +196,12 @@ class CompressedCache(Cache):
 
     def _layer(self, i: int) -> CacheLayerMixin:
         w = self.arch.windows[i]
-        return CompressedLayer(self.kv[i], i) if w is None else NativeSlidingLayer(self.kv[i], w)
+        if w is not None:
+            return NativeSlidingLayer(self.kv[i], w)
+        codec = self.kv[i].codec
+        if codec is not None and hasattr(codec, "transformers_cache_config"):  # stored by transformers itself
+            return library_layer(self.kv[i], codec)
+        return CompressedLayer(self.kv[i], i)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """key_states/value_states [B, Hkv, t, d] of layer ``layer_idx``, checked against the geometry
@@ -214,7 +223,7 @@ class CompressedCache(Cache):
         other.kv = self.kv.fork()
         other.layers = []
         for i, old in enumerate(self.layers):
-            if isinstance(old, NativeSlidingLayer):  # its tensors are never written in place: share them
+            if not isinstance(old, CompressedLayer):  # transformers' own: never written in place, share them
                 new = copy.copy(old)
                 new.kv = other.kv[i]
             else:
@@ -232,6 +241,8 @@ class CompressedCache(Cache):
         """Each sequence repeated ``n`` times in place (b -> b n .. b n + n - 1): a batch-1 cache made a
         batch of n (throughput measurements). Sliding-window layers repeat transformers' own tensors
         too (its ``batch_repeat_interleave``), then mirror them into the byte counts again."""
+        if any(is_library_layer(layer) for layer in self.layers):
+            raise NotImplementedError("transformers' quantized cache cannot repeat its batch")
         self.kv.repeat_batch(n)
         for layer in self.layers:
             if isinstance(layer, NativeSlidingLayer) and layer.is_initialized:
@@ -259,7 +270,7 @@ class CompressedCache(Cache):
         if layer.kv.columns or getattr(layer, "pending", None) is not None:
             raise RuntimeError(f"layer {layer_idx}: replay needs an empty cache layer")
         self._check_geometry(layer_idx, native.keys, native.values)
-        if isinstance(layer, NativeSlidingLayer):
+        if not isinstance(layer, CompressedLayer):  # transformers' own layer takes the prefill itself
             layer.load(native)
             return
         k, v = native.keys, native.values

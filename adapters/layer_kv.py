@@ -80,6 +80,8 @@ class LayerKV:
         self._dec_valid, self._dec_version = 0, -1
         # non-finite keys/values of single-token (decode) steps, raised at the next chunk or stats()
         self.finite = DeferredFinite()
+        # (key bytes, value bytes) of the whole batch where a library's layer stores this one (hold_library)
+        self.library_bytes: tuple[int, int] | None = None
 
     def fork(self) -> "LayerKV":
         """An independent copy that shares the codec and the encoded states (copied on write)."""
@@ -168,6 +170,18 @@ class LayerKV:
         self.window_k, self.window_v = k, v
         self.seq_window, self._seen, self.seq_committed = [T] * B, [T] * B, [0] * B
         self._token_bytes = k[0, ..., 0, :].numel() * k.element_size() + v[0, ..., 0, :].numel() * v.element_size()
+
+    def hold_library(self, nbytes: tuple[int, int], batch: int, quantized: int, residual: int,
+                     token_bytes: int) -> None:
+        """Mirror a layer that transformers' quantized cache stores (:mod:`adapters.hf_library_layer`):
+        ``nbytes`` (key bytes, value bytes) of its quantized tensors for the whole batch, ``quantized``
+        tokens in them and ``residual`` tokens in the model's dtype (``token_bytes`` a native token's key
+        and value), the same for every sequence (the library keeps a padded batch's columns)."""
+        self.library_bytes = nbytes
+        self.seq_committed, self.seq_window = [quantized] * batch, [residual] * batch
+        self._seen = [quantized + residual] * batch
+        self._token_bytes = token_bytes
+        self.columns = quantized + residual
 
     def repeat_batch(self, n: int) -> None:
         """Each sequence repeated ``n`` times in place (b -> b*n .. b*n + n-1): a batch-1 cache made a batch."""
@@ -352,6 +366,8 @@ class LayerKV:
 
         kb = 0 if self.store_k is None else self.store_k.nbytes(seq)
         vb = 0 if self.store_v is None else self.store_v.nbytes(seq)
+        if self.library_bytes is not None:  # a sequence's share of what the library holds for the batch
+            kb, vb = (b if seq is None else b // len(self.seq_committed) for b in self.library_bytes)
         win = count(self.seq_window) * self._token_bytes
         native = win if self.codec is None else 0
         return {"compressed": kb + vb, "compressed_keys": kb, "compressed_values": vb,

@@ -71,6 +71,8 @@ def why_not(kv: LayerKV) -> str | None:
         return "the batch's sequences differ in length (a padded batch)"
     if kv.codec is None:
         return None
+    if kv.library_bytes is not None:
+        return "transformers' quantized cache stores this layer"
     if kv.config.residual_unit != "token":
         return f"residual_unit '{kv.config.residual_unit}' commits whole appends"
     if kv.codec.token_block != 1:

@@ -1,7 +1,8 @@
 """``harness bench``: fused decode-attention latency and bandwidth, and fused encode throughput.
 
 Per (shape, batch, context, codec, bits): one decode step of the fused Triton kernel
-(:func:`kernels.triton.decode_attention.decode_attention_fused`) and, where it covers the codec,
+(:func:`kernels.triton.decode_attention.decode_attention_fused`; for an engine's preset, which declares a
+token layout, :func:`kernels.triton.token_attention.decode_attention_tokens`) and, where it covers the codec,
 the table-lookup CUDA kernel (:func:`kernels.cuda.decode_lut.decode_attention_lut`, OCTOPUS,
 TurboQuant-MSE and their QJL forms; the path 'auto' takes first) against, in the same process, (a) torch SDPA in bf16 on the uncompressed
 cache (flash backend) and (b) dequantize-then-SDPA (the codec's PyTorch decode of keys and

@@ -266,12 +266,13 @@ PRESETS: dict[str, dict] = {
             "needle": {"contexts": [1024, 2048], "repeats": 2},
         },
     },
-    # the KV caches engines deploy (kernels/vllm_kv.py), each at its own bits, beside OCTOPUS and TurboQuant-MSE
+    # the KV caches engines deploy (kernels/vllm_kv.py, vllm_turboquant.py, sglang_kv.py, hf_quantized.py), each
+    # at its own bits, beside OCTOPUS and TurboQuant-MSE
     "deployed": {
         "codecs": ["octopus", "turboquant-mse", "vllm-fp8@8", "vllm-fp8-e5m2@8", "vllm-fp8-per-token-head@8",
-                   "vllm-int8-per-token-head@8", "vllm-int4-per-token-head@4", "vllm-turboquant-k8v4@8",
+                   "vllm-int8-per-token-head@8", "vllm-int4-per-token-head@4", "vllm-nvfp4@4", "vllm-turboquant-k8v4@8",
                    "vllm-turboquant-4bit-nc@4", "vllm-turboquant-k3v4-nc@3", "vllm-turboquant-3bit-nc@3",
-                   "sglang-fp8-e4m3@8", "sglang-fp8-e5m2@8"],
+                   "sglang-fp8-e4m3@8", "sglang-fp8-e5m2@8", "sglang-fp4-e2m1@4", "hf-quanto@2,4", "hf-hqq@2,4"],
         "bits": [2, 3, 4],
     },
     # RULER's niah defaults (its scripts/synthetic.yaml and constants.py): 4 needles, 128 tokens to generate

@@ -92,6 +92,14 @@ def _per_token_head_ref(x: np.ndarray, kind: str) -> np.ndarray:
     return (np.trunc(y) if kind == "int8" else fp8_round(y, "e4m3")) * scale
 
 
+def _quanto_ref(x: np.ndarray, bits: int, group: int = 64) -> np.ndarray:
+    """Round-to-nearest (half to even) on each group's [min, max] grid of 2^bits levels."""
+    g = x.reshape(-1, group)
+    lo, hi = g.min(-1, keepdims=True), g.max(-1, keepdims=True)
+    scale = (hi - lo) / (2 ** bits - 1)
+    return (np.clip(np.round((g - lo) / scale), 0, 2 ** bits - 1) * scale + lo).reshape(x.shape)
+
+
 def _fp4_ref(x: np.ndarray, name: str) -> np.ndarray:
     """Blocks of 16 coordinates, each rounded to the nearest e2m1 value (0, .5, 1, 1.5, 2, 3, 4, 6; by
     distance) after its block's scale: amax / 6 rounded to e4m3 (vLLM's nvfp4) or the power of two at or
@@ -174,6 +182,11 @@ def reference_distortion(name: str, bits: int, u: torch.Tensor) -> tuple[float, 
         return float(((x - _lloyd_max_nc_ref(x, bits, correct=name.endswith("-nc"))) ** 2).sum(-1).mean()), 0.03
     if name in ("vllm-nvfp4", "sglang-fp4-e2m1"):  # the same vectors, blocks of 16 with their own scale
         return float(((x - _fp4_ref(x, name)) ** 2).sum(-1).mean()), 1e-3
+    if name == "hf-quanto":  # optimum-quanto's min-max affine codes per group of 64 coordinates (float32 here)
+        return float(((x - _quanto_ref(x, bits)) ** 2).sum(-1).mean()), 1e-3
+    if name == "hf-hqq":  # HQQ refines min-max codes: at most plain round-to-nearest on the same groups (an upper
+        # bound; measured 8-60% below it)
+        return float(((x - _quanto_ref(x, bits)) ** 2).sum(-1).mean()), 0.0
     if name == "vllm-int4-per-token-head":  # after a random-sign Hadamard rotation: another draw of the same
         # distribution (as quarot); the per-token extremes spread the mean by ~1%
         return float(((x - _int4_zero_point_ref(x)) ** 2).sum(-1).mean()), 0.03

@@ -33,13 +33,16 @@ def test_the_deployed_preset_runs_every_preset_at_its_bits(tmp_path):
     deployed = PRESETS["deployed"]
     config = text_run_config(tmp_path, tasks=("perplexity",), codecs=deployed["codecs"], bits=deployed["bits"],
                              limit=1, codec_seeds=[0], batch_size=1)
-    out = run(config, out=tmp_path / "run", model=tiny_causal_lm(head_dim=32), progress=False, log=lambda *_: None)
+    out = run(config, out=tmp_path / "run", model=tiny_causal_lm(head_dim=64), progress=False, log=lambda *_: None)
     labels = {r["label"] for r in read_rows(out / "rows.jsonl")}
-    presets = {c for c in deployed["codecs"] if "@" in c}
+    presets = {c for c in deployed["codecs"] if "@" in c and "," not in c} | {"hf-quanto@2", "hf-quanto@4",
+                                                                             "hf-hqq@2", "hf-hqq@4"}
     assert presets <= labels and {"octopus@2", "turboquant-mse@4", "none"} <= labels
     assert "vllm-fp8@2" not in labels  # a preset runs at its own bits only
     int4 = next(r for r in read_rows(out / "rows.jsonl") if r["label"] == "vllm-int4-per-token-head@4")
-    assert int4["bits_per_coord"] == pytest.approx(4 + 32 / 32)  # d/2 bytes + a float32 scale per 32 coordinates
+    assert int4["bits_per_coord"] == pytest.approx(4 + 32 / 64)  # d/2 bytes + a float32 scale per 64 coordinates
+    quanto = next(r for r in read_rows(out / "rows.jsonl") if r["label"] == "hf-quanto@4")
+    assert quanto["bits_per_coord"] == pytest.approx(4 + 2 * 32 / 64)  # + float32 scale and shift per group of 64
     # the report answers the question directly: every research codec against every deployed cache, paired
     t = json.loads((out / "summary.json").read_text())["tasks"]["perplexity"]
     research = {"octopus@2", "octopus@3", "octopus@4", "turboquant-mse@2", "turboquant-mse@3", "turboquant-mse@4"}

@@ -19,7 +19,8 @@ from kernels import list_codecs
 QUIET = dict(progress=False, log=lambda *_: None)
 
 
-@pytest.mark.parametrize("codec", [c for c in list_codecs() if c != "none"])
+# transformers' own quantized cache (hf-quanto, hf-hqq) keeps its tensors where the keys are: no codec of ours moves
+@pytest.mark.parametrize("codec", [c for c in list_codecs() if c != "none" and not c.startswith("hf-")])
 def test_each_layer_codec_follows_its_keys_device(codec):
     lm = tiny_causal_lm("qwen2")
     ids = torch.randint(0, 256, (1, 50), generator=torch.Generator().manual_seed(0))
