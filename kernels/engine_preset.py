@@ -94,6 +94,16 @@ class EnginePreset(Codec):
                              f"--value-bits out (got {config.value_bits})")
         self.value_quantizer = _PresetValues(self)
 
+    def token_layout(self):
+        # built once: the decode dispatch asks at every step, inside CUDA graph captures too
+        if not hasattr(self, "_token_layout"):
+            self._token_layout = self._build_token_layout()
+        return self._token_layout
+
+    def _build_token_layout(self):
+        """The preset's :class:`TokenLayout` (tensors on the CPU), or None where no fused kernel reads it."""
+        return None
+
     def _encode(self, keys):
         return Encoded(self._quantize(keys, "k"), tuple(keys.shape), keys.dtype)
 
@@ -136,7 +146,7 @@ class PerTensorFp8(EnginePreset):
     def _dequantize(self, t, side):
         return fp8_value(t["codes"], self.kind) * self._scale(side)
 
-    def token_layout(self):
+    def _build_token_layout(self):
         element = Element(self.kind)
         return TokenLayout(TokenCodes(element, scale=self.opts.k_scale), TokenCodes(element, scale=self.opts.v_scale))
 
@@ -173,7 +183,7 @@ class BlockFp4(EnginePreset):
         y = e2m1_value(unpack_nibbles(t["codes"])).unflatten(-1, (-1, self.group))
         return (y * self._block_scale(t["scale"]).unsqueeze(-1)).flatten(-2) * self._tensor_scale(side)
 
-    def token_layout(self):
+    def _build_token_layout(self):
         def side(s):
             return TokenCodes(Element.E2M1, bits=4, scale_field="scale", scale=self._tensor_scale(s), group=self.group,
                               block_scale=self.block_scale)

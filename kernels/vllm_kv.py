@@ -87,7 +87,7 @@ class _PerTokenHead(EnginePreset):
     def _dequantize(self, t, side):
         return self._load(t["codes"]) * t["scale"]
 
-    def token_layout(self):
+    def _build_token_layout(self):
         side = TokenCodes(self.element, scale_field="scale")
         return TokenLayout(side, side)
 
@@ -165,7 +165,7 @@ class VllmInt4PerTokenHead(EnginePreset):
         y = (q - zp) * scale
         return fwht(y) * self.signs.to(y.device) / self.head_dim  # H (s x) inverted: s H y / d
 
-    def token_layout(self):
+    def _build_token_layout(self):
         # x = s * H y / d = y @ (H diag(s) / d), the zero point in the scale's low bits
         rotation = fwht(torch.eye(self.head_dim)) * rht_signs(self.head_dim) / self.head_dim
         side = TokenCodes(Element.UINT, bits=4, scale_field="scale", offset=Offset.PACKED_ZP, rotation=rotation)

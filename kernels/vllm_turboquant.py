@@ -147,13 +147,14 @@ class _VllmTurboQuant(EnginePreset):
     def _read_values(self, t):
         return self.value_field.unpack(t["codes"]).float() * t["scale"].float() + t["zero"].float()
 
-    def token_layout(self):
+    def _build_token_layout(self):
         values = TokenCodes(Element.UINT, bits=self.value_bits, scale_field="scale", offset=Offset.ZERO,
                             zero_field="zero")
         if self.key_bits == 8:
             return TokenLayout(TokenCodes(Element.E4M3), values)
+        d = self.head_dim  # the tables again on the CPU, where a layout keeps them
         keys = TokenCodes(Element.CODEBOOK, bits=self.key_bits, scale_field="norm", normalize=self.norm_correction,
-                          codebook=self.centroids.cpu(), rotation=self.rotation.cpu())
+                          codebook=lloyd_max_centroids(d, self.key_bits), rotation=hadamard_matrix(d) / math.sqrt(d))
         return TokenLayout(keys, values)
 
 

@@ -223,7 +223,9 @@ def test_every_codec_is_captured_or_left_eager(codec, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         graphed = _greedy(lm, _prompts(1, 300)[0], cfg, "auto", new=12)
-    graphed_here = codec != "kivi"  # kivi commits blocks of 32 tokens: its steps differ in shape
+    # kivi commits blocks of 32 tokens: its steps differ in shape; transformers' own quantized cache (hf-*) holds
+    # its layers in transformers' layer objects, which a graph does not take
+    graphed_here = codec != "kivi" and not codec.startswith("hf-")
     assert captured == ([True] if graphed_here else [])
     same = _greedy(lm, _prompts(1, 300)[0], cfg, "static" if graphed_here else "off", new=12)
     assert graphed["tokens"] == same["tokens"] and torch.equal(graphed["logits"], same["logits"])
