@@ -253,6 +253,37 @@ class CausalLM(ModelAdapter):
         return cache
 
     @torch.no_grad()
+    def converse(self, context: list[int], questions: list[list[int]], max_new_tokens: int,
+                 cache_config: CacheConfig | None, on_turn: Callable[[object], dict] = lambda cache: {}) -> list[dict]:
+        """A chat through one cache: ``context`` prefilled (plain attention, then committed), then per
+        question its tokens fed as one chunk and up to ``max_new_tokens`` greedy tokens, each through the
+        cache, stopping at EOS (the ``turns`` task: SCBench's shared context).
+
+        An answer's last token was generated but not yet fed: it opens the next chunk, so every answer
+        stays in the cache; where the answer ended with EOS and the next question opens with that token
+        (a chat template's end of turn), the question's copy is dropped. Returns per question
+        {'tokens': the answer, 'chunk': the tokens fed before it, 'fed': tokens fed through the cache so
+        far, 'after': ``on_turn(cache)`` as the turn ends (the cache is live only inside this call)}."""
+        eos, out, tokens = self.eos_ids(), [], []
+        # every step runs eagerly (greedy() may replay CUDA graphs of its steps: equal to these to float rounding)
+        with self._session(cache_config) as new_cache:
+            cache, feed = new_cache(), self._feed(1)
+            self._forward(feed, [list(context)], cache, last=True)
+            for question in questions:
+                chunk = list(question)
+                if not (tokens and tokens[-1] in eos and chunk[:1] == tokens[-1:]):
+                    chunk = tokens[-1:] + chunk
+                logits = self._forward(feed, [chunk], cache, last=True)[0, -1]
+                tokens = []
+                while True:
+                    tokens.append(int(logits.argmax()))
+                    if tokens[-1] in eos or len(tokens) == max_new_tokens:
+                        break
+                    logits = self._forward(feed, [tokens[-1:]], cache, last=True)[0, -1]
+                out.append({"tokens": tokens, "chunk": chunk, "fed": feed.seen[0], "after": on_turn(cache)})
+        return out
+
+    @torch.no_grad()
     def greedy(self, prompt: list[int] | list[list[int]], max_new_tokens: int, cache_config: CacheConfig | None,
                force: list[int] | list[list[int]] | str | None = None,
                prefill: int | list[int] | None = None, speed: RolloutClock | None = None,

@@ -2,6 +2,8 @@
 for the ``harness run`` command line (which :mod:`harness.cli` derives from these fields)."""
 from __future__ import annotations
 
+import math
+
 import hashlib
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -67,6 +69,9 @@ class RunConfig:
     prompts: str | None = field(default=None, metadata=cli(
         "prompt source: a path, or for text wikitext2 / c4", default_note="the task's default; text: offline corpus"))
     limit: int | None = field(default=None, metadata=cli("at most this many prompts per task"))
+    margin: float | None = field(default=None, metadata=cli(
+        "non-inferiority margin on each task's headline metric, in its units: the report says which configurations "
+        "are shown to be no worse than the baseline by more than this (a one-sided bound at the 95 percent level)"))
     seed: int = field(default=0, metadata=cli(
         "prompt seed: every draw of the prompts and rollouts (needles, noise, sampling)"))
     codec_seeds: list[int] = field(default_factory=lambda: list(DEFAULT_CODEC_SEEDS), metadata=cli(
@@ -127,6 +132,8 @@ class RunConfig:
                                        or self.limit < 1):
             raise RunError(f"--limit must be a positive number of prompts, got {self.limit}; "
                            f"leave it out to run every prompt")
+        if self.margin is not None and not 0 <= self.margin < math.inf:
+            raise RunError(f"--margin must be a finite number >= 0 (in the headline metric's units), got {self.margin}")
         if self.residual < 0:
             raise RunError(f"--residual must be >= 0 tokens, got {self.residual}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:

@@ -1,10 +1,12 @@
 """Which configurations are better, from paired comparisons on the headline metric.
 
 - :func:`rank`: per bit width, a configuration's rank is 1 + the number of configurations that
-  are significantly better than it (:func:`harness.stats.paired`, 95%), so configurations no
+  are significantly better than it (:func:`harness.binary_stats.compare`, 95%: McNemar's exact test
+  for pass/fail cells, the interval of the paired differences otherwise), so configurations no
   comparison can tell apart share a rank (1, 1, 3); listed best mean first.
 - :func:`front`: the rate-matched view across bit widths: a configuration is on the front
   unless another one storing no more (``cache_bits_per_coord``) is significantly better.
+- :meth:`Comparisons.q_values`: Benjamini-Hochberg adjusted p-values over every comparison made.
 
 A metric without a direction ranks nothing (ranks and front are None); its comparisons still
 say "higher" / "lower".
@@ -14,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .stats import Cells, Comparison, interval, paired
+from .binary_stats import Paired, benjamini_hochberg, compare
+from .stats import Cells, interval
 
 
 @dataclass(frozen=True)
@@ -32,13 +35,21 @@ class Comparisons:
     def __init__(self, configs: list[Config], higher_is_better: bool | None):
         self.higher_is_better = higher_is_better
         self.cells = {c.label: c.cells for c in configs}
-        self._done: dict[tuple[str, str], Comparison] = {}
+        self._done: dict[tuple[str, str], Paired] = {}
 
-    def __call__(self, a: str, b: str) -> Comparison:
+    def __call__(self, a: str, b: str) -> Paired:
         """``a`` - ``b``."""
         if (a, b) not in self._done:
-            self._done[(a, b)] = paired(self.cells[a], self.cells[b], self.higher_is_better)
+            self._done[(a, b)] = compare(self.cells[a], self.cells[b], self.higher_is_better)
         return self._done[(a, b)]
+
+    def q_values(self) -> dict[tuple[str, str], float | None]:
+        """{(a, b): q} for every comparison made so far: Benjamini-Hochberg adjusted p-values across them
+        (a pair compared both ways counts once)."""
+        keys = list(dict.fromkeys(tuple(sorted(k)) for k in self._done))
+        qs = benjamini_hochberg([self._done[k if k in self._done else k[::-1]].p for k in keys])
+        by_pair = dict(zip(keys, qs))
+        return {k: by_pair[tuple(sorted(k))] for k in self._done}
 
     def better(self, a: str, b: str) -> bool:
         """``a`` significantly better than ``b``."""

@@ -21,8 +21,8 @@ from .rows import BASELINE_LABEL, atomic_write, num, read_rows, write_via
 from .speed import markdown as speed_markdown
 from .speed import problem_note, read_speed, summarize_speed
 from .summary import SUMMARY_VERSION, summarize
-from .tables import (arrow, deployed_table, display, fmt, fmt_ci, fmt_diff, html_text, md_link, md_text,
-                     pair_tables, per_prompt_table, ranking_tables, values)
+from .tables import (arrow, breakdown_table, deployed_table, detectable_table, display, effective_table, fmt, fmt_ci,
+                     fmt_diff, html_text, md_link, md_text, pair_tables, per_prompt_table, ranking_tables, values)
 
 INTERVALS = (
     "**Intervals.** Each value is measured per prompt and per codec seed (the codec's random draws). "
@@ -30,11 +30,14 @@ INTERVALS = (
     "two-way (prompt × seed) analysis of variance, so that a seed shared by every prompt counts once "
     "(Satterthwaite degrees of freedom; one seed: the t-interval over prompts; cells missing: over the "
     "prompts' means); *n* counts the cells. "
-    "Comparisons are paired (the same prompts and seeds on both sides) and each word is one 95% interval "
-    "of the difference on its own: *better* / *worse* where it excludes 0, *indistinguishable* where it "
-    "holds 0. There is no correction for multiplicity: k configurations make k(k−1)/2 pairs, and about 1 "
-    "pair in 20 of truly equal configurations is called different by chance. A configuration's *rank* is "
-    "1 + the number of configurations at its bit width that are significantly better, so ties share a rank."
+    "Comparisons are paired (the same prompts and seeds on both sides) and each word is one 95% test of the "
+    "difference on its own: *better* / *worse* where its interval excludes 0, *indistinguishable* where it "
+    "holds 0; a pass/fail metric (every value 0 or 1) is compared by McNemar's exact test on the discordant "
+    "pairs instead. Multiplicity: k configurations make k(k−1)/2 pairs, and about 1 pair in 20 of truly equal "
+    "configurations is called different by chance, so every comparison on the headline metric also gets *q*, "
+    "its Benjamini–Hochberg adjusted p-value across all of them (false discovery rate 5%), and † marks a word "
+    "that does not survive it. A configuration's *rank* is 1 + the number of configurations at its bit width "
+    "that are significantly better (uncorrected), so ties share a rank."
 )
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg")
 
@@ -62,6 +65,17 @@ def _point(s: dict) -> tuple[float, float, float] | None:
     ci = s.get("ci95")
     lo, hi = (num(ci[0]), num(ci[1])) if ci else (mean, mean)
     return mean, mean - lo, hi - mean
+
+
+def _save(fig, ax, path: Path) -> None:
+    """A report plot's grid and legend, then the PNG written (no software tag: the same bytes every time)."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    write_via(path, lambda p: fig.savefig(p, dpi=100, metadata={"Software": None}))
+    plt.close(fig)
 
 
 def plot_metric(path: Path, task: str, m: dict, groups: list[dict]) -> bool:
@@ -103,11 +117,35 @@ def plot_metric(path: Path, task: str, m: dict, groups: list[dict]) -> bool:
         ax.axhline(base, color="black", linestyle="--", linewidth=1, label="baseline (uncompressed)")
     if log:
         ax.set_yscale("log")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    write_via(path, lambda p: fig.savefig(p, dpi=100, metadata={"Software": None}))
-    plt.close(fig)
+    _save(fig, ax, path)
+    return True
+
+
+def plot_effective(path: Path, task: str, eff: dict) -> bool:
+    """The task's score against context length, one line per configuration, the baseline dashed; the
+    threshold's share of the baseline dotted. False if nothing to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    base = None
+    for i, c in enumerate(eff["configs"]):
+        pts = [(p["context"], p["score"]) for p in c["points"] if p["score"] is not None]
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="os^vD<>pXh*"[i % 11], label=c["label"])
+        base = base or [(p["context"], p["baseline"]) for p in c["points"] if p["baseline"] is not None]
+    if not base:
+        plt.close(fig)
+        return False
+    ax.plot([x for x, _ in base], [y for _, y in base], color="black", linestyle="--", label="baseline (uncompressed)")
+    ax.plot([x for x, _ in base], [eff["threshold"] * y for _, y in base], color="black", linestyle=":",
+            label=f"{eff['threshold']:.0%} of the baseline")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel(eff["metric"])
+    ax.set_title(f"{task}: {eff['metric']} against context length")
+    _save(fig, ax, path)
     return True
 
 
@@ -252,6 +290,14 @@ def _task_section(out: Path, task: str, t: dict, rows: list[dict], speed: list[d
     if head is not None:
         md += deployed_table(t, head)
         md += pair_tables(t, head)
+        md += detectable_table(t, head)
+    if t.get("breakdown"):
+        md += breakdown_table(t["breakdown"])
+    if t.get("effective_length"):
+        png = f"{_safe(task)}_effective_length.png"
+        md += effective_table(t["effective_length"])
+        if plot_effective(out / png, task, t["effective_length"]):
+            md += [f"![{task} score against context length]({png})", ""]
     md += speed_markdown(speed)  # before the per-prompt values: never the report's last lines
     md += ["<details><summary>Per-prompt values (mean over codec seeds)</summary>", ""]
     for m in metrics:

@@ -1,11 +1,16 @@
-"""summary.json of a run folder (version 2).
+"""summary.json of a run folder (version 4).
 
 Per task: its metrics (name, display, direction, scale), the ``headline`` metric, prompts and
 codec seeds; per cache configuration (``groups``) the rates and, per metric, n (cells: prompts x
 codec seeds), mean, min, max, the 95% interval of the mean (``ci95``; :mod:`harness.stats`) and
-``delta``, the paired difference from the baseline {mean, ci95, word, n}; per bit width the
-``ranking`` on the headline metric with the pairwise comparisons, and the rate-matched
-``front`` (:mod:`harness.ranking`). Rows without ``codec_seed`` (older runs) count as seed 0.
+``delta``, the paired difference from the baseline {mean, ci95, word, n, p, test, mdd}
+(:func:`harness.binary_stats.compare`: McNemar's exact test for pass/fail metrics; ``mdd`` the
+smallest difference the cells would detect), and with the run's ``--margin`` on the headline metric
+``non_inferiority`` {mean, bound, margin, verdict}; per bit width the ``ranking`` on the headline
+metric with the pairwise comparisons, and the rate-matched ``front`` (:mod:`harness.ranking`); every
+comparison on the headline metric carries ``q``, its Benjamini-Hochberg adjusted p-value across all of
+the task's (``comparisons``: how many), and ``word_bh``, its word after that correction. Rows without
+``codec_seed`` (older runs) count as seed 0.
 """
 from __future__ import annotations
 
@@ -15,9 +20,11 @@ from pathlib import Path
 from .input_files import read_run_json
 from .ranking import Comparisons, Config, against, front, rank
 from .rows import BASELINE_LABEL, ID_FIELDS, codec_seed, num, read_rows
-from .stats import interval, paired
+from .binary_stats import compare, non_inferiority
+from .effective_length import effective_lengths
+from .stats import LEVEL, interval, pair_cells
 
-SUMMARY_VERSION = 3
+SUMMARY_VERSION = 4
 RATE_FIELDS = ("bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord", "cache_bytes", "uncompressed_bytes")
 
 
@@ -72,11 +79,12 @@ def metric_entry(c: dict, base: dict | None, higher_is_better: bool | None) -> d
     entry = {"n": iv.n, "prompts": iv.prompts, "codec_seeds": list(iv.seeds), "mean": iv.mean,
              "min": min(present) if present else None, "max": max(present) if present else None,
              "ci95": iv.ci95, "interval": iv.method}
-    entry["delta"] = paired(c, base, higher_is_better).to_json() if base is not None else None
+    entry["delta"] = compare(c, base, higher_is_better).to_json() if base is not None else None
     return entry
 
 
-def _group(label: str, grows: list[dict], metrics: list[dict], base_rows: list[dict]) -> dict:
+def _group(label: str, grows: list[dict], metrics: list[dict], base_rows: list[dict], head: str | None = None,
+           margin: float | None = None) -> dict:
     g = {"label": label, "codec": grows[0]["codec"], "bits": grows[0]["bits"], "n": len(grows),
          "prompts": len({r["prompt"] for r in grows}), "codec_seeds": sorted({codec_seed(r) for r in grows})}
     for f in RATE_FIELDS:
@@ -88,13 +96,16 @@ def _group(label: str, grows: list[dict], metrics: list[dict], base_rows: list[d
         c = cells(grows, m["name"])
         if c:
             base = cells(base_rows, m["name"]) if base_rows and label != BASELINE_LABEL else None
-            g["metrics"][m["name"]] = metric_entry(c, base, m["higher_is_better"])
+            g["metrics"][m["name"]] = entry = metric_entry(c, base, m["higher_is_better"])
+            if margin is not None and base is not None and m["name"] == head and m["higher_is_better"] is not None:
+                entry["non_inferiority"] = non_inferiority(pair_cells(c, base), margin, m["higher_is_better"]).to_json()
     return g
 
 
-def _rankings(groups: list[dict], trows: list[dict], metric: dict) -> tuple[list[dict], list[dict], list[dict]]:
+def _rankings(groups: list[dict], trows: list[dict], metric: dict) -> tuple[list[dict], list[dict], list[dict], int]:
     """(per bit width {bits, configs, pairs}, the rate-matched front, research codecs against the engines'
-    deployed caches) on the headline ``metric``."""
+    deployed caches, the number of comparisons made) on the headline ``metric``; each pair with its
+    Benjamini-Hochberg ``q`` across them all and ``word_bh``."""
     from kernels import CODECS
 
     kept = [g for g in groups if g["label"] != BASELINE_LABEL and metric["name"] in g["metrics"]]
@@ -104,7 +115,80 @@ def _rankings(groups: list[dict], trows: list[dict], metric: dict) -> tuple[list
     by_bits = [{"bits": b, **rank([c for c in configs if c.bits == b], cmp)} for b in sorted({c.bits for c in configs})]
     engine = {g["label"] for g in kept if getattr(CODECS.get(g["codec"]), "engine_preset", False)}
     deployed = against([c for c in configs if c.label not in engine], [c for c in configs if c.label in engine], cmp)
-    return by_bits, front(configs, cmp), deployed
+    rate_front = front(configs, cmp)
+    q = cmp.q_values()  # every comparison the report makes on this metric, corrected together
+    for p in [p for b in by_bits for p in b["pairs"]] + deployed:
+        p["q"] = q[(p["a"], p["b"])]
+        p["word_bh"] = p["word"] if p["word"] is None or p["q"] is None or p["q"] < 1 - LEVEL else "indistinguishable"
+    return by_bits, rate_front, deployed, len({tuple(sorted(k)) for k in q})
+
+
+def score_metric(task_name: str) -> str | None:
+    """The task's task score (``Task.score_metric``: what a benchmark reports, e.g. RULER's), or None."""
+    try:
+        from harness.tasks import get_task
+
+        return getattr(get_task(task_name), "score_metric", None)
+    except ValueError:
+        return None
+
+
+def _breakdown(task: str, trows: list[dict], groups: list[dict]) -> dict | None:
+    """The task's score per value of the prompt_meta keys its class names (``Task.breakdown``, e.g. RULER's
+    (task, context)): {metric, keys, columns: ["niah_single_1 @ 4096", ...], averages: ["4096", ...],
+    configs: [{label, cells: {column: {mean, ci95, n}}, average: {value: {mean, ci95, n}}}]}. ``average`` is
+    over the first key (RULER's average over its tasks) at each value of the others: per prompt repeat
+    (``prompt_meta.repeat``) and codec seed, the mean across the first key's values, then their interval.
+    None where the task names no breakdown."""
+    try:
+        from harness.tasks import get_task
+
+        keys = tuple(getattr(get_task(task), "breakdown", ()) or ())
+    except ValueError:
+        keys = ()
+    metric = score_metric(task)
+    if not keys or metric is None:
+        return None
+
+    def meta(r, k):
+        return str((r.get("prompt_meta") or {}).get(k))
+
+    def column(r):
+        return " @ ".join(meta(r, k) for k in keys)
+
+    def rest(r):
+        return " @ ".join(meta(r, k) for k in keys[1:]) or "all"
+
+    columns = list(dict.fromkeys(column(r) for r in trows))
+    averages = list(dict.fromkeys(rest(r) for r in trows))
+    width = {a: len({meta(r, keys[0]) for r in trows if rest(r) == a}) for a in averages}
+    out = []
+    for g in groups:
+        grows = [r for r in trows if r["label"] == g["label"]]
+        by = {c: interval(cells([r for r in grows if column(r) == c], metric)).to_json() for c in columns}
+        avg = {}
+        for a in averages:
+            parts: dict[tuple[str, int], list[float]] = {}
+            for r in grows:
+                v = num(r.get(metric))
+                if rest(r) == a and v is not None:
+                    parts.setdefault((meta(r, "repeat"), codec_seed(r)), []).append(v)
+            avg[a] = interval({k: sum(v) / len(v) for k, v in parts.items() if len(v) == width[a]}).to_json()
+        out.append({"label": g["label"], "cells": by, "average": avg})
+    return {"metric": metric, "keys": list(keys), "columns": columns, "averages": averages, "configs": out}
+
+
+def _effective(task: str, trows: list[dict], groups: list[dict]) -> dict | None:
+    """{metric, threshold, configs: effective_lengths(...)} over the task's context lengths, or None (no score
+    metric, or fewer than two lengths)."""
+    from .effective_length import THRESHOLD
+
+    metric = score_metric(task)
+    if metric is None:
+        return None
+    entries = effective_lengths(trows, [g["label"] for g in groups if g["label"] != BASELINE_LABEL], BASELINE_LABEL,
+                                metric)
+    return {"metric": metric, "threshold": THRESHOLD, "configs": entries} if entries else None
 
 
 def summarize(out: Path) -> dict:
@@ -118,10 +202,11 @@ def summarize(out: Path) -> dict:
         metric_names = _task_metrics(task, trows)
         metrics = [describe_metric(m) for m in metric_names]
         base_rows = [r for r in trows if r["label"] == BASELINE_LABEL]
-        groups = [_group(label, [r for r in trows if r["label"] == label], metrics, base_rows)
-                  for label in dict.fromkeys(r["label"] for r in trows)]
         head = headline(task, metric_names)
-        ranking, rate_front, deployed = _rankings(groups, trows, metrics[metric_names.index(head)]) if head else ([], [], [])
+        groups = [_group(label, [r for r in trows if r["label"] == label], metrics, base_rows, head,
+                         config.get("margin")) for label in dict.fromkeys(r["label"] for r in trows)]
+        ranking, rate_front, deployed, made = (_rankings(groups, trows, metrics[metric_names.index(head)]) if head
+                                               else ([], [], [], 0))
         summary["tasks"][task] = {
             "metrics": metrics,
             "headline": head,
@@ -131,5 +216,9 @@ def summarize(out: Path) -> dict:
             "ranking": ranking,
             "front": rate_front,
             "against_deployed": deployed,
+            "comparisons": made,
+            "margin": config.get("margin"),
+            "effective_length": _effective(task, trows, groups),
+            "breakdown": _breakdown(task, trows, groups),
         }
     return summary

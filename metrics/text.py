@@ -95,3 +95,10 @@ def first_number(text: str, digits: int | None = None) -> str:
                  description="1 if the compressed run generated exactly the baseline's tokens")
 def output_match(tokens: list[int], base_tokens: list[int]) -> float:
     return float(list(tokens) == list(base_tokens))
+
+
+@register_metric("length_ratio", "text", higher_is_better=None, display="output length ÷ baseline",
+                 description="tokens the compressed run generated over the baseline's for the same prompt (a compressed "
+                             "cache that lengthens answers raises end-to-end latency); NaN where the baseline said nothing")
+def length_ratio(tokens: list[int], base_tokens: list[int]) -> float:
+    return len(tokens) / len(base_tokens) if len(base_tokens) else float("nan")

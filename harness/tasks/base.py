@@ -37,6 +37,12 @@ class Task:
     #: names in the metrics registry, in report order; each must have an implementation for
     #: ``modality`` (checked by :func:`register_task`); compute them with :meth:`metric`
     metrics: ClassVar[tuple[str, ...]] = ()
+    #: the task's own score (what its benchmark reports, e.g. RULER's), one of ``metrics``: over a sweep of
+    #: context lengths (rows' ``prompt_meta.context``) the summary finds each configuration's effective length
+    score_metric: ClassVar[str | None] = None
+    #: prompt_meta keys the report breaks ``score_metric`` down by, the first averaged over (RULER's task,
+    #: then context length: its per-task table and its average per length); rows carry prompt_meta["repeat"]
+    breakdown: ClassVar[tuple[str, ...]] = ()
     #: optional: option name -> (default, help) or (default, help, :class:`Allowed`). ``harness list``
     #: shows them; ``--task-opt NAME=VALUE`` values are parsed by the default's type (see
     #: :func:`parse_option`) and checked against their :class:`Allowed` before any model loads.

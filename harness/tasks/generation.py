@@ -43,7 +43,8 @@ def baseline_answers(model, ids: list[list[int]], max_new_tokens: int, topk: int
 def graded_answers(task, model, prompt_ids: list[str], ids: list[list[int]], cache_config, baselines: list[dict],
                    max_new_tokens: int, prefill: list[int] | None = None) -> list[tuple[str, dict]]:
     """Each prompt's greedy answer through ``cache_config``'s cache and its graded row part: (answer
-    text, {'output_match', 'kl', 'top1_agree', and the rate fields of its own sequence in the
+    text, {'output_match', 'length_ratio' (its tokens over the baseline's; 'output_tokens' and
+    'baseline_output_tokens' the counts), 'kl', 'top1_agree', and the rate fields of its own sequence in the
     cache}, and 'speed': the batch's rollout's record, one dict shared by its rows,
     :class:`adapters.rollout_clock.RolloutClock`). ``task`` gives the metric implementations
     (:meth:`harness.tasks.base.Task.metric`)."""
@@ -59,6 +60,8 @@ def graded_answers(task, model, prompt_ids: list[str], ids: list[list[int]], cac
         forced = r["forced_logits"]
         row = {
             "output_match": task.metric("output_match")(r["tokens"], baseline["tokens"]),
+            "length_ratio": task.metric("length_ratio")(r["tokens"], baseline["tokens"]),
+            "output_tokens": len(r["tokens"]), "baseline_output_tokens": len(baseline["tokens"]),
             "kl": float(task.metric("kl")(baseline["top_ids"], baseline["top_logp"], forced).double().mean()),
             "top1_agree": float(task.metric("top1_agree")(baseline["top_ids"][:, 0], forced).double().mean()),
         }

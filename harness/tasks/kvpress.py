@@ -152,7 +152,8 @@ def _row(raw, where: str, need_max_new: bool, scorer: str) -> dict:
 @register_task("kvpress")
 class KvpressTask(Task):
     modality = "text"
-    metrics = ("kvpress_score", "output_match", "kl", "top1_agree")
+    metrics = ("kvpress_score", "output_match", "length_ratio", "kl", "top1_agree")
+    score_metric = "kvpress_score"
     headline = "kl"  # graded; kvpress scores move in steps and mostly measure the model (module docstring)
     option_defaults = {
         "max_new_tokens": (0, "tokens generated per answer; 0: each row's max_new_tokens, as kvpress does",

@@ -58,7 +58,7 @@ RULER_WORDING = {
 }
 
 
-def _sentences(text: str) -> list[str]:
+def sentences(text: str) -> list[str]:
     """Split prose into sentences (after '. ', '? ', '! ' or a blank line), whitespace collapsed."""
     out, buf = [], []
     for word in text.split():
@@ -74,7 +74,8 @@ def _sentences(text: str) -> list[str]:
 @register_task("needle")
 class NeedleTask(Task):
     modality = "text"
-    metrics = ("exact_match", "string_match_all", "output_match", "kl", "top1_agree")
+    metrics = ("exact_match", "string_match_all", "output_match", "length_ratio", "kl", "top1_agree")
+    score_metric = "string_match_all"
     headline = "kl"  # graded where exact match is all or nothing on a few prompts
     option_defaults = {
         "contexts": ((1024,), "prompt lengths in tokens (comma list)", Allowed(lo=1, nonempty=True, positions=True)),
@@ -107,7 +108,7 @@ class NeedleTask(Task):
                 for rep in range(self.opt("repeats")):
                     pid = f"niah-c{ctx}-d{depth:g}" + (f"-r{rep}" if self.opt("repeats") > 1 else "")
                     out.append(Prompt(pid, {"context": int(ctx), "depth": float(depth), "repeat": rep},
-                                      {"source": source or "default"}))
+                                      {"source": source or "default", "context": int(ctx)}))
         return out[:limit] if limit else out
 
     def _ruler(self) -> str:
@@ -121,7 +122,7 @@ class NeedleTask(Task):
     def _hay(self) -> list[str]:
         if self._haystack is None:
             excerpts = load_excerpts(self._source, chars=200_000, limit=None if not self._source else 4)
-            self._haystack = [s for e in excerpts for s in _sentences(e.text)]
+            self._haystack = [s for e in excerpts for s in sentences(e.text)]
         return self._haystack
 
     def build(self, model, prompt: Prompt, seed: int) -> dict:

@@ -27,9 +27,10 @@ def test_report_sections_in_order(tmp_path):
     out = write_run(tmp_path / "run", synthetic_rows(CONFIGS))
     md = write_report(out).read_text()
     order = ["**Intervals.**", "### Ranking on KL", "### Rate-matched front on KL", "| KL (nats) ↓, mean ± 95% (baseline 0) | 2 bits | 3 bits |",
-             "All configurations", "### Paired comparisons on KL", "Per-prompt values"]
+             "All configurations", "### Paired comparisons on KL", "### Detectable differences from the baseline on KL",
+             "Per-prompt values"]
     assert [md.index(s) for s in order] == sorted(md.index(s) for s in order)
-    assert "no correction for multiplicity" in md and "k(k−1)/2 pairs" in md
+    assert "Benjamini–Hochberg adjusted p-value across all of them" in md and "k(k−1)/2 pairs" in md
     # the ranking: the two as-good configs share rank 1, qjl@2 is 3rd; means shown ± half-width with n
     s = summarize(out)["tasks"]["perplexity"]
     kivi = next(c for c in s["ranking"][0]["configs"] if c["label"] == "kivi@2")

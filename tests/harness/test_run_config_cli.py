@@ -32,6 +32,7 @@ ARGV = {
     "bits": (["--bits", "2", "3,4"], [2, 3, 4]),
     "prompts": (["--prompts", "wikitext2"], "wikitext2"),
     "limit": (["--limit", "3"], 3),
+    "margin": (["--margin", "0.01"], 0.01),
     "seed": (["--seed", "7"], 7),
     "codec_seeds": (["--codec-seeds", "3", "5,8"], [3, 5, 8]),
     "residual": (["--residual", "16"], 16),

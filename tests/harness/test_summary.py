@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from run_folder import synthetic_rows, write_run
 from scipy.stats import t as student_t
+from scipy.stats import ttest_1samp
 
 from harness.rows import dumps, read_rows
 from harness.summary import summarize
@@ -37,7 +38,7 @@ def by_hand_t(values: list[float]) -> tuple[float, float, float]:
 def test_summary_fields(tmp_path, headline_kl):
     out = write_run(tmp_path / "run", synthetic_rows(CONFIGS))
     s = json.loads(dumps(summarize(out), indent=2))
-    assert s["version"] == 3 and s["tasks"]["perplexity"]["against_deployed"] == []  # no engine preset in this run
+    assert s["version"] == 4 and s["tasks"]["perplexity"]["against_deployed"] == []  # no engine preset in this run
     t = s["tasks"]["perplexity"]
     assert t["headline"] == "kl" and t["codec_seeds"] == [0, 1, 2] and t["prompts"] == ["p0", "p1", "p2", "p3"]
     groups = {g["label"]: g for g in t["groups"]}
@@ -54,13 +55,22 @@ def test_summary_fields(tmp_path, headline_kl):
     assert (k["n"], k["codec_seeds"], k["interval"]) == (4, [0], "prompts")
     assert k["mean"] == pytest.approx(mean, rel=1e-6) and k["ci95"] == pytest.approx([lo, hi], rel=1e-6)
     assert (k["min"], k["max"]) == (min(kivi), max(kivi))
-    # its delta against the baseline (KL 0 on every prompt) is the same interval
+    # its delta against the baseline (KL 0 on every prompt) is the same interval, and its p the one-sample t-test's
     assert k["delta"]["ci95"] == pytest.approx([lo, hi], rel=1e-6)
+    assert k["delta"]["test"] == "t" and k["delta"]["p"] == pytest.approx(ttest_1samp(kivi, 0).pvalue, rel=1e-6)
+    # the smallest detectable difference: (t.975 + t.80) standard errors, df = 3
+    se = (hi - lo) / 2 / student_t.ppf(0.975, 3)
+    assert k["delta"]["mdd"] == pytest.approx((student_t.ppf(0.975, 3) + student_t.ppf(0.8, 3)) * se, rel=1e-6)
     # the ranking per bit width: the two as-good configs tie, qjl@2 after both
     r2 = next(b for b in t["ranking"] if b["bits"] == 2)
     assert {c["label"]: c["rank"] for c in r2["configs"]} == {"octopus@2": 1, "kivi@2": 1, "qjl@2": 3}
     assert r2["configs"][-1]["label"] == "qjl@2" and len(r2["pairs"]) == 3
-    assert all(set(p) >= {"a", "b", "mean", "ci95", "word"} for p in r2["pairs"])
+    assert all(set(p) >= {"a", "b", "mean", "ci95", "word", "p", "q", "word_bh"} for p in r2["pairs"])
+    # q: Benjamini-Hochberg across every comparison the summary made (the front's too): never below p, and in
+    # the order of the p-values
+    pairs = sorted((p for b in t["ranking"] for p in b["pairs"]), key=lambda p: p["p"])
+    assert t["comparisons"] >= len(pairs) and all(p["q"] >= p["p"] for p in pairs)
+    assert [p["q"] for p in pairs] == sorted(p["q"] for p in pairs)
     # the front: turbo@3 is beaten by everything that stores less
     fr = {f["label"]: f for f in t["front"]}
     assert fr["turbo@3"]["front"] is False

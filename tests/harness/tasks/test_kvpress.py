@@ -237,7 +237,7 @@ def test_a_run_of_a_kvpress_file(lm, tmp_path):
     assert [r["prompt_meta"]["task"] for r in rows if r["label"] == "none"] == ["hotpotqa", "niah_multikey_1"]
     summary = json.loads((out / "summary.json").read_text())["tasks"]["kvpress"]
     assert summary["headline"] == "kl"
-    assert [m["name"] for m in summary["metrics"]] == ["kvpress_score", "output_match", "kl", "top1_agree"]
+    assert [m["name"] for m in summary["metrics"]] == ["kvpress_score", "output_match", "length_ratio", "kl", "top1_agree"]
 
 
 def test_cli_refuses_a_bad_file_before_the_model_loads(tmp_path, capsys):

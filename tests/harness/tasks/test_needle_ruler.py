@@ -93,7 +93,7 @@ def test_without_ruler_the_task_is_unchanged(lm, tmp_path):
     # a report leaves out a declared metric that no row carries
     from harness.summary import _task_metrics
 
-    assert _task_metrics("needle", [row]) == ["exact_match", "output_match", "kl", "top1_agree"]
+    assert _task_metrics("needle", [row]) == ["exact_match", "output_match", "length_ratio", "kl", "top1_agree"]
     assert "string_match_all" in _task_metrics("needle", [row, {"string_match_all": 0.5}])
 
 

@@ -1,0 +1,66 @@
+"""Effective length: over a sweep of context lengths, the longest at which a configuration keeps at least
+85% of the uncompressed baseline's score (NoLiMa's definition, Modarressi et al. 2025, with the baseline
+at the same length as the reference), with its uncertainty.
+
+At each length L a configuration's cells (prompt x codec seed) of the task's score are paired with the
+baseline's, and d = score - 0.85 x baseline score gets the interval of :func:`harness.stats.interval`:
+L is *kept* where the interval lies above 0, *lost* where it lies below, *unclear* otherwise. The
+effective length is the longest L up to which every length keeps the mean ratio score / baseline >= 0.85;
+``shown`` the longest up to which every length is kept (what the data establishes), ``possible`` the
+longest up to which none is lost (what the data does not rule out). None: not even the shortest length.
+"""
+from __future__ import annotations
+
+from .rows import codec_seed, num
+from .stats import interval, pair_cells
+
+THRESHOLD = 0.85
+
+
+def _at(rows: list[dict], metric: str, context: int) -> dict[tuple[str, int], float]:
+    """{(prompt, codec seed): value} of ``metric`` over the rows of one context length."""
+    return {(r["prompt"], codec_seed(r)): num(r.get(metric)) for r in rows
+            if (r.get("prompt_meta") or {}).get("context") == context and num(r.get(metric)) is not None}
+
+
+def _longest(contexts: list[int], ok: list[bool]) -> int | None:
+    """The longest context up to which every one is ``ok`` (None: not the first)."""
+    best = None
+    for c, good in zip(contexts, ok):
+        if not good:
+            break
+        best = c
+    return best
+
+
+def effective_lengths(trows: list[dict], labels: list[str], baseline: str, metric: str,
+                      threshold: float = THRESHOLD) -> list[dict]:
+    """Per configuration of ``labels``: {label, points: [{context, score, baseline, ratio, diff: {mean, ci95}}],
+    effective, shown, possible}, on the rows' ``prompt_meta.context`` lengths ([] with fewer than two lengths
+    or no baseline)."""
+    contexts = sorted({(r.get("prompt_meta") or {}).get("context") for r in trows} - {None})
+    base_rows = [r for r in trows if r["label"] == baseline]
+    if len(contexts) < 2 or not base_rows:
+        return []
+    base = {L: _at(base_rows, metric, L) for L in contexts}
+    out = []
+    for label in labels:
+        rows = [r for r in trows if r["label"] == label]
+        points = []
+        for L in contexts:
+            c = _at(rows, metric, L)
+            b = base[L]
+            if not c or not b:
+                points.append({"context": L, "score": None, "baseline": None, "ratio": None, "diff": None})
+                continue
+            mean_c, mean_b = sum(c.values()) / len(c), sum(b.values()) / len(b)
+            d = interval(pair_cells(c, {k: threshold * v for k, v in b.items()}))
+            points.append({"context": L, "score": mean_c, "baseline": mean_b,
+                           "ratio": mean_c / mean_b if mean_b else None, "diff": d.to_json()})
+        kept = [p["diff"] is not None and p["diff"]["ci95"] is not None and p["diff"]["ci95"][0] > 0 for p in points]
+        lost = [p["diff"] is not None and p["diff"]["ci95"] is not None and p["diff"]["ci95"][1] < 0 for p in points]
+        holds = [p["ratio"] is not None and p["ratio"] >= threshold or (p["baseline"] == 0 and p["score"] is not None)
+                 for p in points]
+        out.append({"label": label, "points": points, "effective": _longest(contexts, holds),
+                    "shown": _longest(contexts, kept), "possible": _longest(contexts, [not x for x in lost])})
+    return out

@@ -1,0 +1,64 @@
+"""The summary's tests beyond the interval: McNemar's exact test for a pass/fail metric (against scipy's binomial
+test on the discordant pairs), the non-inferiority verdict of ``--margin`` and the report's lines for both."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from run_folder import row, write_run
+from scipy.stats import binomtest
+
+from harness.report import write_report
+from harness.rows import dumps
+from harness.summary import summarize
+
+PROMPTS = [f"p{i}" for i in range(20)]
+
+
+def _rows(passes: dict[str, list[int]], kl: dict[str, float]) -> list[dict]:
+    """needle rows: exact_match per prompt from ``passes``, a KL that grows with ``kl``'s offset."""
+    out = []
+    for label, marks in passes.items():
+        for i, (p, m) in enumerate(zip(PROMPTS, marks)):
+            r = row(label, p, 0, kl[label] + 0.001 * (i % 5), 0.0, 4.0 if label != "none" else 16.0,
+                    exact_match=float(m), string_match_all=float(m))
+            r["task"] = "needle"
+            for k in ("perplexity", "scored_tokens"):
+                r.pop(k)
+            out.append(r)
+    return out
+
+
+def test_a_pass_fail_metric_is_compared_by_mcnemar(tmp_path):
+    base = [1] * 20
+    worse = [1] * 14 + [0] * 6  # six discordant pairs, all against the codec
+    mixed = [0, 1] * 10  # ten discordant pairs, all against the codec
+    out = write_run(tmp_path / "run", _rows({"none": base, "kivi@2": worse, "octopus@2": mixed},
+                                            {"none": 0.0, "kivi@2": 0.02, "octopus@2": 0.021}))
+    t = summarize(out)["tasks"]["needle"]
+    g = {x["label"]: x for x in t["groups"]}
+    d = g["kivi@2"]["metrics"]["exact_match"]["delta"]
+    assert d["test"] == "mcnemar" and d["mean"] == pytest.approx(-6 / 20)
+    assert d["p"] == pytest.approx(binomtest(0, 6, 0.5).pvalue) and d["word"] == "worse"  # 2 / 64 < 0.05
+    d2 = g["octopus@2"]["metrics"]["exact_match"]["delta"]
+    assert d2["p"] == pytest.approx(binomtest(0, 10, 0.5).pvalue) and d2["word"] == "worse"
+    assert g["kivi@2"]["metrics"]["kl"]["delta"]["test"] == "t"  # a graded metric keeps the t interval
+
+
+def test_margin_gives_a_non_inferiority_verdict_and_the_report_says_it(tmp_path):
+    out = write_run(tmp_path / "run", _rows({"none": [1] * 20, "kivi@2": [1] * 20, "octopus@2": [1] * 20},
+                                            {"none": 0.0, "kivi@2": 0.002, "octopus@2": 0.05}))
+    config = json.loads((out / "config.json").read_text())
+    config["margin"] = 0.01  # KL within 0.01 nats of the baseline's
+    (out / "config.json").write_text(dumps(config, indent=2) + "\n")
+    t = summarize(out)["tasks"]["needle"]
+    assert t["margin"] == 0.01
+    g = {x["label"]: x for x in t["groups"]}
+    head = t["headline"]
+    ni = {lb: g[lb]["metrics"][head]["non_inferiority"] for lb in ("kivi@2", "octopus@2")}
+    assert ni["kivi@2"]["verdict"] == "non-inferior" and ni["kivi@2"]["bound"] < 0.01
+    assert ni["octopus@2"]["verdict"] == "not shown" and ni["octopus@2"]["bound"] > 0.01
+    write_report(out)
+    md = (out / "report.md").read_text()
+    assert "### Detectable differences from the baseline on" in md and "δ = 0.01 (`--margin`)" in md
+    assert "| kivi@2 |" in md and "non-inferior (bound" in md and "Benjamini–Hochberg" in md
