@@ -255,9 +255,8 @@ class CausalLM(ModelAdapter):
     @torch.no_grad()
     def converse(self, context: list[int], questions: list[list[int]], max_new_tokens: int,
                  cache_config: CacheConfig | None, on_turn: Callable[[object], dict] = lambda cache: {}) -> list[dict]:
-        """A chat through one cache: ``context`` prefilled (plain attention, then committed), then per
-        question its tokens fed as one chunk and up to ``max_new_tokens`` greedy tokens, each through the
-        cache, stopping at EOS (the ``turns`` task: SCBench's shared context).
+        """A chat through one cache (the ``turns`` task): ``context`` prefilled (plain attention, then committed),
+        then per question its tokens fed as one chunk and up to ``max_new_tokens`` greedy tokens, stopping at EOS.
 
         An answer's last token was generated but not yet fed: it opens the next chunk, so every answer
         stays in the cache; where the answer ended with EOS and the next question opens with that token
