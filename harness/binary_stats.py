@@ -310,17 +310,56 @@ class Paired:
                 "test": self.test, "mdd": self.mdd}
 
 
+def _one_per_prompt(a: Cells, b: Cells) -> tuple[Cells, Cells] | None:
+    """Both sides as one pass/fail value per prompt (keyed (prompt, 0)), where they are: each side's cells
+    averaged over its codec seeds stay 0 or 1 (a single seed, or seeds that agree). None otherwise, and
+    where either side is not pass/fail: McNemar's pairs must be independent, so a prompt counts once."""
+    if not (is_binary(a) and is_binary(b)) or not any(math.isfinite(v) for v in a.values()):
+        return None
+    out = []
+    for cells in (a, b):
+        by: dict[str, list[float]] = {}
+        for (p, _), v in cells.items():
+            if math.isfinite(v):
+                by.setdefault(p, []).append(v)
+        means = {(p, 0): sum(v) / len(v) for p, v in by.items()}
+        if not is_binary(means):
+            return None
+        out.append(means)
+    return out[0], out[1]
+
+
 def compare(a: Cells, b: Cells, higher_is_better: bool | None, level: float = LEVEL) -> Paired:
     """A - B on the paired cells, by the test the outcome calls for: McNemar's exact test and Newcombe's
-    interval where both sides are pass/fail (0/1) cells, else :func:`harness.stats.paired` (the interval
-    of the paired differences) with its t p-value (:func:`t_p`)."""
+    interval where both sides are one pass/fail (0/1) value per prompt (:func:`_one_per_prompt`: seeds
+    averaged, each prompt one pair), else :func:`harness.stats.paired` (the interval of the paired
+    differences over prompts x codec seeds) with its t p-value (:func:`t_p`)."""
     from .stats import paired
 
-    if is_binary(a) and is_binary(b) and any(math.isfinite(v) for v in a.values()):
-        m = mcnemar(a, b, higher_is_better, level)
+    per_prompt = _one_per_prompt(a, b)
+    if per_prompt is not None:
+        m = mcnemar(*per_prompt, higher_is_better, level)
         mdd = None if not m.n else minimum_detectable_difference(n=m.n, discordance=(m.n10 + m.n01) / m.n,
                                                                  level=level)
         return Paired(m.diff, m.ci95, m.word, m.n, m.p, "mcnemar", mdd)
     c = paired(a, b, higher_is_better, level)
     return Paired(c.diff.mean, c.diff.ci95, c.word, c.diff.n, t_p(c.diff), "t",
                   minimum_detectable_difference(c, level=level))
+
+
+def non_inferior(a: Cells, b: Cells, margin: float, higher_is_better: bool, level: float = LEVEL) -> NonInferiority:
+    """Is A no worse than B by more than ``margin``, on their paired cells: for one pass/fail value per prompt
+    on both sides (:func:`_one_per_prompt`) the bound is the end of Newcombe's 2·level - 1 interval of the
+    paired difference of pass rates (a t-interval of 0/1 differences collapses where no pair disagrees),
+    else :func:`non_inferiority` of the paired differences."""
+    from .stats import pair_cells
+
+    per_prompt = _one_per_prompt(a, b)
+    if per_prompt is None:
+        return non_inferiority(pair_cells(a, b), margin, higher_is_better, level)
+    if margin < 0 or not 0.5 < level < 1:
+        raise ValueError(f"need margin >= 0 and 0.5 < level < 1; got margin {margin}, level {level}")
+    m = mcnemar(*per_prompt, higher_is_better, 2 * level - 1)
+    bound = None if m.ci95 is None else m.ci95[0] if higher_is_better else m.ci95[1]
+    shown = bound is not None and (bound > -margin if higher_is_better else bound < margin)
+    return NonInferiority(m.diff, bound, margin, "non-inferior" if shown else "not shown", level)

@@ -4,7 +4,8 @@ at the same length as the reference), with its uncertainty.
 
 At each length L a configuration's cells (prompt x codec seed) of the task's score are paired with the
 baseline's, and d = score - 0.85 x baseline score gets the interval of :func:`harness.stats.interval`:
-L is *kept* where the interval lies above 0, *lost* where it lies below, *unclear* otherwise. The
+L is *kept* where the interval lies above 0, *lost* where it lies below, *unclear* otherwise (also where
+it has no width: every prompt gave the same difference, e.g. all passed on both sides). The
 effective length is the longest L up to which every length keeps the mean ratio score / baseline >= 0.85;
 ``shown`` the longest up to which every length is kept (what the data establishes), ``possible`` the
 longest up to which none is lost (what the data does not rule out). None: not even the shortest length.
@@ -57,8 +58,10 @@ def effective_lengths(trows: list[dict], labels: list[str], baseline: str, metri
             d = interval(pair_cells(c, {k: threshold * v for k, v in b.items()}))
             points.append({"context": L, "score": mean_c, "baseline": mean_b,
                            "ratio": mean_c / mean_b if mean_b else None, "diff": d.to_json()})
-        kept = [p["diff"] is not None and p["diff"]["ci95"] is not None and p["diff"]["ci95"][0] > 0 for p in points]
-        lost = [p["diff"] is not None and p["diff"]["ci95"] is not None and p["diff"]["ci95"][1] < 0 for p in points]
+        # an interval of no width (every prompt the same difference: all pass on both sides) shows nothing
+        ci = [p["diff"]["ci95"] if p["diff"] is not None else None for p in points]
+        kept = [c is not None and c[1] > c[0] and c[0] > 0 for c in ci]
+        lost = [c is not None and c[1] > c[0] and c[1] < 0 for c in ci]
         holds = [p["ratio"] is not None and p["ratio"] >= threshold or (p["baseline"] == 0 and p["score"] is not None)
                  for p in points]
         out.append({"label": label, "points": points, "effective": _longest(contexts, holds),

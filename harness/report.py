@@ -34,8 +34,9 @@ INTERVALS = (
     "difference on its own: *better* / *worse* where its interval excludes 0, *indistinguishable* where it "
     "holds 0; a pass/fail metric (every value 0 or 1) is compared by McNemar's exact test on the discordant "
     "pairs instead. Multiplicity: k configurations make k(k−1)/2 pairs, and about 1 pair in 20 of truly equal "
-    "configurations is called different by chance, so every comparison on the headline metric also gets *q*, "
-    "its Benjamini–Hochberg adjusted p-value across all of them (false discovery rate 5%), and † marks a word "
+    "configurations is called different by chance, so every comparison between configurations on the headline "
+    "metric also gets *q*, its Benjamini–Hochberg adjusted p-value across all of them (false discovery rate 5%; "
+    "the differences from the baseline are not in that family), and † marks a word "
     "that does not survive it. A configuration's *rank* is 1 + the number of configurations at its bit width "
     "that are significantly better (uncorrected), so ties share a rank."
 )

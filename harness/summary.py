@@ -8,8 +8,9 @@ codec seeds), mean, min, max, the 95% interval of the mean (``ci95``; :mod:`harn
 smallest difference the cells would detect), and with the run's ``--margin`` on the headline metric
 ``non_inferiority`` {mean, bound, margin, verdict}; per bit width the ``ranking`` on the headline
 metric with the pairwise comparisons, and the rate-matched ``front`` (:mod:`harness.ranking`); every
-comparison on the headline metric carries ``q``, its Benjamini-Hochberg adjusted p-value across all of
-the task's (``comparisons``: how many), and ``word_bh``, its word after that correction. Rows without
+comparison between configurations on the headline metric (not those with the baseline) carries ``q``,
+its Benjamini-Hochberg adjusted p-value across all of the task's (``comparisons``: how many), and
+``word_bh``, its word after that correction. Rows without
 ``codec_seed`` (older runs) count as seed 0.
 """
 from __future__ import annotations
@@ -20,9 +21,9 @@ from pathlib import Path
 from .input_files import read_run_json
 from .ranking import Comparisons, Config, against, front, rank
 from .rows import BASELINE_LABEL, ID_FIELDS, codec_seed, num, read_rows
-from .binary_stats import compare, non_inferiority
+from .binary_stats import compare, non_inferior
 from .effective_length import effective_lengths
-from .stats import LEVEL, interval, pair_cells
+from .stats import LEVEL, interval
 
 SUMMARY_VERSION = 4
 RATE_FIELDS = ("bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord", "cache_bytes", "uncompressed_bytes")
@@ -98,7 +99,7 @@ def _group(label: str, grows: list[dict], metrics: list[dict], base_rows: list[d
             base = cells(base_rows, m["name"]) if base_rows and label != BASELINE_LABEL else None
             g["metrics"][m["name"]] = entry = metric_entry(c, base, m["higher_is_better"])
             if margin is not None and base is not None and m["name"] == head and m["higher_is_better"] is not None:
-                entry["non_inferiority"] = non_inferiority(pair_cells(c, base), margin, m["higher_is_better"]).to_json()
+                entry["non_inferiority"] = non_inferior(c, base, margin, m["higher_is_better"]).to_json()
     return g
 
 

@@ -7,8 +7,8 @@ Read from transformers' ``cache_utils`` (``QuantizedLayer``, ``QuantoQuantizedLa
 
 - What transformers stores: per layer, the keys and values quantized group-wise (``q_group_size`` 64
   coordinates a group, along ``axis_key`` / ``axis_value``, both 0 by default; the tensor's size must be a
-  multiple of the group), plus a residual of at
-  most ``residual_length`` (128) tokens in the model's dtype. When the residual fills, the whole history
+  multiple of the group), plus a residual of fewer
+  than ``residual_length`` (128) tokens in the model's dtype. When the residual fills, the whole history
   (dequantized old tokens, residual and new tokens) is quantized again as one tensor and the residual
   emptied: old tokens are re-quantized at every flush. A prefill is quantized at once and attended
   unquantized.

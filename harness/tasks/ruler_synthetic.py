@@ -167,7 +167,7 @@ def scatter(lines: list[str], where: list[float], items: list[str]) -> list[str]
     them (RULER inserts at sorted indexes, highest first; equal ones stay in order)."""
     out = list(lines)
     at = sorted(int(f * len(lines)) for f in where)
-    for i, item in sorted(zip(at, items), key=lambda t: -t[0]):
+    for i, item in reversed(list(zip(at, items))):  # the last first: earlier items at an equal index stay ahead
         out.insert(i, item)
     return out
 

@@ -18,8 +18,9 @@ per-tensor scales, zero points, codebooks, rotations) plus a native window ``[B,
    attends the native window in the same softmax.
 
 No token is materialised in full precision outside registers. Codes are exact in fp16 (fp8, int8,
-4-bit codes minus their zero point); scales multiply the fp32 scores; a value is rounded to fp16 once,
-after its scale, as the table kernels round theirs.
+4-bit codes minus their zero point); per-token scales multiply the fp32 scores, block scales multiply the
+codes before the fp16 tensor-core dot (an MX block of tiny values can then fall to fp16's subnormals);
+a value is rounded to fp16 once, after its scale, as the table kernels round theirs.
 
 Supported (else :func:`supports` says why and the dispatcher falls back to PyTorch): head dims that are
 powers of two from 32 to 256, code widths of 1, 2, 3, 4 or 8 bits, block scales of 16 or more
@@ -227,6 +228,13 @@ def _token_split_kernel(
     _store_partials(OACC, OML, acc, m_i, l_i, pid_bh * num_splits + pid_s, g, G, GP, D, V_CW)
 
 
+def _hw_fp8(device) -> bool:
+    """Whether e4m3 bytes convert in hardware (sm_89 and later), else by integer arithmetic (:func:`_e4m3`:
+    older GPUs and the interpreter)."""
+    dev = torch.device(device)
+    return not interpreting() and dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 9)
+
+
 def supports(codec, q_dtype=torch.bfloat16) -> str | None:
     """None when this kernel handles the codec (from its declared token layout), else why not."""
     layout = codec.token_layout()
@@ -240,7 +248,8 @@ def supports(codec, q_dtype=torch.bfloat16) -> str | None:
     for side in (layout.keys, layout.values):
         if side.bits not in (1, 2, 3, 4, 8):
             return f"code width {side.bits} not in (1, 2, 3, 4, 8)"
-        if side.group is not None and (side.group < 16 or side.group & (side.group - 1) or side.bits == 3):
+        if side.group is not None and (side.group < 16 or side.group & (side.group - 1) or side.bits == 3
+                                       or side.group * side.bits % 32):
             return (f"block scales of {side.group} coordinates at {side.bits} bits "
                     "(the kernel reads groups of a power of two >= 16, at 1, 2, 4 or 8 bits)")
     if layout.values.normalize:
@@ -321,7 +330,7 @@ def decode_attention_tokens(q, key_state, value_state, codec, window_k=None, win
         qf, kc, ks, kz, kcb, vc, vs, vz, vcb, lens if lens is not None else qf, oacc, oml,
         T, Hkv, chunk, num_splits, float(kp.side.scale), float(vp.side.scale), sm_scale_log2,
         G=G, GP=GP, D=D, BLOCK_N=block_n, **kconst, **vconst,
-        STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None, HW_FP8=not interpreting(),
+        STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None, HW_FP8=_hw_fp8(dev),
         num_warps=num_warps,
     )
     if vp.rotation is not None:  # partials back to the model's frame: the merge below is linear in them

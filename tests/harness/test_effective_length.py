@@ -71,3 +71,13 @@ def test_the_summary_and_report_carry_it(tmp_path):
 def test_one_length_gives_none(tmp_path):
     rows = _rows({"none": {1024: 0.9}, "a@2": {1024: 0.5}})
     assert effective_lengths(rows, ["a@2"], "none", "string_match_all") == []
+
+
+def test_an_interval_of_no_width_shows_nothing():
+    """Every prompt passing on both sides gives the same difference everywhere: not evidence of keeping it."""
+    base = {1024: 1.0, 2048: 1.0}
+    rows = [r for r in _rows({"none": base, "a@2": base})]
+    for r in rows:
+        r["string_match_all"] = 1.0
+    (a,) = effective_lengths(rows, ["a@2"], "none", "string_match_all")
+    assert a["effective"] == 2048 and a["shown"] is None and a["possible"] == 2048

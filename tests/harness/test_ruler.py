@@ -288,3 +288,14 @@ def test_run_writes_rows_with_the_metrics(lm, tmp_path):
     task = get_task("ruler")(**opts)
     essay = task.build(lm, task.prompts(config.prompts)[1], 0)
     assert "The quick brown fox jumps over the lazy dog." in lm.decode(essay["ids"])
+
+
+def test_scatter_keeps_items_at_one_index_in_their_order():
+    """vt's chain is inserted at sorted depths: two links at the same line must not swap (VAR B = VAR A after
+    VAR A = 12345)."""
+    from harness.tasks.ruler_synthetic import scatter
+
+    lines = [f"n{i}" for i in range(4)]
+    # the depths are sorted and the items go to them in their order
+    assert scatter(lines, [0.5, 0.5, 0.0], ["a", "b", "c"]) == ["a", "n0", "n1", "b", "c", "n2", "n3"]
+    assert scatter(lines, [0.5, 0.5], ["first", "second"]) == ["n0", "n1", "first", "second", "n2", "n3"]

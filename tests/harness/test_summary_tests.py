@@ -62,3 +62,27 @@ def test_margin_gives_a_non_inferiority_verdict_and_the_report_says_it(tmp_path)
     md = (out / "report.md").read_text()
     assert "### Detectable differences from the baseline on" in md and "δ = 0.01 (`--margin`)" in md
     assert "| kivi@2 |" in md and "non-inferior (bound" in md and "Benjamini–Hochberg" in md
+
+
+def test_mcnemar_counts_a_prompt_once_whatever_the_codec_seeds():
+    """A one-seed baseline against a three-seed codec: seeds that agree make one pair per prompt (not three,
+    which would triple the evidence); seeds that disagree leave pass rates, compared by the t interval."""
+    from harness.binary_stats import compare
+
+    base = {(p, 0): 1.0 for p in PROMPTS}
+    agree = {(p, s): 0.0 if i < 6 else 1.0 for i, p in enumerate(PROMPTS) for s in (0, 1, 2)}
+    d = compare(agree, base, True)
+    assert (d.test, d.n) == ("mcnemar", 20) and d.p == pytest.approx(binomtest(0, 6, 0.5).pvalue)
+    split = {(p, s): float(s == 0 and i < 6) for i, p in enumerate(PROMPTS) for s in (0, 1, 2)}
+    assert compare(split, base, True).test == "t"
+
+
+def test_non_inferiority_of_pass_fail_needs_prompts():
+    """Two prompts passing on both sides: no pair disagrees, yet two prompts cannot show a 5-point margin
+    (Newcombe's interval, not a t interval of zero width)."""
+    from harness.binary_stats import non_inferior
+
+    a = b = {("p0", 0): 1.0, ("p1", 0): 1.0}
+    assert non_inferior(a, b, 0.05, True).verdict == "not shown"
+    many = {(f"p{i}", 0): 1.0 for i in range(400)}
+    assert non_inferior(many, many, 0.05, True).verdict == "non-inferior"
