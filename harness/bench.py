@@ -146,15 +146,12 @@ def check_correctness(codec, Hq, Hkv, d, dev, kernel=None) -> float:
 
 
 def triton_path(codec):
-    """The Triton decode kernel that reads this codec: (supports, launch). The engines' presets (a token
-    layout) take :mod:`kernels.triton.token_attention`, the others :mod:`kernels.triton.decode_attention`."""
-    if codec.token_layout() is not None:
-        from kernels.triton import token_attention
+    """The Triton decode kernel that reads this codec (:func:`kernels.attention.triton_kernel`): (supports,
+    launch with the benchmark knobs)."""
+    from kernels.attention import triton_kernel
 
-        return token_attention.supports, token_attention.decode_attention_tokens
-    from kernels.triton import decode_attention
-
-    return decode_attention.supports, decode_attention._launch
+    kernel = triton_kernel(codec)
+    return kernel.supports, getattr(kernel, "decode_attention_tokens", None) or kernel._launch
 
 
 def fused_codecs() -> list[str]:

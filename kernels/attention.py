@@ -110,6 +110,19 @@ def decode_attention_torch(q: torch.Tensor, key_state: Encoded | None, value_sta
                   window_lengths=window_lengths, scale=scale, softcap=softcap)
 
 
+def triton_kernel(codec: Codec):
+    """The fused Triton decode kernel that reads ``codec``'s state, as its module: an engine's preset (a
+    token layout) :mod:`kernels.triton.token_attention`, else :mod:`kernels.triton.decode_attention`
+    (looked up at each call: tests wrap the launchers). Each has ``supports(codec, q_dtype)``."""
+    if codec.token_layout() is not None:
+        from .triton import token_attention
+
+        return token_attention
+    from .triton import decode_attention
+
+    return decode_attention
+
+
 def fused_unsupported(q: torch.Tensor, codec: Codec, device=None) -> str | None:
     """None when the fused Triton kernel can run this call, else the reason it cannot
     (``device`` defaults to q's)."""
@@ -118,12 +131,7 @@ def fused_unsupported(q: torch.Tensor, codec: Codec, device=None) -> str | None:
         return why
     if q.shape[-2] != 1:
         return f"the fused kernel takes one query token per step, got {q.shape[-2]}"
-    if codec.token_layout() is not None:  # per-token scalar codes (the engines' presets)
-        from .triton.token_attention import supports
-    else:
-        from .triton.decode_attention import supports
-
-    return supports(codec, q.dtype)
+    return triton_kernel(codec).supports(codec, q.dtype)
 
 
 def lut_unsupported(q: torch.Tensor, codec: Codec, num_kv_heads: int, device=None) -> str | None:
@@ -183,14 +191,8 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
         return decode_lut.decode_attention_lut(q, key_state, value_state, codec, window_k, window_v, lengths,
                                                window_lengths, scale)
     if path == "triton":
-        if codec.token_layout() is not None:
-            from .triton import token_attention
-
-            return token_attention.decode_attention_tokens(q, key_state, value_state, codec, window_k, window_v,
-                                                           lengths, window_lengths, scale)
-        from .triton import decode_attention as fused  # looked up at each call (tests wrap the launcher)
-
-        return fused.decode_attention_fused(q, key_state, value_state, codec, window_k, window_v, lengths,
-                                            window_lengths, scale)
+        kernel = triton_kernel(codec)
+        launch = getattr(kernel, "decode_attention_tokens", None) or kernel.decode_attention_fused
+        return launch(q, key_state, value_state, codec, window_k, window_v, lengths, window_lengths, scale)
     return decode_attention_torch(q, key_state, value_state, codec, window_k, window_v, lengths, scale,
                                   window_lengths, softcap)
