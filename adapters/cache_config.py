@@ -1,11 +1,11 @@
 """How a rollout's KV cache is compressed: :class:`CacheConfig` (round-trips to JSON), and its defaults."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, fields
 
-from kernels import CodecConfig, codec_class
-from kernels.backend import BACKENDS
-from kernels.config import check_options
+from kernels import CodecConfig
+from kernels.config import CodecChoice
+from kernels.options import options_json
 
 #: Default residual window, in tokens (text). KIVI and the OCTOPUS paper keep a small
 #: full-precision window of recent tokens; 32 is small next to the contexts we score.
@@ -14,29 +14,28 @@ CACHE_CONFIG_VERSION = 2
 ATTENDS = ("score", "reconstruct")
 RESIDUAL_UNITS = ("token", "append")
 PROTECTS = ("none", "boundary-1")
+#: config.json's order of the fields (version 2)
+_JSON_ORDER = ("codec", "bits", "residual", "residual_unit", "protect", "value_bits", "value_group", "seed", "attend",
+               "backend", "options", "memo_decoded")
 
 
-@dataclass
-class CacheConfig:
-    """How a rollout's KV cache is compressed; round-trips to JSON."""
+@dataclass(frozen=True)
+class CacheConfig(CodecChoice):
+    """How a rollout's KV cache is compressed: the codec (its :class:`kernels.config.CodecChoice`: seed, value
+    bits and group, backend, options) and the cache around it; round-trips to JSON. Checked once, when made."""
 
     codec: str = "none"
     bits: int = 16
     residual: int = DEFAULT_RESIDUAL  # native window size
     residual_unit: str = "token"  # "token": the last `residual` tokens; "append": the last `residual` appends (a frame, a scale)
     protect: str | list[int] = "none"  # PROTECTS: "none", "boundary-1" (first and last layer native), or layer indices
-    value_bits: int | None = None  # default: the key bit width
-    value_group: int = 32
-    seed: int = 0
     attend: str = "score"  # ATTENDS: "score": codec score path; "reconstruct": decode keys then attend
-    backend: str = "auto"  # BACKENDS: "auto" (fused kernels on CUDA), "lut", "triton", "torch"
-    options: dict = field(default_factory=dict)  # the codec's options (its Options fields), checked
     #: keep the decoded committed keys/values of non-estimator codecs between reads (speed only:
     #: decoding is deterministic, so results are identical; not counted as cache bytes)
     memo_decoded: bool = True
 
     def __post_init__(self):
-        for name, allowed in (("attend", ATTENDS), ("residual_unit", RESIDUAL_UNITS), ("backend", BACKENDS)):
+        for name, allowed in (("attend", ATTENDS), ("residual_unit", RESIDUAL_UNITS)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"Unknown {name} '{value}'. Available: {', '.join(allowed)}")
@@ -46,21 +45,24 @@ class CacheConfig:
                                  f"or a list of layer indices")
         elif not all(isinstance(i, int) and not isinstance(i, bool) for i in self.protect):
             raise ValueError(f"protect must be {', '.join(PROTECTS)} or a list of layer indices, got {self.protect!r}")
-        # the options belong to the codec: checked against its Options (unknown codec -> its list)
-        self.options = check_options(self.codec, codec_class(self.codec).Options, dict(self.options))
+        # the options belong to the codec: read into its Options (unknown codec -> its list), once
+        self._settle(self.codec, "cache config")
 
     def codec_config(self, head_dim: int, num_heads: int, layer: int = 0) -> CodecConfig:
-        """The config of layer ``layer``'s codec for KV heads ``[B, num_heads, T, head_dim]``, every
-        option resolved (what a report row embeds)."""
-        return CodecConfig(self.codec, self.bits, head_dim, seed=self.seed, layer=layer, num_heads=num_heads,
-                           value_bits=self.value_bits, value_group=self.value_group, backend=self.backend,
-                           options=self.options).resolved()
+        """The config of layer ``layer``'s codec for KV heads ``[B, num_heads, T, head_dim]`` (what a report
+        row embeds): this config's codec choice, its options already checked."""
+        return CodecConfig(name=self.codec, bits=self.bits, head_dim=head_dim, layer=layer, num_heads=num_heads,
+                           seed=self.seed, value_bits=self.value_bits, value_group=self.value_group,
+                           backend=self.backend, options=self.options)
 
     def to_json(self) -> dict:
-        return {"version": CACHE_CONFIG_VERSION, **asdict(self)}
+        d = {k: getattr(self, k) for k in _JSON_ORDER}
+        return {"version": CACHE_CONFIG_VERSION, **d, "options": options_json(self.options)}
 
     @classmethod
     def from_json(cls, d: dict) -> "CacheConfig":
+        if d.get("version", CACHE_CONFIG_VERSION) != CACHE_CONFIG_VERSION:
+            raise ValueError(f"cache config version {d['version']!r} is not the supported {CACHE_CONFIG_VERSION}")
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known - {"version"}
         if unknown:

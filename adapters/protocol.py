@@ -12,9 +12,12 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
+from registry import MODALITIES
+
 from .kv_cache import CacheConfig
 
-MODALITIES = ("text", "video", "audio")
+#: a model's modality: any of :data:`registry.MODALITIES` but 'probe', a codec measured alone (no model)
+MODEL_MODALITIES = tuple(m for m in MODALITIES if m != "probe")
 WINDOW_UNITS = ("token", "append")
 
 
@@ -64,7 +67,7 @@ class CachePolicy:
 
 
 class ModelAdapter(ABC):
-    """The contract of a loaded model. Subclasses set ``modality`` (one of :data:`MODALITIES`) and
+    """The contract of a loaded model. Subclasses set ``modality`` (one of :data:`MODEL_MODALITIES`) and
     ``name`` (the registered name, an attribute or a property) and implement ``geometry``,
     ``describe`` and ``cache_policy``."""
 
@@ -73,8 +76,9 @@ class ModelAdapter(ABC):
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        if cls.modality and cls.modality not in MODALITIES:
-            raise ValueError(f"{cls.__name__}: unknown modality '{cls.modality}'. Available: {', '.join(MODALITIES)}")
+        if cls.modality and cls.modality not in MODEL_MODALITIES:
+            raise ValueError(f"{cls.__name__}: unknown modality '{cls.modality}'. "
+                             f"Available: {', '.join(MODEL_MODALITIES)}")
 
     @property
     @abstractmethod

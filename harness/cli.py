@@ -14,173 +14,110 @@
   harness probe ... / harness bench ...         the synthetic probe / kernel benchmarks
   harness lm-eval --model kvcodec --model_args pretrained=DIR,codec=octopus,bits=3 --tasks T
                                                 lm-evaluation-harness tasks through the compressed cache
+  harness lm-eval-sweep --codecs octopus kivi --bits 2 3   prompts/lm_eval's tasks, codecs x bits against
+                                                --model hf in one process: a table with 95% intervals
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import os
 import sys
-import types
 import typing
-from dataclasses import MISSING, Field, fields
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
+
+from tyro.conf import Positional, arg
+
+from harness.config import PRESETS, RunConfig, with_preset
+from harness.flags import nest, parse
+
+Preset = Literal[tuple(PRESETS)]
 
 
-def _flag(f: Field) -> str:
-    return f.metadata["cli"]["flag"] or "--" + f.name.replace("_", "-")
+@dataclass
+class RunCommand:
+    """``harness run``: the run's configuration and where it goes."""
+
+    config: RunConfig
+    preset: Annotated[Preset, arg(
+        help="'default': the quick sweep (every codec; minutes on a CPU); 'full': the paper-sized sweep (perplexity "
+        "at 1,024 tokens and needles, 5 codec seeds; hours on a CPU); 'deployed': the KV caches engines deploy, "
+        "beside OCTOPUS and TurboQuant-MSE; 'ruler': the needle task with RULER's niah defaults (4 needles, 128 "
+        "answer tokens, string_match_all). Flags given replace the preset's values")] = "default"
+    out: Annotated[Path | None, arg(
+        help="run folder (default reports/<model>-<config hash>; reruns resume)", metavar="DIR")] = None
+    fresh: Annotated[bool, arg(help="discard what --out holds and start over")] = False
+    quiet: Annotated[bool, arg(help="no progress bars")] = False
+    shard: Annotated[str | None, arg(
+        help="run shard I of N (0-based) of the run's prompts, in the same --out as the other shards; the last to "
+        "end merges (default: from RANK/WORLD_SIZE or SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT where set, else "
+        "the whole run)", metavar="I/N")] = None
 
 
-def _kind(tp) -> tuple[str, type]:
-    """(how the field is parsed, its element/value type) from its annotation."""
-    origin = typing.get_origin(tp)
-    if tp is bool:
-        return "switch", bool
-    if origin is list:
-        return "list", typing.get_args(tp)[0]
-    if origin is dict:
-        return "options", str
-    if origin in (typing.Union, types.UnionType):  # `int | None`: the non-None type
-        args = [t for t in typing.get_args(tp) if t is not type(None)]
-        return "value", args[0] if len(args) == 1 else str
-    return "value", tp
+def parse_run(argv: list[str], prog: str = "harness run") -> RunCommand:
+    """``harness run``'s arguments: the preset's values under the flags given (task and codec options merge per
+    option; the preset's options of a task the flags leave out of the run go)."""
+    preset = _preset(argv)
+    base = RunConfig(**with_preset(preset, {}))
+    cmd = parse(RunCommand, argv, prog=prog, description=RunCommand.__doc__,
+                default=RunCommand(config=base, preset=preset))
+    c = cmd.config
+    c.task_options, given_tasks = nest(c.task_options)
+    c.codec_options, _ = nest(c.codec_options)
+    if c.tasks != base.tasks:  # tasks given: a preset's options of a task left out go
+        c.task_options = {t: o for t, o in c.task_options.items() if t in c.tasks or t in given_tasks}
+    return cmd
 
 
-def _list_item(flag: str, kind: type):
-    def parse(s: str) -> list:
-        """'a,b' -> [a, b]: lists may be space- or comma-separated."""
-        try:
-            return [kind(v) for v in s.split(",") if v]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes {kind.__name__} values, got '{s}'") from None
-    return parse
+def _preset(argv: list[str]) -> str:
+    """``--preset``'s value (checked by the parse proper), read first: it gives every other flag's default."""
+    for i, a in enumerate(argv):
+        if a == "--preset" and i + 1 < len(argv):
+            return argv[i + 1] if argv[i + 1] in PRESETS else "default"
+        if a.startswith("--preset="):
+            return a.partition("=")[2] if a.partition("=")[2] in PRESETS else "default"
+    return "default"
 
 
-def _option_item(flag: str, metavar: str):
-    def parse(s: str) -> tuple[str, str, str]:
-        """'OWNER.NAME=VALUE' -> (owner, name, value)."""
-        key, eq, value = s.partition("=")
-        owner, dot, name = key.partition(".")
-        if not eq or not dot or not owner or not name:
-            raise argparse.ArgumentTypeError(f"{flag} takes {metavar}, got '{s}'")
-        return owner, name, value
-    return parse
-
-
-def _value(flag: str, parse):
-    def wrapped(s: str):
-        try:
-            return parse(s)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e) if parse.__module__ != "builtins" else
-                                             f"{flag} takes {parse.__name__} values, got '{s}'") from None
-    return wrapped
-
-
-def _default_text(f: Field, m: dict) -> str:
-    if m["default_note"]:
-        return f" (default: {m['default_note']})"
-    default = f.default_factory() if f.default_factory is not MISSING else f.default
-    if default is None or isinstance(default, (bool, dict)) or default == []:
-        return ""
-    return f" (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
-
-
-def add_config_arguments(p: argparse.ArgumentParser, cls=None) -> None:
-    """One option per field of ``cls`` (default :class:`RunConfig`) that carries ``cli`` metadata.
-    Options left out are absent from the namespace, so the dataclass defaults apply."""
-    from harness.config import RunConfig
-
-    cls = cls or RunConfig
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        m = f.metadata.get("cli")
-        if m is None:
-            continue
-        flag, (kind, tp) = _flag(f), _kind(hints[f.name])
-        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=m["help"] + _default_text(f, m),
-                  metavar=m["metavar"] or flag.lstrip("-").replace("-", "_").upper())
-        if kind == "switch":
-            kw.update(action="store_const", const=not f.default, metavar=None)
-        elif kind == "list":
-            kw.update(nargs="+", type=_list_item(flag, tp))
-        elif kind == "options":
-            kw.update(action="append", type=_option_item(flag, m["metavar"]))
-        else:
-            kw.update(type=_value(flag, m["parse"] or tp), choices=m["choices"])
-            if m["choices"]:
-                del kw["metavar"]  # argparse shows {a,b}
-        p.add_argument(flag, **kw)
-
-
-def config_from_args(a: argparse.Namespace, cls=None):
-    """The dataclass (default :class:`RunConfig`) of the options ``add_config_arguments`` parsed."""
-    from harness.config import RunConfig
-
-    cls = cls or RunConfig
-    return cls(**config_kwargs(a, cls))
-
-
-def config_kwargs(a: argparse.Namespace, cls) -> dict:
-    """The fields of ``cls`` given on the command line (the others are left out)."""
-    hints = typing.get_type_hints(cls)
-    given = vars(a)
-    kw = {}
-    for f in fields(cls):
-        if "cli" not in f.metadata or f.name not in given:
-            continue
-        kind, value = _kind(hints[f.name])[0], given[f.name]
-        if kind == "list":
-            value = [v for part in value for v in part]
-            if not value:  # `--codec ,`: nothing given, the default applies
-                continue
-        elif kind == "options":
-            nested: dict[str, dict[str, str]] = {}
-            for owner, name, v in value:
-                nested.setdefault(owner, {})[name] = v
-            value = nested
-        kw[f.name] = value
-    return kw
-
-
-def run_parser(p: argparse.ArgumentParser) -> None:
-    from harness.config import PRESETS
-
-    p.add_argument("--preset", default="default", choices=tuple(PRESETS),
-                   help="'default': the quick sweep (every codec; minutes on a CPU); 'full': the paper-sized "
-                        "sweep (perplexity at 1,024 tokens and needles, 5 codec seeds; hours on a CPU); 'ruler': the "
-                        "needle task with RULER's niah defaults (4 needles, 128 answer tokens, string_match_all). "
-                        "Flags given replace the preset's values")
-    add_config_arguments(p)
-    p.add_argument("--out", type=Path, help="run folder (default reports/<model>-<config hash>; reruns resume)")
-    p.add_argument("--fresh", action="store_true", help="discard what --out holds and start over")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based) of the run's prompts, in the same "
-                   "--out as the other shards; the last to end merges (default: from RANK/WORLD_SIZE or "
-                   "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT where set, else the whole run)")
-
-
-def run_config(a: argparse.Namespace):
-    """The :class:`RunConfig` of ``harness run``'s parsed arguments (the preset under the flags given)."""
-    from harness.config import RunConfig, with_preset
-
-    return RunConfig(**with_preset(a.preset, config_kwargs(a, RunConfig)))
-
-
-def cmd_run(a) -> int:
+def cmd_run(argv: list[str]) -> int:
     from harness.runner import run
     from harness.shard import Shard, pin_local_gpu
 
     pin_local_gpu(os.environ)  # torchrun / accelerate: this process's GPU, before CUDA starts
-    config = run_config(a)
-    shard = Shard.parse(a.shard) if a.shard else Shard.from_env(os.environ)
-    out = run(config, out=a.out, fresh=a.fresh, progress=not a.quiet, shard=shard)
+    cmd = parse_run(argv)
+    shard = Shard.parse(cmd.shard) if cmd.shard else Shard.from_env(os.environ)
+    out = run(cmd.config, out=cmd.out, fresh=cmd.fresh, progress=not cmd.quiet, shard=shard)
     print(f"report: {out / 'report.md'} and {out / 'report.html'}")
     return 0
 
 
-def cmd_compare(a) -> int:
+@dataclass
+class CompareCommand:
+    """``harness compare``: later runs against the first, paired per configuration (refused for other models or
+    prompts), and per-prompt tables."""
+
+    runs: Annotated[list[Path], Positional, arg(metavar="RUN")]
+    out: Annotated[Path | None, arg(help="write the markdown here instead of stdout", metavar="FILE")] = None
+    html: Annotated[Path | None, arg(
+        help="also write the comparison as an HTML page (plotly.min.js beside it; links to each run's report.html)",
+        metavar="PAGE")] = None
+
+
+@dataclass
+class ReportCommand:
+    """``harness report``: rebuild summary.json, report.md and report.html of a run (merging its shards' rows)."""
+
+    run: Annotated[Path, Positional, arg(metavar="RUN")]
+
+
+@dataclass
+class ListCommand:
+    """``harness list``: models, codecs (with bits and options), tasks (with options), metrics."""
+
+
+def cmd_compare(a: CompareCommand) -> int:
     from harness.compare import compare
 
     text = compare(a.runs)
@@ -196,7 +133,7 @@ def cmd_compare(a) -> int:
     return 0
 
 
-def cmd_report(a) -> int:
+def cmd_report(a: ReportCommand) -> int:
     from harness.merge import report
 
     report(a.run)
@@ -213,10 +150,23 @@ def _opt_text(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def cmd_list(a) -> int:
+def _option_lines(options_cls) -> list[tuple]:
+    """(field, its type as shown) of an ``Options`` dataclass, in declaration order."""
+    hints = typing.get_type_hints(options_cls)
+    out = []
+    for f in dataclasses.fields(options_cls):
+        tp = hints[f.name]
+        literal = typing.get_origin(tp) is typing.Literal
+        shown = "one of " + "|".join(map(str, typing.get_args(tp))) if literal else str(tp).replace("typing.", "")
+        out.append((f, shown))
+    return out
+
+
+def cmd_list(a: ListCommand) -> int:
     from adapters.registry import list_models
     from harness.tasks import UNAVAILABLE, list_tasks
     from kernels import codec_class, list_codecs
+    from kernels.options import help_of
     from metrics import list_metrics
 
     print("models:")
@@ -225,19 +175,14 @@ def cmd_list(a) -> int:
     print("codecs (bits):")
     for name, bits in list_codecs().items():
         print(f"  {name:<26} {','.join(map(str, bits))}")
-        opts = codec_class(name).Options
-        hints = typing.get_type_hints(opts)
-        for f in dataclasses.fields(opts):
-            tp = hints[f.name]
-            shown = ("one of " + "|".join(map(str, typing.get_args(tp)))) if typing.get_origin(tp) is typing.Literal \
-                else str(tp).replace("typing.", "")
+        for f, shown in _option_lines(codec_class(name).Options):
             print(f"      --codec-opt {name}.{f.name}={_opt_text(f.default)}  ({shown})")
     print("tasks:")
     for name, cls in list_tasks().items():
         print(f"  {name:<26} {cls.modality:<6} metrics: {', '.join(cls.metrics)}")
-        for opt, (default, help_, *_) in getattr(cls, "option_defaults", {}).items():
-            d = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else default
-            print(f"      --task-opt {name}.{opt}={d}  {help_}")
+        for f, _ in _option_lines(cls.Options):
+            d = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+            print(f"      --task-opt {name}.{f.name}={d}  {help_of(f)}")
     for mod, why in sorted(UNAVAILABLE.items()):
         print(f"  ({mod}: unavailable, {why})")
     print("metrics (direction):")
@@ -248,7 +193,7 @@ def cmd_list(a) -> int:
 
 
 #: subcommands that need an optional extra: the package they import, the extra that installs it
-EXTRAS = {"lm-eval": ("lm_eval", "lm-eval")}
+EXTRAS = {"lm-eval": ("lm_eval", "lm-eval"), "lm-eval-sweep": ("lm_eval", "lm-eval")}
 
 
 def _delegate(module: str, what: str, argv: list[str]) -> int:
@@ -274,39 +219,32 @@ def _delegate(module: str, what: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("probe", "bench"):  # their own argument parsers
-        return _delegate(f"harness.{argv[0]}", argv[0], argv[1:])
-    if argv and argv[0] == "launch":  # its own options, then `--` and the run's
-        return _delegate("harness.launch", "launch", argv[1:])
-    if argv and argv[0] == "lm-eval":  # lm-eval's own command line, with the kvcodec model registered
-        return _delegate("harness.lm_eval_model", "lm-eval", argv[1:])
-    parser = argparse.ArgumentParser(prog="harness", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd")
-    run_parser(sub.add_parser("run", help="run codecs against the uncompressed baseline"))
-    pc = sub.add_parser("compare", help="later runs against the first, paired per configuration "
-                                        "(refused for other models or prompts), and per-prompt tables")
-    pc.add_argument("runs", nargs="+", type=Path)
-    pc.add_argument("--out", type=Path, help="write the markdown here instead of stdout")
-    pc.add_argument("--html", type=Path, metavar="PAGE", help="also write the comparison as an HTML page "
-                    "(plotly.min.js beside it; links to each run's report.html)")
-    pr = sub.add_parser("report", help="rebuild summary.json, report.md and report.html of a run")
-    pr.add_argument("run", type=Path)
-    sub.add_parser("list", help="models, codecs, tasks, metrics")
-    sub.add_parser("launch", help="one run as shards in several processes: --gpus 0,1 / --procs N / --slurm "
-                                  "(harness launch --help)")
-    sub.add_parser("probe", help="the synthetic probe (harness probe --help)")
-    sub.add_parser("bench", help="kernel benchmarks (harness bench --help)")
-    sub.add_parser("lm-eval", help="lm-evaluation-harness with the 'kvcodec' model: harness lm-eval --model kvcodec "
-                                   "--model_args pretrained=DIR,codec=octopus,bits=3 --tasks T (needs '.[lm-eval]')")
-    a = parser.parse_args(argv)
-    if a.cmd is None:
-        parser.print_help()
+    if argv and argv[0] in DELEGATED:
+        return _delegate(DELEGATED[argv[0]], argv[0], argv[1:])
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
         return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"harness: error: unknown command '{name}'; use one of {', '.join(COMMANDS)} (harness --help)",
+              file=sys.stderr)
+        return 2
+    handler = globals()[f"cmd_{name}"]  # looked up at call time (tests replace one)
     try:
-        return {"run": cmd_run, "compare": cmd_compare, "report": cmd_report, "list": cmd_list}[a.cmd](a)
+        if name == "run":  # its preset gives the defaults: parsed in two steps (parse_run)
+            return handler(rest)
+        cls = COMMANDS[name]
+        return handler(parse(cls, rest, prog=f"harness {name}", description=cls.__doc__))
     except Exception as e:  # noqa: BLE001 (one line for any input; HARNESS_DEBUG=1 for the traceback)
-        return error(a.cmd, e)
+        return error(name, e)
+
+
+#: the commands parsed here, each from its dataclass
+COMMANDS = {"run": RunCommand, "compare": CompareCommand, "report": ReportCommand, "list": ListCommand}
+#: the commands whose module parses its own arguments: the benchmarks and the probe, launch (its options, then
+#: ``--`` and the run's), lm-eval (its own command line, with the kvcodec model registered) and the lm-eval sweep
+DELEGATED = {"probe": "harness.bench.probe", "bench": "harness.bench", "launch": "harness.launch",
+             "lm-eval": "harness.lm_eval_model", "lm-eval-sweep": "harness.lm_eval_sweep"}
 
 
 def debugging() -> bool:

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .environment import environment_diff
-from .input_files import read_run_json
-from .rows import BASELINE_LABEL, read_rows
+from .formatting import arrow, display, fmt, fmt_ci, fmt_diff, values
+from .rows import BASELINE_LABEL
+from .run_data import RunData, read_run
 from .stats import interval, paired
-from .summary import cells, summarize
-from .tables import arrow, display, fmt, fmt_ci, fmt_diff, per_prompt_table, values
+from .summary import cells, summarize_run
+from .tables import per_prompt_table
 
 #: row fields that count a prompt's tokens: equal ids with other counts are other prompts
 PROMPT_FIELDS = ("tokens", "scored_tokens")
@@ -41,19 +42,33 @@ class CompareError(ValueError):
 
 @dataclass
 class Run:
-    name: str
-    rows: list[dict]
+    """A run folder as read once (:func:`harness.run_data.read_run`) and its summary, made again from its rows."""
+    data: RunData
     summary: dict
-    config: dict
-    model: dict  # model.json ({} where absent)
+
+    @property
+    def name(self) -> str:
+        return self.data.name
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.data.rows
+
+    @property
+    def config(self) -> dict:
+        return self.data.config
+
+    @property
+    def model(self) -> dict:  # model.json ({} where absent)
+        return self.data.model
 
 
 def load_run(d: Path) -> Run:
     d = Path(d)
     if not (d / "rows.jsonl").exists():
         raise FileNotFoundError(f"{d} is not a run folder (no rows.jsonl); runs are under reports/")
-    model = read_run_json(d / "model.json", {})
-    return Run(d.name, read_rows(d / "rows.jsonl"), summarize(d), read_run_json(d / "config.json"), model)
+    data = read_run(d)
+    return Run(data, summarize_run(data))
 
 
 # --- what must match ------------------------------------------------------------------------------
@@ -152,7 +167,8 @@ def _task_pairs(a: Run, b: Run, task: str) -> list[str]:
                f"| config | {a.name} | {b.name} | {b.name} − {a.name} ± 95% | {b.name} is | n |",
                "|---|---|---|---|---|---|"]
         md += [f"| {p['label']} | {fmt_ci(p['a'], with_n=False)} | {fmt_ci(p['b'], with_n=False)} | "
-               f"{fmt_diff(p['diff'], with_word=False)} | {p['diff']['word'] or '—'} | {p['diff']['n']} |" for p in rows]
+               f"{fmt_diff(p['diff'], with_word=False)} | {p['diff']['word'] or '—'} | {p['diff']['n']} |"
+               for p in rows]
         md.append("")
     return md
 
@@ -189,7 +205,8 @@ def task_metrics(runs: list[Run], task: str) -> list[dict]:
 
 def task_prompts(runs: list[Run], task: str) -> list[str]:
     """The prompts of ``task`` over ``runs``, in first-seen order."""
-    return list(dict.fromkeys(p for r in runs if task in r.summary["tasks"] for p in r.summary["tasks"][task]["prompts"]))
+    return list(dict.fromkeys(p for r in runs if task in r.summary["tasks"]
+                              for p in r.summary["tasks"][task]["prompts"]))
 
 
 def per_prompt_entries(runs: list[Run], task: str, metric: str) -> list[tuple[str, dict, dict]]:
@@ -200,7 +217,8 @@ def per_prompt_entries(runs: list[Run], task: str, metric: str) -> list[tuple[st
         base = values(r.rows, task, BASELINE_LABEL, metric)
         for g in r.summary["tasks"][task]["groups"]:
             label = f"{g['label']} ({fmt(g.get('bits_per_coord'), 3)} b/coord)"
-            entries.append((f"{r.name}: {label}" if len(runs) > 1 else label, values(r.rows, task, g["label"], metric), base))
+            name = f"{r.name}: {label}" if len(runs) > 1 else label
+            entries.append((name, values(r.rows, task, g["label"], metric), base))
     return entries
 
 

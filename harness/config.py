@@ -1,5 +1,5 @@
-"""The run configuration: :class:`RunConfig`, the defaults, and the metadata each field carries
-for the ``harness run`` command line (which :mod:`harness.cli` derives from these fields)."""
+"""The run configuration: :class:`RunConfig`, the defaults, and the presets. Each field's annotation
+declares its ``harness run`` flag (:mod:`harness.flags` has tyro generate the command line from them)."""
 from __future__ import annotations
 
 import math
@@ -8,18 +8,22 @@ import hashlib
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Literal
+
+from tyro.conf import arg
 
 from adapters.kv_cache import DEFAULT_RESIDUAL, CacheConfig
 from kernels.backend import BACKENDS
 
+from .flags import owner_options, parsed, values
 from .rows import dumps
+
+Backend = Literal[BACKENDS]
 
 RUN_CONFIG_VERSION = 1
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_CODECS = ("octopus", "turboquant-mse", "turboquant-prod", "qjl", "polarquant", "polarquant-2d", "quarot", "kivi")
 DEFAULT_BITS = (2, 3, 4)
-DEFAULT_TASKS = {"text": ("perplexity",)}
 #: three draws of every randomized codec: enough for the interval to see seed-to-seed spread
 DEFAULT_CODEC_SEEDS = (0, 1, 2)
 #: ``--batch-size`` left out, per device type. CPU: 8 (a CPU gains little from larger batches, and
@@ -34,15 +38,6 @@ class RunError(ValueError):
     pass
 
 
-def cli(help: str, *, flag: str | None = None, choices: tuple | None = None, parse: Callable | None = None,
-        metavar: str | None = None, default_note: str | None = None) -> dict:
-    """Field metadata for the command line: ``flag`` (default ``--field-name``), closed ``choices``,
-    ``parse`` (string -> value, raising ValueError with the allowed forms), ``metavar``, and
-    ``default_note`` (shown instead of the default value when that says more)."""
-    return {"cli": {"help": help, "flag": flag, "choices": choices, "parse": parse, "metavar": metavar,
-                    "default_note": default_note}}
-
-
 def parse_protect(s: str) -> str | list[int]:
     if s in ("none", "boundary-1"):
         return s
@@ -52,72 +47,94 @@ def parse_protect(s: str) -> str | list[int]:
         raise ValueError(f"--protect takes 'none', 'boundary-1' or layer indices like 0,29; got '{s}'") from None
 
 
+def _protect_text(p) -> str:
+    return p if isinstance(p, str) else ",".join(map(str, p))
+
+
+# the command line's forms beyond tyro's own (harness/flags.py)
+_STRS = {flag: values(str, flag) for flag in ("--task", "--codec")}
+_INTS = {flag: values(int, flag) for flag in ("--bits", "--codec-seeds")}
+_PROTECT = parsed(parse_protect, "PROTECT", _protect_text)
+_TASK_OPT = owner_options("--task-opt", "TASK.NAME=VALUE")
+_CODEC_OPT = owner_options("--codec-opt", "CODEC.NAME=VALUE")
+
+
+def _default_is(note: str) -> str:
+    return f"(default: {note})"
+
+
 @dataclass
 class RunConfig:
-    """Everything that decides a run's numbers; round-trips to JSON. The field order is the
-    order of config.json and of ``harness run --help``."""
+    """Everything that decides a run's numbers (each field's annotation declares its flag); round-trips to JSON.
 
-    model: str = field(default=DEFAULT_MODEL, metadata=cli("model name (see `harness list`)"))
-    model_path: str | None = field(default=None, metadata=cli(
-        "local checkpoint directory (or .gguf file) for the model"))
-    tasks: list[str] = field(default_factory=list, metadata=cli(
-        "task(s)", flag="--task", default_note="the model's; text: perplexity needle"))
-    codecs: list[str] = field(default_factory=lambda: list(DEFAULT_CODECS), metadata=cli(
-        "codec(s); NAME@B[,B...] runs that codec at its own bit widths instead of --bits (an engine's preset: "
-        "vllm-int8-per-token-head@8)", flag="--codec"))
-    bits: list[int] = field(default_factory=lambda: list(DEFAULT_BITS), metadata=cli("key bit width(s)"))
-    prompts: str | None = field(default=None, metadata=cli(
-        "prompt source: a path, or for text wikitext2 / c4", default_note="the task's default; text: offline corpus"))
-    limit: int | None = field(default=None, metadata=cli("at most this many prompts per task"))
-    margin: float | None = field(default=None, metadata=cli(
-        "non-inferiority margin on each task's headline metric, in its units: the report says which configurations "
-        "are shown to be no worse than the baseline by more than this (a one-sided bound at the 95 percent level)"))
-    seed: int = field(default=0, metadata=cli(
-        "prompt seed: every draw of the prompts and rollouts (needles, noise, sampling)"))
-    codec_seeds: list[int] = field(default_factory=lambda: list(DEFAULT_CODEC_SEEDS), metadata=cli(
-        "codec seeds: a randomized codec (rotation signs, projections) runs once per seed; a deterministic "
-        "codec and the baseline run once"))
-    residual: int = field(default=DEFAULT_RESIDUAL, metadata=cli("native window in tokens"))
-    protect: str | list[int] = field(default="none", metadata=cli(
-        "layers kept native: none, boundary-1, or 0,29", parse=parse_protect))
-    value_bits: int | None = field(default=None, metadata=cli(
-        "value bit width", default_note="the key bit width"))
-    value_group: int = field(default=32, metadata=cli("value quantization group size"))
-    attend: str = field(default="score", metadata=cli(
-        "read keys through each codec's score estimator or its reconstruction", choices=("score", "reconstruct")))
-    backend: str = field(default="auto", metadata=cli("attention backend", choices=BACKENDS))
-    device: str = field(default="auto", metadata=cli("auto (cuda if available), cpu, cuda, cuda:1, ..."))
-    dtype: str = field(default="auto", metadata=cli(
-        "auto (float32 on cpu, bfloat16 on cuda), float32, bfloat16, float16"))
-    batch_size: int | None = field(default=None, metadata=cli(
-        "prompts run together through one cache by the text tasks (left-padded; rows do not depend on it "
-        "beyond float rounding, which in bfloat16 can flip a greedy token)",
-        default_note=f"auto: {AUTO_BATCH_SIZE['cpu']} on cpu, {AUTO_BATCH_SIZE['cuda']} on cuda"))
-    task_options: dict[str, dict] = field(default_factory=dict, metadata=cli(
-        "task option, repeatable (e.g. needle.contexts=512,1024; see `harness list`)",
-        flag="--task-opt", metavar="TASK.NAME=VALUE"))
-    codec_options: dict[str, dict[str, str]] = field(default_factory=dict, metadata=cli(
-        "codec option, repeatable (e.g. octopus.split=3,3,3)", flag="--codec-opt", metavar="CODEC.NAME=VALUE"))
+    The field order is the order of config.json and of ``harness run --help``."""
+
+    model: Annotated[str, arg(help="model name (see `harness list`)")] = DEFAULT_MODEL
+    model_path: Annotated[str | None, arg(
+        help="local checkpoint directory (or .gguf file) for the model", metavar="PATH")] = None
+    tasks: Annotated[list[str], _STRS["--task"], arg(
+        name="task", help="task(s)", help_behavior_hint=_default_is("the model's own; text: perplexity"))] = \
+        field(default_factory=list)
+    codecs: Annotated[list[str], _STRS["--codec"], arg(
+        name="codec", help="codec(s); NAME@B[,B...] runs that codec at its own bit widths instead of --bits (an "
+        "engine's preset: vllm-int8-per-token-head@8)")] = field(default_factory=lambda: list(DEFAULT_CODECS))
+    bits: Annotated[list[int], _INTS["--bits"], arg(help="key bit width(s)")] = \
+        field(default_factory=lambda: list(DEFAULT_BITS))
+    prompts: Annotated[str | None, arg(
+        help="prompt source: a path, or for text wikitext2 / c4", metavar="SOURCE",
+        help_behavior_hint=_default_is("the task's default; text: offline corpus"))] = None
+    limit: Annotated[int | None, arg(help="at most this many prompts per task", metavar="N")] = None
+    margin: Annotated[float | None, arg(
+        help="non-inferiority margin on each task's headline metric, in its units: the report says which "
+        "configurations are shown to be no worse than the baseline by more than this (a one-sided bound at the "
+        "95 percent level)", metavar="DELTA")] = None
+    seed: Annotated[int, arg(
+        help="prompt seed: every draw of the prompts and rollouts (needles, noise, sampling)")] = 0
+    codec_seeds: Annotated[list[int], _INTS["--codec-seeds"], arg(
+        help="codec seeds: a randomized codec (rotation signs, projections) runs once per seed; a deterministic "
+        "codec and the baseline run once")] = field(default_factory=lambda: list(DEFAULT_CODEC_SEEDS))
+    residual: Annotated[int, arg(help="native window in tokens")] = DEFAULT_RESIDUAL
+    protect: Annotated[str | list[int], _PROTECT, arg(help="layers kept native: none, boundary-1, or 0,29")] = "none"
+    value_bits: Annotated[int | None, arg(
+        help="value bit width", metavar="BITS", help_behavior_hint=_default_is("the key bit width"))] = None
+    value_group: Annotated[int, arg(help="value quantization group size")] = 32
+    attend: Annotated[Literal["score", "reconstruct"], arg(
+        help="read keys through each codec's score estimator or its reconstruction")] = "score"
+    backend: Annotated[Backend, arg(help="attention backend")] = "auto"
+    device: Annotated[str, arg(help="auto (cuda if available), cpu, cuda, cuda:1, ...")] = "auto"
+    dtype: Annotated[str, arg(help="auto (float32 on cpu, bfloat16 on cuda), float32, bfloat16, float16")] = "auto"
+    batch_size: Annotated[int | None, arg(
+        help="prompts run together through one cache by the text tasks (left-padded; rows do not depend on it "
+        "beyond float rounding, which in bfloat16 can flip a greedy token)", metavar="N",
+        help_behavior_hint=_default_is(f"auto: {AUTO_BATCH_SIZE['cpu']} on cpu, {AUTO_BATCH_SIZE['cuda']} on cuda")
+    )] = None
+    task_options: Annotated[dict[str, dict], _TASK_OPT, arg(
+        name="task-opt", help="task option, repeatable (e.g. needle.contexts=512,1024; see `harness list`)",
+        help_behavior_hint="")] = field(default_factory=dict)
+    codec_options: Annotated[dict[str, dict[str, str]], _CODEC_OPT, arg(
+        name="codec-opt", help="codec option, repeatable (e.g. octopus.split=3,3,3)", help_behavior_hint="")] = \
+        field(default_factory=dict)
     # also run codec 'none' through the cache path (a row per prompt; KL must be 0)
-    baseline: bool = field(default=True, metadata=cli("do not add the codec 'none' rows", flag="--no-baseline-row"))
+    baseline: Annotated[bool, arg(name="baseline-row", help="do not add the codec 'none' rows",
+                                  help_behavior_hint="")] = True
 
     # --- scale (harness.shard, docs/scale_out.md) ---
     # a text model larger than one GPU: its layers spread over the visible GPUs by accelerate
-    device_map: str | None = field(default=None, metadata=cli(
-        "'auto': spread a text model that does not fit one GPU over every visible GPU (accelerate)",
-        choices=("auto",)))
+    device_map: Annotated[Literal["auto"] | None, arg(
+        help="'auto': spread a text model that does not fit one GPU over every visible GPU (accelerate)")] = None
 
     # greedy decode steps of text models: replayed from a CUDA graph where the cache allows (equal to
     # eager steps to float rounding), or eager
-    graphs: str = field(default="auto", metadata=cli(
-        "decode steps of text models: auto (CUDA graphs on CUDA where the cache allows), off (eager)",
-        choices=("auto", "off")))
+    graphs: Annotated[Literal["auto", "off"], arg(
+        help="decode steps of text models: auto (CUDA graphs on CUDA where the cache allows), off (eager)")] = "auto"
 
     def to_json(self) -> dict:
         return {"version": RUN_CONFIG_VERSION, **asdict(self)}
 
     @classmethod
     def from_json(cls, d: dict) -> "RunConfig":
+        if d.get("version", RUN_CONFIG_VERSION) != RUN_CONFIG_VERSION:
+            raise ValueError(f"run config version {d['version']!r} is not the supported {RUN_CONFIG_VERSION}")
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known - {"version"}
         if unknown:
@@ -196,13 +213,13 @@ class RunConfig:
     def default_out(self) -> Path:
         return REPORTS_DIR / f"{self.model}-{self.digest()}"
 
-    def codec_options_for(self, codec: str) -> dict:
-        """The options of ``codec`` as CacheConfig.options holds them: the strings of ``--codec-opt``
-        read by the types of the codec's ``Options`` (the one place they are parsed)."""
-        from kernels.config import parse_codec_options
+    def codec_options_for(self, codec: str):
+        """Codec ``codec``'s ``Options`` instance: the strings of ``--codec-opt`` read by the types of its
+        fields (the one place they are parsed; every config made from it trusts it)."""
+        from kernels.config import codec_options
 
         try:
-            return parse_codec_options(codec, self.codec_options.get(codec, {}))
+            return codec_options(codec, self.codec_options.get(codec, {}), strings=True)
         except ValueError as e:
             raise RunError(f"--codec-opt: {e}") from None
 
@@ -223,7 +240,7 @@ class RunConfig:
             options = self.codec_options_for(codec)
             for b in bits:
                 if all((c.codec, c.bits) != (codec, b) for c in out):  # each (codec, bits) once
-                    out.append(CacheConfig(codec=codec, bits=b, options=dict(options), **common))
+                    out.append(CacheConfig(codec=codec, bits=b, options=options, **common))
         return out
 
     def codec_entries(self) -> list[tuple[str, list[int]]]:

@@ -9,22 +9,16 @@ it has no width: every prompt gave the same difference, e.g. all passed on both 
 effective length is the longest L up to which every length keeps the mean ratio score / baseline >= 0.85;
 ``shown`` the longest up to which every length is kept (what the data establishes), ``possible`` the
 longest up to which none is lost (what the data does not rule out). None: not even the shortest length.
+The summary (:mod:`harness.summary`) hands it each configuration's cells per length; it reads no rows.
 """
 from __future__ import annotations
 
-from .rows import codec_seed, num
-from .stats import interval, pair_cells
+from .stats import Cells, interval, pair_cells
 
 THRESHOLD = 0.85
 
 
-def _at(rows: list[dict], metric: str, context: int) -> dict[tuple[str, int], float]:
-    """{(prompt, codec seed): value} of ``metric`` over the rows of one context length."""
-    return {(r["prompt"], codec_seed(r)): num(r.get(metric)) for r in rows
-            if (r.get("prompt_meta") or {}).get("context") == context and num(r.get(metric)) is not None}
-
-
-def _longest(contexts: list[int], ok: list[bool]) -> int | None:
+def longest(contexts: list[int], ok: list[bool]) -> int | None:
     """The longest context up to which every one is ``ok`` (None: not the first)."""
     best = None
     for c, good in zip(contexts, ok):
@@ -34,22 +28,20 @@ def _longest(contexts: list[int], ok: list[bool]) -> int | None:
     return best
 
 
-def effective_lengths(trows: list[dict], labels: list[str], baseline: str, metric: str,
+def effective_lengths(base: dict[int, Cells], configs: dict[str, dict[int, Cells]],
                       threshold: float = THRESHOLD) -> list[dict]:
-    """Per configuration of ``labels``: {label, points: [{context, score, baseline, ratio, diff: {mean, ci95}}],
-    effective, shown, possible}, on the rows' ``prompt_meta.context`` lengths ([] with fewer than two lengths
-    or no baseline)."""
-    contexts = sorted({(r.get("prompt_meta") or {}).get("context") for r in trows} - {None})
-    base_rows = [r for r in trows if r["label"] == baseline]
-    if len(contexts) < 2 or not base_rows:
+    """Per configuration of ``configs`` ({label: {context length: cells}}, the cells {(prompt, codec seed):
+    score} of the task's score at that length): {label, points: [{context, score, baseline, ratio, diff:
+    {mean, ci95}}], effective, shown, possible}, against the baseline's cells per length ``base``, over its
+    lengths in increasing order ([] with fewer than two lengths)."""
+    contexts = sorted(base)
+    if len(contexts) < 2:
         return []
-    base = {L: _at(base_rows, metric, L) for L in contexts}
     out = []
-    for label in labels:
-        rows = [r for r in trows if r["label"] == label]
+    for label, by_context in configs.items():
         points = []
         for L in contexts:
-            c = _at(rows, metric, L)
+            c = by_context.get(L) or {}
             b = base[L]
             if not c or not b:
                 points.append({"context": L, "score": None, "baseline": None, "ratio": None, "diff": None})
@@ -64,6 +56,6 @@ def effective_lengths(trows: list[dict], labels: list[str], baseline: str, metri
         lost = [c is not None and c[1] > c[0] and c[1] < 0 for c in ci]
         holds = [p["ratio"] is not None and p["ratio"] >= threshold or (p["baseline"] == 0 and p["score"] is not None)
                  for p in points]
-        out.append({"label": label, "points": points, "effective": _longest(contexts, holds),
-                    "shown": _longest(contexts, kept), "possible": _longest(contexts, [not x for x in lost])})
+        out.append({"label": label, "points": points, "effective": longest(contexts, holds),
+                    "shown": longest(contexts, kept), "possible": longest(contexts, [not x for x in lost])})
     return out

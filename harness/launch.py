@@ -14,42 +14,54 @@ before the shards start. Shards already complete (by the run's plan.json) are no
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+from tyro.conf import arg, create_mutex_group
+
+from .cli import RunCommand, parse_run
 from .config import RunConfig, RunError
+from .flags import parse
 from .lock import RunLock
 from .merge import MERGE_WAIT_S, finish, states, stored_rows
 from .rows import row_key
 from .run_folder import claim_out, make_out, refuse_live_shards, wipe, write_config
 from .shard import ROWS_NAME, Shard, read_plan, shard_files
+from .slurm import SlurmConfig, job_failure, job_status, submit
 
 #: variables that would make a child pick its shard or GPU itself: the launcher says both
 CHILD_UNSET = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_ARRAY_TASK_ID",
                "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN")
 
 
-def parser() -> argparse.ArgumentParser:
-    from .cli import add_config_arguments
-    from .slurm import SlurmConfig
+_WHERE = create_mutex_group(required=True, title="where the shards run (one of)")
 
-    p = argparse.ArgumentParser(prog="harness launch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--gpus", help="GPUs, one shard each: a list of indices (0,1,3) or a count (4: the first 4)")
-    where.add_argument("--procs", type=int, help="this many shards as CPU processes (CUDA hidden from them)")
-    where.add_argument("--slurm", action="store_true", help="a submitit job array, one task per shard (needs "
-                       "'.[scale]'); the options below go to slurm.json in the run folder")
-    p.add_argument("--shards", type=int, help="--slurm: number of array tasks (shards)")
-    p.add_argument("--detach", action="store_true", help="--slurm: submit and return (follow with harness report)")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
-    add_config_arguments(p.add_argument_group("--slurm options"), SlurmConfig)
-    return p
+
+@dataclass
+class LaunchCommand:
+    """``harness launch``'s own options (before ``--``); the cluster's go to slurm.json in the run folder."""
+
+    cluster: SlurmConfig
+    gpus: Annotated[str | None, _WHERE, arg(
+        help="GPUs, one shard each: a list of indices (0,1,3) or a count (4: the first 4)", metavar="LIST")] = None
+    procs: Annotated[int | None, _WHERE, arg(
+        help="this many shards as CPU processes (CUDA hidden from them)", metavar="N")] = None
+    slurm: Annotated[bool, _WHERE, arg(
+        help="a submitit job array, one task per shard (needs '.[scale]'); the cluster options go to slurm.json "
+        "in the run folder")] = False
+    shards: Annotated[int | None, arg(help="--slurm: number of array tasks (shards)", metavar="N")] = None
+    detach: Annotated[bool, arg(help="--slurm: submit and return (follow with harness report)")] = False
+    quiet: Annotated[bool, arg(help="no progress line")] = False
+
+
+def parse_launch(own: list[str]) -> LaunchCommand:
+    return parse(LaunchCommand, own, prog="harness launch", description=__doc__)
 
 
 def split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -63,16 +75,12 @@ def split(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:i], argv[i + 1:]
 
 
-def run_namespace(run_argv: list[str]) -> argparse.Namespace:
-    """The run's arguments parsed as `harness run` does (abbreviations refused: the children get them verbatim)."""
-    from .cli import run_parser
-
-    p = argparse.ArgumentParser(prog="harness launch ... --", allow_abbrev=False)
-    run_parser(p)
-    ra = p.parse_args(run_argv)
-    if ra.shard:
+def run_command(run_argv: list[str]) -> RunCommand:
+    """The run's arguments parsed as `harness run` does (the children get them verbatim)."""
+    cmd = parse_run(run_argv, prog="harness launch ... --")
+    if cmd.shard:
         raise RunError("--shard is set per process by harness launch; leave it out of the run's arguments")
-    return ra
+    return cmd
 
 
 def gpu_list(spec: str, env: dict) -> list[str]:
@@ -242,27 +250,34 @@ def run_local(out: Path, run_argv: list[str], devices: list[str], quiet: bool) -
                 p.wait()
 
 
+def run_slurm(config: RunConfig, out: Path, count: int, slurm: SlurmConfig, detach: bool, quiet: bool) -> int:
+    """The shards of ``out`` not yet complete as one submitit array; wait for them (one progress line)
+    unless ``detach``."""
+    done = complete_shards(out, count)
+    jobs = submit(config, out, [i for i in range(count) if i not in done], count, slurm)
+    if detach:
+        print(f"follow with: harness report {out}")
+        return 0
+    return wait_all(out, jobs, count, quiet, job_status, job_failure)
+
+
 def main(argv: list[str]) -> int:
-    from .cli import config_kwargs, run_config
     from .runner import plan, resolve
 
     own, run_argv = split(argv)
-    a = parser().parse_args(own)
-    ra = run_namespace(run_argv)
-    config = run_config(ra)
-    config, _ = resolve(config)  # every run argument checked, and prompts read, before anything starts
+    a = parse_launch(own)
+    ra = run_command(run_argv)
+    config, _ = resolve(ra.config)  # every run argument checked, and prompts read, before anything starts
     plan(config)
     out = Path(ra.out or config.default_out()).absolute()
     child_argv = [x for x in run_argv if x != "--fresh"]
     if a.slurm:
-        from .slurm import SlurmConfig, submit
-
         if not a.shards or a.shards < 1:
             raise RunError("--slurm needs --shards N (N >= 1): the number of array tasks")
-        slurm = SlurmConfig(**config_kwargs(a, SlurmConfig))
+        slurm = a.cluster
         slurm.validate()
         prepare(config, out, ra.fresh)
-        return submit(config, out, a.shards, slurm, detach=a.detach, quiet=a.quiet)
+        return run_slurm(config, out, a.shards, slurm, a.detach, a.quiet)
     if a.shards or a.detach:
         raise RunError("--shards and --detach go with --slurm; --gpus / --procs start one shard per GPU / process")
     if a.procs is not None:

@@ -374,6 +374,17 @@ def _kvcodec_key_on_top():
             lm_eval.simple_evaluate = shadowed
 
 
+def evaluator(include_path: str, tasks: list[str]):
+    """``evaluate(model, model_args) -> results``: lm-eval's ``simple_evaluate`` of ``tasks`` over one index of
+    the tasks under ``include_path`` only, on the CPU, batch 1, samples logged (``harness lm-eval-sweep``)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    tm = TaskManager(include_path=include_path, include_defaults=False)
+    return lambda model, model_args: lm_eval.simple_evaluate(
+        model=model, model_args=model_args, tasks=tasks, batch_size=1, device="cpu", log_samples=True, task_manager=tm)
+
+
 def main(argv: list[str]) -> int:
     """``harness lm-eval ARGS...``: lm-eval's command line with the ``kvcodec`` model registered."""
     from lm_eval.__main__ import cli_evaluate

@@ -1,4 +1,4 @@
-"""The lm-eval results table (``scripts/lm_eval_sweep.py``): task metrics, agreement with ``--model hf``
+"""The lm-eval results table (``harness lm-eval-sweep``): task metrics, agreement with ``--model hf``
 and 95% intervals, from lm-eval result dicts run with ``log_samples=True``.
 
 Input: ``simple_evaluate``'s dict, of which this reads ``results[task]`` ("acc,none": 0.875, ...),
@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from .stats import Cells, interval, paired
-from .tables import fmt_ci, fmt_diff
+from .formatting import fmt_ci, fmt_diff
 
 #: the agreement columns: (name, header)
 AGREEMENT = (("abs_dloglik", "mean abs Δ loglik"), ("greedy_agree", "is_greedy agree"),

@@ -1,4 +1,4 @@
-"""Merging a run's rows files and writing its summary and report.
+"""Merging a run's rows files and writing its summary and reports (:func:`summarize_and_render`).
 
 A run folder's rows are the union of ``rows.jsonl`` and the shard files ``rows.shard-I-of-N.jsonl``
 (:mod:`harness.shard`), deduplicated by row key (the same key gives the same row, whoever
@@ -11,15 +11,17 @@ per shard, with how to resume them.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .lock import LOCK_NAME, RunLock, RunLocked, describe, holder, owner
-from .report import write_report
+from .report import write_markdown
 from .rows import atomic_write, dumps, row_key
+from .run_data import RunData, read_run
 from .shard import ROWS_NAME, ROWS_STEM, SPEED_STEM, Plan, Shard, in_plan_order, read_plan, shard_files, stored_lines
-from .speed import merge_speed
-from .summary import summarize
+from .speed import merge_speed, summarize_speed_by_task
+from .summary import summarize_run
 
 #: seconds a process waits for another's brief hold of the folder's lock (a shard starting, a merge)
 MERGE_WAIT_S = 600.0
@@ -113,11 +115,11 @@ def finish(out: Path) -> bool:
     plan, files, speed_files = read_plan(out), shard_files(out), shard_files(out, SPEED_STEM)
     rows = stored_rows(out)
     if files:
-        atomic_write(out / ROWS_NAME, "".join(dumps(r) + "\n" for r in in_plan_order(rows, plan)))
+        rows = in_plan_order(rows, plan)
+        atomic_write(out / ROWS_NAME, "".join(dumps(r) + "\n" for r in rows))
     speed_merged = merge_speed(out, plan)
     note = incomplete_note(out, plan, rows)
-    atomic_write(out / "summary.json", dumps(summarize(out), indent=2) + "\n")
-    write_report(out, note)
+    summarize_and_render(read_run(out, rows), note)  # the rows read once, above
     if note:
         return False
     for shard in {**files, **speed_files}:
@@ -130,6 +132,21 @@ def finish(out: Path) -> bool:
             finally:
                 lock.release()
     return True
+
+
+def summarize_and_render(run: RunData, notes: list[str] = ()) -> Path:
+    """summary.json, then report.md with its plots and report.html, of ``run``: rows -> summary -> renderers.
+    Both renderers take the summary as summary.json holds it (floats at 7 significant digits), so a report
+    rebuilt later from the same rows has the same bytes. ``notes``: report.md's lines under its title."""
+    from .html_report import write_run_page  # here: plotly loads only when a report is written
+
+    text = dumps(summarize_run(run), indent=2) + "\n"
+    atomic_write(run.path / "summary.json", text)
+    summary = json.loads(text)
+    speed = summarize_speed_by_task(run.speed, summary)
+    path = write_markdown(run, summary, speed, notes)
+    write_run_page(run, summary, speed)
+    return path
 
 
 def report(out: Path) -> bool:

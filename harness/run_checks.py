@@ -1,39 +1,28 @@
 """The checks of a run's options that need a task's declarations or a model's limits, made before the
-model loads (and the limits again after): :func:`task_options` (every option of a task parsed by type and
-checked against its :class:`harness.tasks.base.Allowed`, then the task's own cross-option checks) and
+model loads (and the limits again after): :func:`task_options` (every option of a task read by the types of its
+``Options`` and checked against where each may lie, then the task's own cross-option checks) and
 :func:`check_limits` (protected layers and context lengths against the layers and positions a model has)."""
 from __future__ import annotations
+
+from dataclasses import fields
+
+from kernels.options import allowed, options_json, read_options
 
 from .config import RunConfig, RunError
 
 
 def task_options(cls, given: dict) -> dict:
-    """Every option of a task that declares ``option_defaults``, given values parsed by type, so
-    config.json names each value the run used (a task without declared options gets ``given``)."""
-    from harness.tasks.base import option_allowed, parse_option
-
-    defaults = getattr(cls, "option_defaults", {})
-    if not defaults:
-        return dict(given)
-    bad = set(given) - set(defaults)
-    if bad:
-        raise RunError(f"unknown option(s) {sorted(bad)} for task '{cls.name}'. Available: {', '.join(defaults)}")
-    out = {}
-    for name, spec in defaults.items():
-        default = spec[0]
-        try:
-            value = parse_option(given[name], default) if name in given else default
-            option_allowed(spec).check(value)
-        except (ValueError, TypeError) as e:
-            shown = given.get(name, default)
-            raise RunError(f"task option {cls.name}.{name}={shown}: {e} (harness list shows every task "
-                           f"option)") from None
-        out[name] = list(value) if isinstance(value, tuple) else value
+    """Every option of a task, given values read by the types of its ``Options`` and checked where they may
+    lie, then the task's own cross-option checks; as JSON, so config.json names each value the run used."""
     try:
-        cls.check_options(out)
+        options = read_options("task", cls.name, cls.Options, given)
+    except ValueError as e:
+        raise RunError(f"{e} (harness list shows every task option)") from None
+    try:
+        cls.check_options(options)
     except ValueError as e:
         raise RunError(f"task options of '{cls.name}': {e}") from None
-    return out
+    return options_json(options)
 
 
 def check_limits(config: RunConfig, layers: int | None, positions: int | None, source: str) -> None:
@@ -41,7 +30,6 @@ def check_limits(config: RunConfig, layers: int | None, positions: int | None, s
     layer indices within its layers, and task options counted in tokens within its positions."""
     from adapters.cache_config import check_protect
     from harness.tasks import get_task
-    from harness.tasks.base import option_allowed
 
     if layers is not None:
         try:
@@ -49,8 +37,8 @@ def check_limits(config: RunConfig, layers: int | None, positions: int | None, s
         except ValueError as e:
             raise RunError(f"--protect {','.join(map(str, config.protect))}: {e} ({source})") from None
     for t in config.tasks:
-        for name, spec in getattr(get_task(t), "option_defaults", {}).items():
+        for f in fields(get_task(t).Options):
             try:
-                option_allowed(spec).check_positions(config.task_options.get(t, {}).get(name, spec[0]), positions)
+                allowed(f).check_positions(config.task_options.get(t, {}).get(f.name, f.default), positions)
             except ValueError as e:
-                raise RunError(f"task option {t}.{name}: {e} ({source}); give a shorter context") from None
+                raise RunError(f"task option {t}.{f.name}: {e} ({source}); give a shorter context") from None

@@ -8,19 +8,22 @@ import re
 import shutil
 from pathlib import Path
 
+from registry import MODALITIES
+
 from .config import RunConfig, RunError
 from .lock import LOCK_NAME, holder
 from .rows import atomic_write, dumps
 
 RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "report.html", "plotly.min.js", "speed.jsonl", "timings.jsonl",
-             "model.json", "config.json", "plan.json", "slurm.json")
+             "model.json", "registry.json", "config.json", "plan.json", "slurm.json")
 #: the other top-level files a run writes, by exact pattern (so --fresh never takes a user's file): the
 #: shards' files (harness.shard) and atomic_write's temporary files
 RUN_PATTERNS = (r"(rows|speed|timings)\.shard-\d+-of-\d+\.jsonl",
                 "(" + "|".join(re.escape(f) for f in RUN_FILES) + r")\.\d+\.tmp",
                 r"\.[A-Za-z0-9._-]+\.\d+\.tmp\.(png|html|js|md)")  # rows.write_via's, for a plot or a page
-#: baselines and the tasks' media: folders only the harness writes into (its namespaces in a run folder)
-RUN_DIRS = ("baselines", "video", "audio", "slurm")
+#: baselines, the tasks' media (a task files them under its modality's folder: video/, audio/) and
+#: submitit's files: folders only the harness writes into (its namespaces in a run folder)
+RUN_DIRS = ("baselines", *MODALITIES, "slurm")
 #: `harness launch`'s per-shard logs: only these files of logs/ are the harness's (the folder goes once empty)
 LOG_PATTERN = r"shard-\d+-of-\d+\.log"
 
@@ -111,7 +114,7 @@ def report_plots(out: Path | None = None) -> set[str]:
     PNG files of a run folder that are the harness's."""
     from metrics import list_metrics
 
-    from .report import _safe
+    from .formatting import plot_file
     from .tasks import list_tasks
 
     pairs = {(t, m) for t in list_tasks() for m in list_metrics()}
@@ -120,7 +123,7 @@ def report_plots(out: Path | None = None) -> set[str]:
         pairs |= {(t, m["name"]) for t, v in tasks.items() for m in v["metrics"]}
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         pass  # no summary, or not ours: the registered names only
-    return {f"{_safe(str(t))}_{_safe(str(m))}.png" for t, m in pairs}
+    return {plot_file(str(t), str(m)) for t, m in pairs}
 
 
 def is_run_file(name: str, plots: set[str] | frozenset = frozenset()) -> bool:

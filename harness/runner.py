@@ -6,6 +6,8 @@ otherwise):
 - ``config.json``   the exact :class:`RunConfig` (JSON round trip; a resumed run must match it)
 - ``model.json``    what was loaded (architecture, dtype, device) and the environment (packages,
                     device name, CUDA, git commit: :mod:`harness.environment`)
+- ``registry.json`` what the registries declare of the run's tasks, metrics and codecs, for the
+                    summary and reports (:mod:`harness.run_data`)
 - ``rows.jsonl``    one line per (task, prompt, cache configuration, codec seed), appended and
                     fsync'ed as each finishes; a rerun skips the keys already there, so an
                     interrupted run resumes without losing or repeating a row
@@ -44,12 +46,13 @@ from typing import Callable
 from adapters.kv_cache import CacheConfig
 from adapters.protocol import ModelAdapter
 
-from .config import DEFAULT_TASKS, RunConfig, RunError, seeded
+from .config import RunConfig, RunError, seeded
 from .environment import environment, environment_diff
 from .lock import RunLock, RunLocked, describe
 from .merge import MERGE_WAIT_S, complete, finish, stored_rows
 from .rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name, write_via
 from .run_checks import check_limits, task_options
+from .run_data import write_registry
 from .run_folder import claim_out, make_out, refuse_live_shards, start_out, write_config
 from .shard import ROWS_NAME, Plan, Shard, adopt_plan, write_plan
 from .speed import SPEED_NAME, speed_line
@@ -71,7 +74,7 @@ def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
         raise RunError(f"--device-map {config.device_map}: model '{config.model}' ({spec.modality}) loads on one "
                        f"device; leave --device-map out")
     if not config.tasks:
-        config.tasks = list(DEFAULT_TASKS.get(spec.modality, (spec.default_task,) if spec.default_task else ()))
+        config.tasks = [spec.default_task] if spec.default_task else []  # the model's own
         if not config.tasks:
             raise RunError(f"model '{config.model}' names no default task; pass --task")
     for t in config.tasks:
@@ -247,8 +250,9 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
                                       .to_json().items() if k != "layer"} for c in runs}
     env = environment(model.describe().get("device"))
     _note_other_environment(out / "model.json", env, log)
-    atomic_write(out / "model.json", dumps({"model": model.describe(), "skipped": skipped, "environment": env},
-                                           indent=2) + "\n")
+    described = {"model": model.describe(), "skipped": skipped, "environment": env}
+    atomic_write(out / "model.json", dumps(described, indent=2) + "\n")
+    write_registry(out, config.to_json(), described)  # what the reports need of the registries, as they are now
     # the batches one process runs, in its order; a shard runs those the plan assigns it
     batched = [(name, task, task.batches(model, prompts)) for name, task, prompts in work]
     the_plan = adopt_plan(out, Plan([(name, [[p.id for p in b] for b in batches]) for name, _, batches in batched],

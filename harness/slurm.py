@@ -18,9 +18,14 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Annotated, Literal
 
-from .config import RunConfig, RunError, cli
+from tyro.conf import arg
+
+from .config import RunConfig, RunError
+from .flags import values
 from .rows import atomic_write, dumps
+from .shard import Shard
 
 SLURM_CONFIG_VERSION = 1
 EXECUTORS = ("slurm", "local")
@@ -28,31 +33,32 @@ EXECUTORS = ("slurm", "local")
 
 @dataclass
 class SlurmConfig:
-    """Where and how the array runs; round-trips to JSON."""
+    """Where and how the array runs (each field's annotation declares its flag); round-trips to JSON."""
 
-    executor: str = field(default="slurm", metadata=cli(
-        "'slurm', or 'local': the array on this machine (submitit's LocalExecutor; tests)", choices=EXECUTORS))
-    partition: str | None = field(default=None, metadata=cli("Slurm partition"))
-    time_min: int = field(default=240, metadata=cli(
-        "minutes per task; a task that runs out is requeued and resumes its rows"))
-    gpus_per_task: int = field(default=1, metadata=cli("GPUs per task (more than 1 with the run's --device-map auto)"))
-    cpus_per_task: int = field(default=8, metadata=cli("CPU cores per task"))
-    mem_gb: int | None = field(default=None, metadata=cli("memory per task, GB", default_note="the partition's"))
-    account: str | None = field(default=None, metadata=cli("Slurm account"))
-    qos: str | None = field(default=None, metadata=cli("Slurm QOS"))
-    constraint: str | None = field(default=None, metadata=cli("Slurm constraint (e.g. h100)"))
-    array_parallelism: int | None = field(default=None, metadata=cli(
-        "at most this many tasks at once", default_note="all"))
-    max_timeouts: int = field(default=3, metadata=cli(
-        "requeues after a time-out (preemptions requeue regardless)"))
-    setup: list[str] = field(default_factory=list, metadata=cli(
-        "shell lines each task runs first (e.g. 'module load cuda')"))
+    executor: Annotated[Literal[EXECUTORS], arg(
+        help="'slurm', or 'local': the array on this machine (submitit's LocalExecutor; tests)")] = "slurm"
+    partition: Annotated[str | None, arg(help="Slurm partition")] = None
+    time_min: Annotated[int, arg(help="minutes per task; a task that runs out is requeued and resumes its rows")] = 240
+    gpus_per_task: Annotated[int, arg(help="GPUs per task (more than 1 with the run's --device-map auto)")] = 1
+    cpus_per_task: Annotated[int, arg(help="CPU cores per task")] = 8
+    mem_gb: Annotated[int | None, arg(
+        help="memory per task, GB", help_behavior_hint="(default: the partition's)")] = None
+    account: Annotated[str | None, arg(help="Slurm account")] = None
+    qos: Annotated[str | None, arg(help="Slurm QOS")] = None
+    constraint: Annotated[str | None, arg(help="Slurm constraint (e.g. h100)")] = None
+    array_parallelism: Annotated[int | None, arg(
+        help="at most this many tasks at once", help_behavior_hint="(default: all)")] = None
+    max_timeouts: Annotated[int, arg(help="requeues after a time-out (preemptions requeue regardless)")] = 3
+    setup: Annotated[list[str], values(str, "--setup", "LINE"), arg(
+        help="shell lines each task runs first (e.g. 'module load cuda')")] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"version": SLURM_CONFIG_VERSION, **asdict(self)}
 
     @classmethod
     def from_json(cls, d: dict) -> "SlurmConfig":
+        if d.get("version", SLURM_CONFIG_VERSION) != SLURM_CONFIG_VERSION:
+            raise ValueError(f"slurm config version {d['version']!r} is not the supported {SLURM_CONFIG_VERSION}")
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known - {"version"}
         if unknown:
@@ -99,8 +105,7 @@ class ShardJob:
         self.config, self.out = config, out  # JSON, so the pickle holds data and a reference to this class
 
     def __call__(self, index: int, count: int) -> str:
-        from .runner import run
-        from .shard import Shard
+        from .runner import run  # here: the launcher importing this module loads no model code
 
         run(RunConfig.from_json(self.config), out=Path(self.out), shard=Shard(index, count, "slurm array"),
             progress=False)
@@ -119,35 +124,33 @@ def executor(out: Path, slurm: SlurmConfig):
     return ex
 
 
-def submit(config: RunConfig, out: Path, count: int, slurm: SlurmConfig, detach: bool = False,
-           quiet: bool = False) -> int:
-    """Submit the shards of ``out`` not yet complete as one array; wait (with one progress line) unless
-    ``detach``. Returns launch's exit status."""
-    from .launch import complete_shards, wait_all
-
+def submit(config: RunConfig, out: Path, todo: list[int], count: int, slurm: SlurmConfig) -> dict:
+    """Submit shards ``todo`` of ``count`` of the run in ``out`` as one array (the options kept in
+    ``out/slurm.json``): shard index -> its submitit job, for :func:`job_status` and :func:`job_failure`."""
     atomic_write(out / "slurm.json", dumps(slurm.to_json(), indent=2) + "\n")
-    todo = [i for i in range(count) if i not in complete_shards(out, count)]
     ex = executor(out, slurm)
     job = ShardJob(config.to_json(), str(out))
     jobs = ex.map_array(job, todo, [count] * len(todo)) if todo else []
     ids = ", ".join(j.job_id for j in jobs)
     print(f"submitted {len(jobs)} of {count} shards ({ids or 'all were complete'}); logs in {out / 'slurm'}",
           file=sys.stderr)
-    if detach:
-        print(f"follow with: harness report {out}")
-        return 0
+    return dict(zip(todo, jobs))
 
-    def error(j) -> str | None:
-        try:
-            e = j.exception()
-        except Exception as e_:  # submitit: the job never completed (killed, cancelled)
-            e = e_
-        return None if e is None else " ".join(str(e).split())[-300:]
 
-    def poll(j):
-        return None if not j.done() else 0 if error(j) is None else 1
+def job_error(job) -> str | None:
+    """Why a finished job failed (its exception, on one line), or None where it succeeded."""
+    try:
+        e = job.exception()
+    except Exception as e_:  # submitit: the job never completed (killed, cancelled)
+        e = e_
+    return None if e is None else " ".join(str(e).split())[-300:]
 
-    def failure(i, j):
-        return f"{error(j)} (logs: {j.paths.stderr})"
 
-    return wait_all(out, dict(zip(todo, jobs)), count, quiet, poll, failure)
+def job_status(job) -> int | None:
+    """A job's exit status for the launcher's wait: None while it runs, 0 done, 1 failed."""
+    return None if not job.done() else 0 if job_error(job) is None else 1
+
+
+def job_failure(index: int, job) -> str:
+    """A failed job in one line, with where its log is."""
+    return f"{job_error(job)} (logs: {job.paths.stderr})"

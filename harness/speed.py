@@ -13,14 +13,15 @@ prompts at once; its rows share its figures).
 Reports show, per task and configuration, each figure's mean ± 95% interval over rollouts × codec
 seeds (:func:`harness.stats.interval`, a rollout in the place of a prompt, so a batch counts once,
 not once per prompt), between the markers ``BEGIN`` and ``END`` in report.md and report.html:
-everything outside them is byte-identical for identical rows. A run folder without speed.jsonl (written before it existed)
-shows no speed section.
+everything outside them is byte-identical for identical rows. A run folder without speed.jsonl (written before
+it existed) shows no speed section.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from .formatting import fmt_ci
 from .rows import CorruptRows, atomic_write, codec_seed, dumps, num
 from .shard import SPEED_STEM, Plan, in_plan_order, shard_files, stored_lines
 from .stats import interval
@@ -96,6 +97,12 @@ def summarize_speed(lines: list[dict], task: str, labels: list[str]) -> list[dic
     return out
 
 
+def summarize_speed_by_task(lines: list[dict], summary: dict) -> dict[str, list[dict]]:
+    """{task: :func:`summarize_speed` over its configurations in ``summary``'s order}: what both reports show."""
+    return {task: summarize_speed(lines, task, [g["label"] for g in t["groups"]])
+            for task, t in summary["tasks"].items()}
+
+
 # --- what the reports show ---------------------------------------------------------------------------
 NOTHING_DECODED = "nothing decoded"
 NO_PEAK = "not measured on the CPU"
@@ -126,8 +133,8 @@ def notes(entries: list[dict]) -> list[str]:
     return text
 
 
-def cells_text(e: dict, fmt_ci) -> list[str]:
-    """A configuration's cells as text (``fmt_ci``: harness.tables.fmt_ci)."""
+def cells_text(e: dict) -> list[str]:
+    """A configuration's cells as text, as both reports show them."""
     seqs = e["sequences"]
     return [e["label"], str(e["rollouts"]), "–".join(map(str, (seqs[0], seqs[-1]) if len(seqs) > 1 else seqs)),
             fmt_ci(e["prefill"], with_n=False),
@@ -142,14 +149,12 @@ def problem_note(problem: str | None) -> list[str]:
 
 def markdown(entries: list[dict]) -> list[str]:
     """report.md's speed section of one task, between the markers ([] where nothing was timed)."""
-    from .tables import fmt_ci
-
     if not entries:
         return []
     head = columns(entries)
     md = [BEGIN, "", "### Speed and memory", "", *[line for n in notes(entries) for line in (n, "")],
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(cells_text(e, fmt_ci)) + " |" for e in entries]
+    md += ["| " + " | ".join(cells_text(e)) + " |" for e in entries]
     return md + ["", END, ""]
 
 

@@ -1,4 +1,5 @@
-"""summary.json of a run folder (version 4).
+"""summary.json of a run (version 4): :func:`summarize`, a function of the run's rows, what its registry.json
+declares (:mod:`harness.run_data`) and its config alone; :func:`harness.merge.finish` writes it.
 
 Per task: its metrics (name, display, direction, scale), the ``headline`` metric, prompts and
 codec seeds; per cache configuration (``groups``) the rates and, per metric, n (cells: prompts x
@@ -16,53 +17,44 @@ its Benjamini-Hochberg adjusted p-value across all of the task's (``comparisons`
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .input_files import read_run_json
-from .ranking import Comparisons, Config, against, front, rank
-from .rows import BASELINE_LABEL, ID_FIELDS, codec_seed, num, read_rows
 from .binary_stats import compare, non_inferior
-from .effective_length import effective_lengths
+from .effective_length import THRESHOLD, effective_lengths
+from .ranking import Comparisons, Config, against, front, rank
+from .rows import BASELINE_LABEL, ID_FIELDS, codec_seed, num
 from .stats import LEVEL, interval
+
+if TYPE_CHECKING:
+    from .run_data import RunData
 
 SUMMARY_VERSION = 4
 RATE_FIELDS = ("bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord", "cache_bytes", "uncompressed_bytes")
 
 
-def describe_metric(name: str) -> dict:
-    """How reports label, sort and plot metric ``name``: the registry's display name, direction
-    (None: unknown or neither) and scale; a column the registry does not know is shown as is."""
-    from metrics import list_metrics
-
-    m = list_metrics().get(name)
-    if m is None:
-        return {"name": name, "display": name, "higher_is_better": None, "scale": "linear"}
-    return {"name": name, "display": m.display, "higher_is_better": m.higher_is_better, "scale": m.scale}
+def describe_metric(name: str, registry: dict) -> dict:
+    """How reports label, sort and plot metric ``name``: its display name, direction (None: unknown or
+    neither) and scale as ``registry`` (registry.json) declares them; a column it does not declare is shown
+    as is."""
+    m = registry["metrics"].get(name) or {"display": name, "higher_is_better": None, "scale": "linear"}
+    return {"name": name, "display": m["display"], "higher_is_better": m["higher_is_better"], "scale": m["scale"]}
 
 
-def _task_metrics(task_name: str, rows: list[dict]) -> list[str]:
-    try:
-        from harness.tasks import get_task
-
-        # a declared metric that no row carries (one a task option turns on) is left out
-        names = [m for m in get_task(task_name).metrics if any(m in r for r in rows)]
-    except ValueError:
-        names = []
-    if not names:  # a task we cannot import here: every numeric column that is not a rate or id
+def task_metrics(declared: dict | None, rows: list[dict]) -> list[str]:
+    """The metrics of a task (``declared``: its registry.json entry, None where undeclared) that its ``rows``
+    carry, in report order; where none (a task no registry knew), every numeric column but the rates and ids."""
+    # a declared metric that no row carries (one a task option turns on) is left out
+    names = [m for m in (declared or {}).get("metrics", ()) if any(m in r for r in rows)]
+    if not names:
         skip = set(RATE_FIELDS) | set(ID_FIELDS)
         names = sorted({k for r in rows for k, v in r.items() if k not in skip and num(v) is not None})
     return names
 
 
-def headline(task_name: str, metric_names: list[str]) -> str | None:
+def headline(declared: dict | None, metric_names: list[str]) -> str | None:
     """The metric that ranks configurations: the task's ``headline``, else its first metric."""
-    try:
-        from harness.tasks import get_task
-
-        cls = get_task(task_name)
-        name = getattr(cls, "headline", None) or (cls.metrics[0] if cls.metrics else None)
-    except ValueError:
-        name = None
+    d = declared or {}
+    name = d.get("headline") or (d["metrics"][0] if d.get("metrics") else None)
     return name if name in metric_names else (metric_names[0] if metric_names else None)
 
 
@@ -103,18 +95,17 @@ def _group(label: str, grows: list[dict], metrics: list[dict], base_rows: list[d
     return g
 
 
-def _rankings(groups: list[dict], trows: list[dict], metric: dict) -> tuple[list[dict], list[dict], list[dict], int]:
+def _rankings(groups: list[dict], trows: list[dict], metric: dict, codecs: dict) -> tuple[list[dict], list[dict],
+                                                                                           list[dict], int]:
     """(per bit width {bits, configs, pairs}, the rate-matched front, research codecs against the engines'
-    deployed caches, the number of comparisons made) on the headline ``metric``; each pair with its
-    Benjamini-Hochberg ``q`` across them all and ``word_bh``."""
-    from kernels import CODECS
-
+    deployed caches (``codecs``: registry.json's), the number of comparisons made) on the headline ``metric``;
+    each pair with its Benjamini-Hochberg ``q`` across them all and ``word_bh``."""
     kept = [g for g in groups if g["label"] != BASELINE_LABEL and metric["name"] in g["metrics"]]
     configs = [Config(g["label"], g["bits"], cells([r for r in trows if r["label"] == g["label"]], metric["name"]),
                       g.get("cache_bits_per_coord")) for g in kept]
     cmp = Comparisons(configs, metric["higher_is_better"])
     by_bits = [{"bits": b, **rank([c for c in configs if c.bits == b], cmp)} for b in sorted({c.bits for c in configs})]
-    engine = {g["label"] for g in kept if getattr(CODECS.get(g["codec"]), "engine_preset", False)}
+    engine = {g["label"] for g in kept if (codecs.get(g["codec"]) or {}).get("engine_preset")}
     deployed = against([c for c in configs if c.label not in engine], [c for c in configs if c.label in engine], cmp)
     rate_front = front(configs, cmp)
     q = cmp.q_values()  # every comparison the report makes on this metric, corrected together
@@ -124,30 +115,14 @@ def _rankings(groups: list[dict], trows: list[dict], metric: dict) -> tuple[list
     return by_bits, rate_front, deployed, len({tuple(sorted(k)) for k in q})
 
 
-def score_metric(task_name: str) -> str | None:
-    """The task's task score (``Task.score_metric``: what a benchmark reports, e.g. RULER's), or None."""
-    try:
-        from harness.tasks import get_task
-
-        return getattr(get_task(task_name), "score_metric", None)
-    except ValueError:
-        return None
-
-
-def _breakdown(task: str, trows: list[dict], groups: list[dict]) -> dict | None:
+def _breakdown(declared: dict, trows: list[dict], groups: list[dict]) -> dict | None:
     """The task's score per value of the prompt_meta keys its class names (``Task.breakdown``, e.g. RULER's
     (task, context)): {metric, keys, columns: ["niah_single_1 @ 4096", ...], averages: ["4096", ...],
     configs: [{label, cells: {column: {mean, ci95, n}}, average: {value: {mean, ci95, n}}}]}. ``average`` is
     over the first key (RULER's average over its tasks) at each value of the others: per prompt repeat
     (``prompt_meta.repeat``) and codec seed, the mean across the first key's values, then their interval.
-    None where the task names no breakdown."""
-    try:
-        from harness.tasks import get_task
-
-        keys = tuple(getattr(get_task(task), "breakdown", ()) or ())
-    except ValueError:
-        keys = ()
-    metric = score_metric(task)
+    None where the task (``declared``: its registry.json entry) names no breakdown."""
+    keys, metric = tuple(declared.get("breakdown") or ()), declared.get("score_metric")
     if not keys or metric is None:
         return None
 
@@ -179,35 +154,40 @@ def _breakdown(task: str, trows: list[dict], groups: list[dict]) -> dict | None:
     return {"metric": metric, "keys": list(keys), "columns": columns, "averages": averages, "configs": out}
 
 
-def _effective(task: str, trows: list[dict], groups: list[dict]) -> dict | None:
-    """{metric, threshold, configs: effective_lengths(...)} over the task's context lengths, or None (no score
-    metric, or fewer than two lengths)."""
-    from .effective_length import THRESHOLD
-
-    metric = score_metric(task)
-    if metric is None:
+def _effective(metric: str | None, trows: list[dict], groups: list[dict]) -> dict | None:
+    """{metric, threshold, configs: effective_lengths(...)} of the task's score ``metric`` over its rows'
+    context lengths (``prompt_meta.context``), or None (no score metric, fewer than two lengths, no baseline)."""
+    contexts = sorted({(r.get("prompt_meta") or {}).get("context") for r in trows} - {None})
+    base_rows = [r for r in trows if r["label"] == BASELINE_LABEL]
+    if metric is None or len(contexts) < 2 or not base_rows:
         return None
-    entries = effective_lengths(trows, [g["label"] for g in groups if g["label"] != BASELINE_LABEL], BASELINE_LABEL,
-                                metric)
+
+    def by_context(rows: list[dict]) -> dict[int, dict]:
+        return {L: cells([r for r in rows if (r.get("prompt_meta") or {}).get("context") == L], metric)
+                for L in contexts}
+
+    labels = [g["label"] for g in groups if g["label"] != BASELINE_LABEL]
+    entries = effective_lengths(by_context(base_rows),
+                                {label: by_context([r for r in trows if r["label"] == label]) for label in labels})
     return {"metric": metric, "threshold": THRESHOLD, "configs": entries} if entries else None
 
 
-def summarize(out: Path) -> dict:
-    out = Path(out)
-    config = read_run_json(out / "config.json")
-    model = read_run_json(out / "model.json", {})
-    rows = read_rows(out / "rows.jsonl")
-    summary = {"version": SUMMARY_VERSION, "model": config.get("model"), "skipped": model.get("skipped", []), "tasks": {}}
+def summarize(rows: list[dict], registry: dict, config: dict, skipped: list[dict] = ()) -> dict:
+    """summary.json of a run's ``rows``, from what its ``registry`` (registry.json: :mod:`harness.run_data`)
+    declares of its tasks, metrics and codecs, and its ``config`` (config.json: the model's name, ``margin``);
+    ``skipped``: model.json's codecs that could not run. A function of its arguments alone."""
+    summary = {"version": SUMMARY_VERSION, "model": config.get("model"), "skipped": list(skipped), "tasks": {}}
     for task in dict.fromkeys(r["task"] for r in rows):
         trows = [r for r in rows if r["task"] == task]
-        metric_names = _task_metrics(task, trows)
-        metrics = [describe_metric(m) for m in metric_names]
+        declared = registry["tasks"].get(task) or {}
+        metric_names = task_metrics(declared, trows)
+        metrics = [describe_metric(m, registry) for m in metric_names]
         base_rows = [r for r in trows if r["label"] == BASELINE_LABEL]
-        head = headline(task, metric_names)
+        head = headline(declared, metric_names)
         groups = [_group(label, [r for r in trows if r["label"] == label], metrics, base_rows, head,
                          config.get("margin")) for label in dict.fromkeys(r["label"] for r in trows)]
-        ranking, rate_front, deployed, made = (_rankings(groups, trows, metrics[metric_names.index(head)]) if head
-                                               else ([], [], [], 0))
+        ranking, rate_front, deployed, made = (_rankings(groups, trows, metrics[metric_names.index(head)],
+                                                         registry["codecs"]) if head else ([], [], [], 0))
         summary["tasks"][task] = {
             "metrics": metrics,
             "headline": head,
@@ -219,7 +199,12 @@ def summarize(out: Path) -> dict:
             "against_deployed": deployed,
             "comparisons": made,
             "margin": config.get("margin"),
-            "effective_length": _effective(task, trows, groups),
-            "breakdown": _breakdown(task, trows, groups),
+            "effective_length": _effective(declared.get("score_metric"), trows, groups),
+            "breakdown": _breakdown(declared, trows, groups),
         }
     return summary
+
+
+def summarize_run(run: RunData) -> dict:
+    """:func:`summarize` of a run folder as :func:`harness.run_data.read_run` read it."""
+    return summarize(run.rows, run.registry, run.config, run.model.get("skipped", []))

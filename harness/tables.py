@@ -1,106 +1,11 @@
-"""Markdown cells and tables shared by report.md and ``harness compare``: numbers, a mean with
-its 95% interval, a paired difference with its word, the per-prompt table, and the ranking and
-pairwise tables of a summary task (:mod:`harness.summary`)."""
+"""The Markdown tables of report.md and ``harness compare``: the per-prompt table, and the ranking,
+front, pairwise, detectable-difference, effective-length and breakdown tables of a summary task
+(:mod:`harness.summary`); their cells are written by :mod:`harness.formatting`."""
 from __future__ import annotations
 
-import html
-import math
-import re
-from pathlib import Path
-from urllib.parse import quote
-
-from .rows import num, within
+from .formatting import fmt, fmt_ci, fmt_delta, fmt_diff, md_text, metric_title, per_prompt_row, verdict
 
 
-def fmt(x, digits: int = 4) -> str:
-    x = num(x) if not isinstance(x, float) else x
-    if x is None:
-        return "—"
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return "0"
-    if abs(x) >= 1e5 or abs(x) < 1e-3:
-        return f"{x:.{digits - 1}e}"
-    return f"{x:.{digits}g}"
-
-
-def fmt_delta(x) -> str:
-    x = num(x) if not isinstance(x, float) else x
-    if x is None or math.isnan(x) or math.isinf(x):  # e.g. SNR against itself is inf: no difference to show
-        return "—"
-    s = fmt(x, 3)
-    return s if s.startswith("-") or s in ("0", "nan") else "+" + s
-
-
-def fmt_ci(s: dict | None, with_n: bool = True) -> str:
-    """A summary metric entry (or comparison) as 'mean ± half-width' of its 95% interval, with n;
-    'mean (n = 1)' where there is no interval."""
-    if not s or num(s.get("mean")) is None:
-        return "—"
-    ci, n = s.get("ci95"), s.get("n")
-    text = fmt(s["mean"])
-    if ci is not None and num(ci[0]) is not None and num(ci[1]) is not None:
-        text += " ± " + fmt((num(ci[1]) - num(ci[0])) / 2, 2)
-    elif n == 1:
-        return text + " (n = 1)"
-    return text + (f" (n={n})" if with_n and n is not None else "")
-
-
-def fmt_diff(d: dict | None, with_word: bool = True) -> str:
-    """A paired difference {mean, ci95, word, n}: '+0.012 ± 0.004 better' ('—' without one)."""
-    if not d or num(d.get("mean")) is None or math.isnan(num(d["mean"])):
-        return "—"
-    ci = d.get("ci95")
-    text = fmt_delta(d["mean"])
-    if ci is not None:
-        text += " ± " + fmt((num(ci[1]) - num(ci[0])) / 2, 2)
-    if not with_word:
-        return text
-    return text + (f" {d['word']}" if d.get("word") else " (n = 1)" if d.get("n") == 1 else "")
-
-
-def arrow(higher_is_better) -> str:
-    return {True: " ↑", False: " ↓"}.get(higher_is_better, "")
-
-
-_MD_SPECIAL = re.compile(r"[\\`*_\[\]|#!~]")
-
-
-def md_text(s) -> str:
-    """Text from input (prompt ids, paths) as Markdown that shows it as written and nothing more:
-    control characters (NUL, line breaks) become U+FFFD, HTML's & < > become entities (so no raw HTML
-    reaches a renderer), and Markdown's own characters are backslash-escaped (no emphasis, links,
-    code spans or table cells made from an id)."""
-    text = "".join("\ufffd" if ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 else c for c in str(s))
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
-
-
-def html_text(s) -> str:
-    """Text from input inside raw HTML in Markdown (a ``<summary>``): control characters become U+FFFD
-    and HTML's specials entities; Markdown's escapes would show there as backslashes."""
-    return html.escape("".join("\ufffd" if ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 else c for c in str(s)))
-
-
-def md_link(rel, root: Path) -> str | None:
-    """A run-folder-relative artifact path from a row as a Markdown link target (percent-encoded), or
-    None where it is not one: absolute, naming a scheme, or resolving outside ``root`` (by '..' or a
-    symbolic link), as the HTML page decides (:class:`harness.html_report.media.Media`)."""
-    rel = str(rel)
-    if ":" in rel or any(ord(c) < 0x20 for c in rel) or within(root, rel) is None:  # ':' would name a scheme
-        return None
-    return quote(Path(rel).as_posix())
-
-
-def display(m: dict) -> str:
-    """A summary metric entry's display name (summaries written before display names: the name)."""
-    return m.get("display", m["name"])
-
-
-# --- tables -------------------------------------------------------------------------------------
 def per_prompt_table(entries: list[tuple[str, dict, dict]], prompts: list[str], higher_is_better=None) -> str:
     """entries: (row name, {prompt: value}, {prompt: baseline value}) -> a markdown table with one
     column per prompt, then min / mean / max and the mean difference from the baseline."""
@@ -108,55 +13,31 @@ def per_prompt_table(entries: list[tuple[str, dict, dict]], prompts: list[str], 
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, vals, base in entries:
         xs, stats, delta = per_prompt_row(vals, base, prompts)
-        lines.append("| " + " | ".join([name, *(fmt(x) for x in xs), *(fmt(s) for s in stats), fmt_delta(delta)]) + " |")
+        cells = [name, *(fmt(x) for x in xs), *(fmt(s) for s in stats), fmt_delta(delta)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def per_prompt_row(vals: dict, base: dict, prompts: list[str]) -> tuple[list, list, float | None]:
-    """(value per prompt, [min, mean, max] of the finite ones, mean difference from ``base`` over
-    the prompts both have) of one per-prompt table row; None where there is nothing."""
-    xs = [num(vals.get(p)) for p in prompts]
-    finite = [x for x in xs if x is not None and not math.isnan(x)]
-    deltas = [num(vals[p]) - num(base[p]) for p in prompts
-              if num(vals.get(p)) is not None and num(base.get(p)) is not None]
-    deltas = [d for d in deltas if not math.isnan(d)]
-    stats = [min(finite), sum(finite) / len(finite), max(finite)] if finite else [None] * 3
-    return xs, stats, sum(deltas) / len(deltas) if deltas else None
-
-
-def values(rows: list[dict], task: str, label: str, metric: str) -> dict:
-    """{prompt: value}; a configuration with several codec seeds gets the mean over its seeds."""
-    by_prompt: dict[str, list[float]] = {}
-    for r in rows:
-        if r["task"] == task and r["label"] == label and num(r.get(metric)) is not None:
-            by_prompt.setdefault(r["prompt"], []).append(num(r[metric]))
-    return {p: sum(v) / len(v) for p, v in by_prompt.items()}
-
-
 # --- a summary task's ranking, front and pairwise comparisons --------------------------------------
-def _title(head: dict) -> str:
-    return f"{display(head)}{arrow(head['higher_is_better'])}"
-
-
 def ranking_tables(t: dict, head: dict) -> list[str]:
     """The ranking per bit width on the headline metric ``head`` (ties share a rank), then the
     rate-matched front (:mod:`harness.ranking`); [] where the task has no ranking."""
     md = []
     if t.get("ranking"):
-        md += [f"### Ranking on {_title(head)}", "",
+        md += [f"### Ranking on {metric_title(head)}", "",
                "Per bit width, best mean first; rank = 1 + the configurations significantly better "
                "(paired, 95%), so configurations no comparison tells apart share a rank.", "",
-               f"| bits | rank | config | {_title(head)}, mean ± 95% | n |", "|---|---|---|---|---|"]
+               f"| bits | rank | config | {metric_title(head)}, mean ± 95% | n |", "|---|---|---|---|---|"]
         for b in t["ranking"]:
             md += [f"| {b['bits']} | {c['rank'] if c['rank'] is not None else '—'} | {c['label']} | "
                    f"{fmt_ci(c, with_n=False)} | {c['n']} |" for c in b["configs"]]
         md.append("")
     if t.get("front"):
         means = {c["label"]: c for b in t.get("ranking", []) for c in b["configs"]}
-        md += [f"### Rate-matched front on {_title(head)}", "",
+        md += [f"### Rate-matched front on {metric_title(head)}", "",
                "On the front unless a configuration storing no more cache bits per coordinate is "
                "significantly better (paired, 95%).", "",
-               f"| config | bits | cache bits/coord | {_title(head)}, mean ± 95% | on the front | dominated by |",
+               f"| config | bits | cache bits/coord | {metric_title(head)}, mean ± 95% | on the front | dominated by |",
                "|---|---|---|---|---|---|"]
         for f in t["front"]:
             on = {True: "yes", False: "no", None: "—"}[f["front"]]
@@ -164,17 +45,6 @@ def ranking_tables(t: dict, head: dict) -> list[str]:
                       f"{fmt_ci(means.get(f['label']), with_n=False)} | {on} | {', '.join(f['dominated_by']) or '—'} |")
         md.append("")
     return md
-
-
-def verdict(p: dict) -> str:
-    """The word (with †: it does not survive the Benjamini-Hochberg correction, ``word_bh``); without one,
-    why: nothing paired or not finite, one cell, or an interval that holds 0."""
-    if p.get("word"):
-        return p["word"] + ("†" if p.get("word_bh") not in (None, p["word"]) else "")
-    mean = num(p.get("mean"))
-    if not p.get("n") or mean is None or not math.isfinite(mean):
-        return "not comparable"
-    return "one cell (n = 1)" if p.get("n") == 1 else "indistinguishable"
 
 
 def deployed_table(t: dict, head: dict) -> list[str]:
@@ -191,7 +61,7 @@ def deployed_table(t: dict, head: dict) -> list[str]:
     def name(label):
         return f"{label} ({fmt(rate[label], 3)} b)" if rate.get(label) is not None else label
 
-    md = [f"### Research codecs against deployed caches on {_title(head)}", "",
+    md = [f"### Research codecs against deployed caches on {metric_title(head)}", "",
           "Each cell says what the row's codec is against the column's cache (an engine's preset), paired on the "
           "same prompts and codec seeds: row − column ± 95%; a word only where the interval excludes 0 (a pass/fail "
           "metric: where McNemar's exact test rejects at 5%), † where it does not survive the Benjamini–Hochberg "
@@ -211,7 +81,7 @@ def pair_tables(t: dict, head: dict) -> list[str]:
     if not widths:
         return []
     made = t.get("comparisons")
-    md = [f"### Paired comparisons on {_title(head)}", "",
+    md = [f"### Paired comparisons on {metric_title(head)}", "",
           "A − B on the prompts and codec seeds both have, ± its 95% interval; the word says what A is (a pass/fail "
           "metric: McNemar's exact test on the discordant pairs, Newcombe's interval); *q*: its Benjamini–Hochberg "
           f"adjusted p-value across the {made or 'all'} comparisons this report makes on this metric, † where the "
@@ -232,7 +102,7 @@ def detectable_table(t: dict, head: dict) -> list[str]:
     if not groups:
         return []
     margin = t.get("margin")
-    md = [f"### Detectable differences from the baseline on {_title(head)}", "",
+    md = [f"### Detectable differences from the baseline on {metric_title(head)}", "",
           "*smallest detectable Δ*: the true difference these prompts and codec seeds would tell apart from the "
           "baseline with 80% power at 5% (paired t; McNemar's normal approximation for a pass/fail metric): an "
           "*indistinguishable* config may still differ by less."

@@ -113,7 +113,8 @@ def decode_attention_torch(q: torch.Tensor, key_state: Encoded | None, value_sta
 def triton_kernel(codec: Codec):
     """The fused Triton decode kernel that reads ``codec``'s state, as its module: an engine's preset (a
     token layout) :mod:`kernels.triton.token_attention`, else :mod:`kernels.triton.decode_attention`
-    (looked up at each call: tests wrap the launchers). Each has ``supports(codec, q_dtype)``."""
+    (looked up at each call: tests wrap the launchers). Each has ``supports(codec, q_dtype)`` and the launcher
+    ``decode_attention_fused``."""
     if codec.token_layout() is not None:
         from .triton import token_attention
 
@@ -191,8 +192,7 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
         return decode_lut.decode_attention_lut(q, key_state, value_state, codec, window_k, window_v, lengths,
                                                window_lengths, scale)
     if path == "triton":
-        kernel = triton_kernel(codec)
-        launch = getattr(kernel, "decode_attention_tokens", None) or kernel.decode_attention_fused
-        return launch(q, key_state, value_state, codec, window_k, window_v, lengths, window_lengths, scale)
+        return triton_kernel(codec).decode_attention_fused(q, key_state, value_state, codec, window_k, window_v,
+                                                           lengths, window_lengths, scale)
     return decode_attention_torch(q, key_state, value_state, codec, window_k, window_v, lengths, scale,
                                   window_lengths, softcap)

@@ -7,7 +7,6 @@ formula alone, so a codec cannot under-report what it stores.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -17,25 +16,13 @@ import torch
 from .backend import fused_wanted, resolve_backend, triton_unavailable, use_fused
 from .encoded import Encoded
 from .packing import BitField
+from .triton.encoders import encoder_unsupported, fused_encoder
 from .values import ValueQuantizer
 
 if TYPE_CHECKING:
     from .config import CodecConfig
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def derive_seed(*parts) -> int:
-    """A stable 63-bit seed from any parts (seed, layer, purpose, ...); independent of Python's hash salt."""
-    digest = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
-def private_generator(*parts, device="cpu") -> torch.Generator:
-    """A torch.Generator seeded from ``parts``: every random draw in the project goes through one of these."""
-    g = torch.Generator(device=device)
-    g.manual_seed(derive_seed(*parts))
-    return g
 
 
 class DeferredFinite:
@@ -120,7 +107,7 @@ class Codec:
     ``Options``, and implement encode/decode.
 
     Construction: ``Codec(config: CodecConfig, device='cpu')``, or ``make_codec(...)``; a subclass
-    reads ``self.config`` (options resolved) and ``self.opts`` (an ``Options`` instance).
+    reads ``self.config`` and ``self.opts`` (its ``Options`` instance, every option present).
     ``num_heads`` > 1 means inputs are ``[..., H, T, d]`` and each head gets its own
     rotation signs (drawn from (seed, layer, head)); with 1 every vector shares them.
     """
@@ -148,8 +135,8 @@ class Codec:
         why = self.head_dim_unsupported(config.head_dim)
         if why is not None:
             raise ValueError(f"codec '{self.name}': {why}")
-        self.config = config.resolved()  # checked when it was made; every option named
-        self.opts = self.Options(**self.config.options)
+        self.config = config  # checked when it was made; every option named
+        self.opts = config.options  # the codec's Options instance
         self.bits = config.bits
         self.head_dim = config.head_dim
         self.seed = config.seed
@@ -162,9 +149,9 @@ class Codec:
                                               config.head_dim, group_size=config.value_group)
 
     @classmethod
-    def engine_skipped_layers(cls, num_layers: int, options: dict | None = None) -> set[int]:
+    def engine_skipped_layers(cls, num_layers: int, options) -> set[int]:
         """Layers an engine's preset keeps uncompressed by itself (vLLM's TurboQuant: the first and last
-        two), given the codec's options; the cache keeps them native as it keeps ``--protect``'s."""
+        two), given the codec's ``Options`` instance; the cache keeps them native as it keeps ``--protect``'s."""
         return set()
 
     @classmethod
@@ -185,8 +172,6 @@ class Codec:
     def _fused_encode_fn(self, keys: torch.Tensor):
         """The fused encoder for this call (``fn(codec, keys) -> Encoded``), or None for the PyTorch
         reference; the decision is :func:`kernels.backend.use_fused`'s."""
-        from .triton.encoders import encoder_unsupported, fused_encoder
-
         if use_fused(self._backend_arg, keys.device, lambda: encoder_unsupported(self, keys.device),
                      f"encode with {self.describe()}"):
             return fused_encoder(self.fused_layout())

@@ -1,80 +1,92 @@
-"""What builds a codec: :class:`CodecConfig`, and the typed options every codec declares.
-
-A codec class declares its options as a frozen dataclass ``Options`` (typed fields with
-defaults; an empty one when it takes none). Option values are checked against those types
-here, once: an unknown name or a wrong type is a one-line ValueError. Closed choices are
-``Literal[...]`` fields. Lists (JSON has no tuples) become tuples, so a config read back from
-JSON equals the one written.
+"""What builds a codec: :class:`CodecConfig` (one layer's codec), on :class:`CodecChoice` (what a user
+chooses of a codec, shared with the rollout's cache config), and :func:`codec_options`, where a codec's
+options enter: a codec declares them as a frozen dataclass ``Options`` (:mod:`kernels.options`), and
+every config holds an instance of it, read once from strings or JSON and trusted after that. The
+instance's class names its codec: ``make_codec`` dispatches on it (as torchao's configs do).
 
     cfg = CodecConfig("octopus", 3, 128, options={"split": (4, 2)})
+    cfg.options == Octopus.Options(split=(4, 2))           # every option present, typed
     CodecConfig.from_json(cfg.to_json()) == cfg
-    parse_codec_options("octopus", {"split": "4,2"}) == {"split": (4, 2)}
+    codec_options("octopus", {"split": "4,2"}) == Octopus.Options(split=(4, 2))
 """
 from __future__ import annotations
 
-import functools
-import types
-import typing
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Literal
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 from .backend import BACKENDS
+from .options import check_fields, options_json, read_options
+from .registry import codec_class, codec_for
+
+if TYPE_CHECKING:
+    from .base import Codec
 
 CODEC_CONFIG_VERSION = 1
-_NONE_WORDS = ("none", "null")
-_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
-def _codec_class(name: str):
-    from .registry import codec_class  # local: the registry imports this module
+def codec_options(name: str, given: Any = None, strings: bool = False):
+    """Codec ``name``'s ``Options`` instance: ``given`` as it is where it already is one, else read from a
+    dict (None: every default) of typed values (JSON, Python), or with ``strings`` of a command line's
+    strings read by the field types. The one place a codec's options are checked."""
+    cls = codec_class(name).Options  # unknown name -> "Unknown codec 'x'. Available: ..."
+    if type(given) is cls:  # exactly the codec's own class: a subclass configures another codec
+        return given
+    if given is None or isinstance(given, dict):
+        return read_options("codec", name, cls, given or {}, strings=strings)
+    raise ValueError(f"codec '{name}' takes its options as a dict or a {cls.__qualname__}, got {given!r}")
 
-    return codec_class(name)
+
+@dataclass(frozen=True, kw_only=True)
+class CodecChoice:
+    """What a user chooses of a codec besides its name and key bit width: declared once, shared by a
+    rollout's cache (:class:`adapters.cache_config.CacheConfig`) and each layer's codec (:class:`CodecConfig`).
+
+    ``value_bits`` None means the key bit width; ``options`` is the codec's ``Options`` instance (a dict
+    given here is read into one).
+    """
+
+    seed: int = 0
+    value_bits: int | None = None
+    value_group: int = 32
+    backend: str = "auto"  # one of BACKENDS
+    options: Any = None
+
+    def _settle(self, codec: str, where: str, names: tuple[str, ...] = ()) -> None:
+        """Check the fields once, where the config is made (these and ``names``' types), and make ``options``
+        the codec's instance."""
+        check_fields(self, where, ("seed", "value_bits", "value_group", "backend") + names)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"Unknown backend '{self.backend}'. Available: {', '.join(BACKENDS)}")
+        object.__setattr__(self, "options", codec_options(codec, self.options))
 
 
 @dataclass(frozen=True)
-class CodecConfig:
-    """Everything that builds a codec (the device aside); round-trips to JSON with a version.
-
-    ``value_bits`` None means the key bit width. ``options`` holds only the codec's own options
-    (its ``Options`` fields); :meth:`resolved` fills in every default.
-    """
+class CodecConfig(CodecChoice):
+    """Everything that builds a codec (the device aside): a :class:`CodecChoice` for one layer of
+    ``num_heads`` KV heads of ``head_dim``; round-trips to JSON with a version."""
 
     name: str
     bits: int
     head_dim: int
-    seed: int = 0
     layer: int = 0
     num_heads: int = 1
-    value_bits: int | None = None
-    value_group: int = 32
-    backend: str = "auto"  # one of BACKENDS
-    options: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        cls = _codec_class(self.name)  # unknown name -> "Unknown codec 'x'. Available: ..."
-        for f in fields(self):
-            if f.name not in ("name", "options"):
-                _check_value(getattr(self, f.name), _hints(CodecConfig)[f.name], f"codec config {f.name}", f.type)
+        self._settle(self.name, "codec config", ("bits", "head_dim", "layer", "num_heads"))
+        cls = codec_class(self.name)
         if self.bits not in cls.bits_supported:
             raise ValueError(f"codec '{self.name}' does not support bits={self.bits}; "
                              f"supported: {list(cls.bits_supported)}")
         if self.head_dim < 2:
             raise ValueError(f"head_dim must be >= 2, got {self.head_dim}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"Unknown backend '{self.backend}'. Available: {', '.join(BACKENDS)}")
         if self.num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {self.num_heads}")
-        if not isinstance(self.options, dict):
-            raise ValueError(f"codec options must be a dict, got {self.options!r}")
-        object.__setattr__(self, "options", check_options(self.name, cls.Options, self.options))
-
-    def resolved(self) -> "CodecConfig":
-        """The same config with every option of the codec present (defaults filled in)."""
-        opts = _codec_class(self.name).Options(**self.options)
-        return replace(self, options={f.name: getattr(opts, f.name) for f in fields(opts)})
 
     def to_json(self) -> dict:
-        return {"version": CODEC_CONFIG_VERSION, **_jsonable(asdict(self))}
+        """Every field in the order rows.jsonl has always carried it, every option named."""
+        head = {k: getattr(self, k) for k in ("name", "bits", "head_dim", "seed", "layer", "num_heads", "value_bits",
+                                              "value_group", "backend")}
+        return {"version": CODEC_CONFIG_VERSION, **head, "options": options_json(self.options)}
 
     @classmethod
     def from_json(cls, d: dict) -> "CodecConfig":
@@ -89,121 +101,30 @@ class CodecConfig:
         return cls(**d)
 
 
-# --- options ------------------------------------------------------------------------------
-
-def check_options(codec: str, options_cls: type, given: dict) -> dict:
-    """``given`` checked against the dataclass ``options_cls``: the same keys, values in canonical
-    form (tuples for tuple fields). Unknown names and wrong types raise a one-line ValueError."""
-    declared = {f.name: f for f in fields(options_cls)}
-    _reject_unknown(codec, declared, given)
-    hints = _hints(options_cls)
-    return {k: _check_value(v, hints[k], f"codec '{codec}' option {k}", declared[k].type)
-            for k, v in given.items()}
+_CONFIG_FIELDS = {"seed", "layer", "num_heads", "value_bits", "value_group", "backend"}
 
 
-def parse_codec_options(codec_name: str, raw: dict[str, str]) -> dict:
-    """Option values of codec ``codec_name`` given as strings (a command line) -> typed values, checked
-    (see :func:`parse_options`): ``parse_codec_options("octopus", {"split": "4,2"}) == {"split": (4, 2)}``."""
-    return parse_options(codec_name, _codec_class(codec_name).Options, raw)
+def make_codec(config: CodecConfig | Any, bits: int | None = None, head_dim: int | None = None, *,
+               device="cpu", **kwargs) -> Codec:
+    """Build a codec: ``make_codec(config, device=...)``, the codec chosen by the class of
+    ``config.options`` (:func:`kernels.registry.codec_for`).
 
-
-def parse_options(codec: str, options_cls: type, raw: dict[str, str]) -> dict:
-    """Strings read by the field's type: ``"3,3"`` -> ``(3, 3)`` for a tuple, ``"true"``/``"false"``
-    for a bool, ``"none"`` for an optional field, a number for int/float, the text for a str."""
-    declared = {f.name: f for f in fields(options_cls)}
-    _reject_unknown(codec, declared, raw)
-    hints = _hints(options_cls)
-    parsed = {}
-    for k, text in raw.items():
-        try:
-            parsed[k] = _parse_value(str(text).strip(), hints[k])
-        except ValueError:
-            raise ValueError(f"codec '{codec}' option {k}: cannot read {text!r} as {declared[k].type}") from None
-    return check_options(codec, options_cls, parsed)
-
-
-def _reject_unknown(codec: str, declared, given) -> None:
-    unknown = sorted(set(given) - set(declared))
-    if unknown:
-        raise ValueError(f"codec '{codec}' got unknown option(s) {unknown}; "
-                         f"it takes {sorted(declared) or 'none'}")
-
-
-@functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _check_value(value, tp, where: str, shown: str):
-    """``value`` against the annotation ``tp`` -> canonical value (lists become tuples)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        for a in inner:
-            try:
-                return _check_value(value, a, where, shown)
-            except ValueError:
-                pass
-        raise ValueError(f"{where} must be {shown}, got {value!r}")
-    if origin is Literal:
-        if value not in args:
-            raise ValueError(f"{where} must be one of {list(args)}, got {value!r}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where} must be {shown}, got {value!r}")
-        elem = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
-        if len(elem) != len(value):
-            raise ValueError(f"{where} must be {shown} ({len(elem)} values), got {value!r}")
-        return tuple(_check_value(v, t, where, shown) for v, t in zip(value, elem))
-    ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          str: lambda v: isinstance(v, str)}.get(tp)
-    if ok is None:
-        raise TypeError(f"{where}: unsupported option type {tp!r}")
-    if not ok(value):
-        raise ValueError(f"{where} must be {shown}, got {value!r}")
-    return float(value) if tp is float else value
-
-
-def _parse_value(text: str, tp):
-    """``text`` read as the annotation ``tp`` (ValueError when it cannot be)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if type(None) in args and text.lower() in _NONE_WORDS:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        for a in inner:
-            try:
-                return _parse_value(text, a)
-            except ValueError:
-                pass
-        raise ValueError(text)
-    if origin is Literal or tp is str:
-        return text
-    if origin is tuple:
-        parts = [p.strip() for p in text.strip("()[]").split(",") if p.strip()]
-        elem = [args[0]] * len(parts) if len(args) == 2 and args[1] is Ellipsis else list(args)
-        if len(elem) != len(parts):
-            raise ValueError(text)
-        return tuple(_parse_value(p, t) for p, t in zip(parts, elem))
-    if tp is bool:
-        if text.lower() not in _BOOL_WORDS:
-            raise ValueError(text)
-        return _BOOL_WORDS[text.lower()]
-    if tp is int:
-        return int(text)
-    if tp is float:
-        return float(text)
-    raise ValueError(text)
+    Shorthands build the :class:`CodecConfig` first: ``make_codec(options, bits, head_dim, seed=.., layer=..,
+    num_heads=.., value_bits=.., value_group=.., backend=.., device=..)`` from a codec's ``Options`` instance,
+    and ``make_codec(name, bits, head_dim, ..., **options)`` from its name (keywords that are not config
+    fields are the codec's options).
+    """
+    if not isinstance(config, CodecConfig):
+        settings = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS}
+        if isinstance(config, str):
+            options = {k: v for k, v in kwargs.items() if k not in _CONFIG_FIELDS}
+            config = CodecConfig(name=config, bits=bits, head_dim=head_dim, options=options, **settings)
+        else:
+            if set(kwargs) - _CONFIG_FIELDS:
+                raise TypeError(f"make_codec(options, ...) takes the options in the instance, not as keywords "
+                                f"{sorted(set(kwargs) - _CONFIG_FIELDS)}")
+            config = CodecConfig(name=codec_for(config).name, bits=bits, head_dim=head_dim, options=config,
+                                 **settings)
+    elif bits is not None or head_dim is not None or kwargs:
+        raise TypeError("make_codec(config) takes only device=...; bits, head_dim and options live in the config")
+    return codec_for(config.options)(config, device=device)

@@ -123,7 +123,8 @@ def train(kind: str, d: int, bits: int) -> torch.Tensor:
 
 # --- storage --------------------------------------------------------------------------------
 
-def _key(kind: str, d: int, bits: int) -> str:
+def codebook_key(kind: str, d: int, bits: int) -> str:
+    """A codebook's key in the shipped files and the cache, e.g. 'coord/d128/b3'."""
     if kind == "octa" or kind.startswith("polar") or kind == "gauss":
         d = 0  # these marginals do not depend on d
     return f"{kind}/d{d}/b{bits}"
@@ -143,7 +144,7 @@ def _shipped(kind: str) -> dict:
 
 @lru_cache(maxsize=None)
 def _codebook_cached(kind: str, d: int, bits: int) -> tuple[float, ...]:
-    key = _key(kind, d, bits)
+    key = codebook_key(kind, d, bits)
     shipped = _shipped(kind)
     if key in shipped:
         return tuple(shipped[key])

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Codec, private_generator
+from .base import Codec
 from .encoded import Encoded
 from .packing import BitField
 from .registry import register_codec
+from .seeding import private_generator
 
 
 class GaussianSketch:

@@ -1,57 +1,56 @@
-"""Codecs by name. A new codec is one new module in ``kernels/`` that decorates its class with
-``@register_codec("name")``; ``kernels/__init__.py`` imports every module of the package."""
+"""Codecs by name, and by the class of their options. A new codec is one new module in ``kernels/`` that
+decorates its class with ``@register_codec("name")``; ``kernels/__init__.py`` imports every module of the
+package (:meth:`registry.Registry.discover`).
+
+Every codec has an ``Options`` class of its own (one that declares none, or inherits its parent's, gets
+its own empty subclass here), so an options instance names the codec it configures: :func:`codec_for`
+is the dispatch ``make_codec`` uses (as torchao's configs are the key to their transforms).
+"""
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
+from dataclasses import is_dataclass, make_dataclass
+from typing import TYPE_CHECKING
 
-from .base import Codec
-from .config import CodecConfig
+from registry import Registry
 
-CODECS: dict[str, type[Codec]] = {}
+if TYPE_CHECKING:
+    from .base import Codec
+
+#: the codecs of the package's modules (subpackages such as triton hold kernels, not codecs)
+REGISTRY: Registry[type[Codec]] = Registry("codec", "kernels", subpackages=False)
+CODECS = REGISTRY.entries
+_BY_OPTIONS: dict[type, type[Codec]] = {}
 
 
 def register_codec(name: str):
     def wrap(cls: type[Codec]) -> type[Codec]:
-        if name in CODECS:
-            old = CODECS[name]
-            raise ValueError(f"codec '{name}' registered twice: by {old.__module__}.{old.__qualname__} "
-                             f"and by {cls.__module__}.{cls.__qualname__}")
         if not (is_dataclass(cls.Options) and cls.Options.__dataclass_params__.frozen):
             raise TypeError(f"codec '{name}': {cls.__qualname__}.Options must be a frozen dataclass")
+        if "Options" not in vars(cls):  # the parent's (or the base's empty) options: a class of its own
+            own = make_dataclass("Options", [], bases=(cls.Options,), frozen=True)
+            own.__qualname__, own.__module__ = f"{cls.__qualname__}.Options", cls.__module__
+            cls.Options = own
+        REGISTRY.add(name, cls)
         cls.name = name
-        CODECS[name] = cls
+        _BY_OPTIONS[cls.Options] = cls
         return cls
 
     return wrap
 
 
 def codec_class(name: str) -> type[Codec]:
+    return REGISTRY.get(name)
+
+
+def codec_for(options) -> type[Codec]:
+    """The codec an ``Options`` instance configures (its class is that codec's own)."""
     try:
-        return CODECS[name]
+        return _BY_OPTIONS[type(options)]
     except KeyError:
-        raise ValueError(f"Unknown codec '{name}'. Available: {', '.join(sorted(CODECS))}") from None
-
-
-_CONFIG_FIELDS = {f.name for f in fields(CodecConfig)} - {"name", "bits", "head_dim", "options"}
-
-
-def make_codec(config: CodecConfig | str, bits: int | None = None, head_dim: int | None = None, *,
-               device="cpu", **kwargs) -> Codec:
-    """Build a codec from its config: ``make_codec(config, device=...)``.
-
-    Shorthand: ``make_codec(name, bits, head_dim, seed=.., layer=.., num_heads=.., value_bits=..,
-    value_group=.., backend=.., device=.., **options)`` builds the :class:`CodecConfig` first
-    (keywords that are not config fields are the codec's options).
-    """
-    if isinstance(config, str):
-        options = {k: v for k, v in kwargs.items() if k not in _CONFIG_FIELDS}
-        config = CodecConfig(config, bits, head_dim, options=options,
-                             **{k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS})
-    elif bits is not None or head_dim is not None or kwargs:
-        raise TypeError("make_codec(config) takes only device=...; bits, head_dim and options live in the config")
-    return codec_class(config.name)(config, device=device)
+        raise ValueError(f"{options!r} is no codec's Options; a codec's are Codec.Options "
+                         f"(e.g. codec_class('octopus').Options(split=(4, 2)))") from None
 
 
 def list_codecs() -> dict[str, tuple[int, ...]]:
     """name -> supported bit widths."""
-    return {n: c.bits_supported for n, c in sorted(CODECS.items())}
+    return {n: c.bits_supported for n, c in REGISTRY.all().items()}

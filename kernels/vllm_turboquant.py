@@ -91,8 +91,8 @@ class _VllmTurboQuant(EnginePreset):
         return None
 
     @classmethod
-    def engine_skipped_layers(cls, num_layers, options=None):
-        n = min((options or {}).get("boundary_layers", 2), num_layers // 2)
+    def engine_skipped_layers(cls, num_layers, options):
+        n = min(options.boundary_layers, num_layers // 2)
         return set(range(n)) | set(range(num_layers - n, num_layers))
 
     def __init__(self, config, device="cpu"):

@@ -11,12 +11,12 @@ modality's module; a quantity measured in several modalities is defined once in
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-MODALITIES = ("text", "video", "audio", "probe")
+from registry import MODALITIES, Registry, definer
+
 SCALES = ("linear", "log", "dB")  # "log": plotted on a log axis; "dB": already logarithmic
 
 
@@ -40,18 +40,18 @@ class Metric:
         return self.impls[modality]
 
 
-METRICS: dict[str, Metric] = {}
+REGISTRY: Registry[Metric] = Registry("metric", "metrics")
+METRICS = REGISTRY.entries
 
 
 def define_metric(name: str, *, higher_is_better: bool | None, scale: str = "linear", display: str = "",
-                  description: str = "") -> Metric:
-    """Declare a quantity (no implementation yet); a second definition of ``name`` raises."""
-    if name in METRICS:
-        raise ValueError(f"metric '{name}' is already defined")
+                  description: str = "", by: str | None = None) -> Metric:
+    """Declare a quantity (no implementation yet); a second definition of ``name`` raises, naming
+    both definers (``by``; default: the calling module, as :func:`collections.namedtuple` finds it)."""
     if scale not in SCALES:
         raise ValueError(f"metric '{name}': unknown scale '{scale}'. Allowed: {', '.join(SCALES)}")
-    METRICS[name] = Metric(name, higher_is_better, scale, display or name, description)
-    return METRICS[name]
+    by = by or sys._getframe(1).f_globals.get("__name__", "?")
+    return REGISTRY.add(name, Metric(name, higher_is_better, scale, display or name, description), by=by)
 
 
 def register_metric(name: str, modality: str, **definition):
@@ -60,51 +60,24 @@ def register_metric(name: str, modality: str, **definition):
     already be defined (by :mod:`metrics.shared`). One implementation per (name, modality)."""
     if modality not in MODALITIES:
         raise ValueError(f"metric '{name}': unknown modality '{modality}'. Allowed: {', '.join(MODALITIES)}")
-    if definition:
-        define_metric(name, **definition)
-    elif name not in METRICS:
+    if not definition and name not in METRICS:
         raise ValueError(f"metric '{name}' is not defined; pass higher_is_better=... (and scale, display) "
                          f"or define it in metrics/shared.py. Defined: {', '.join(sorted(METRICS))}")
 
     def wrap(fn):
-        if modality in METRICS[name].impls:
+        metric = define_metric(name, **definition, by=definer(fn)) if definition else METRICS[name]
+        if modality in metric.impls:
             raise ValueError(f"metric '{name}' already has a {modality} implementation "
-                             f"({METRICS[name].impls[modality].__qualname__})")
-        METRICS[name].impls[modality] = fn
+                             f"({metric.impls[modality].__qualname__})")
+        metric.impls[modality] = fn
         return fn
 
     return wrap
 
 
-#: module name -> why it could not be imported (a missing optional dependency)
-UNAVAILABLE: dict[str, str] = {}
-
-
-def _import_all() -> None:
-    """Import every module of the ``metrics`` package (each registers its metrics), the shared
-    definitions first; a module whose third-party dependency is missing is recorded, not fatal."""
-    import metrics
-
-    names = ["shared"] + sorted(i.name for i in pkgutil.iter_modules(metrics.__path__)
-                                if not i.name.startswith("_") and i.name not in ("registry", "shared"))
-    for name in names:
-        try:
-            importlib.import_module(f"metrics.{name}")
-        except ImportError as e:
-            missing = getattr(e, "name", None) or ""
-            if missing.split(".")[0] == "metrics":  # a bug in our own code still raises
-                raise
-            UNAVAILABLE[name] = f"needs '{missing or e}' ({e})"
-
-
 def get_metric(name: str) -> Metric:
-    _import_all()
-    if name not in METRICS:
-        extra = "".join(f"; 'metrics.{m}' is unavailable: {why}" for m, why in sorted(UNAVAILABLE.items()))
-        raise ValueError(f"Unknown metric '{name}'. Available: {', '.join(sorted(METRICS))}{extra}")
-    return METRICS[name]
+    return REGISTRY.get(name)
 
 
 def list_metrics() -> dict[str, Metric]:
-    _import_all()
-    return dict(sorted(METRICS.items()))
+    return REGISTRY.all()

@@ -4,10 +4,10 @@
 paper's cache recipe (one native scale). Prints wall time, peak memory, cache bytes and the audio
 metrics against the baseline.
 
-    python scripts/gpu_audio_rollout.py                      # CUDA, bf16, default codecs at 2 bits
-    python scripts/gpu_audio_rollout.py --codecs octopus@2,turboquant-mse@3 --batch 4
-    python scripts/gpu_audio_rollout.py --weights /ckpt/aar  # the released checkpoints instead
-    python scripts/gpu_audio_rollout.py --tiny               # CPU-sized model, on the CPU (smoke test)
+    python -m scripts.gpu_audio_rollout                      # CUDA, bf16, default codecs at 2 bits
+    python -m scripts.gpu_audio_rollout --codecs octopus@2,turboquant-mse@3 --batch 4
+    python -m scripts.gpu_audio_rollout --weights /ckpt/aar  # the released checkpoints instead
+    python -m scripts.gpu_audio_rollout --tiny               # CPU-sized model, on the CPU (smoke test)
 
 Random weights measure the mechanics (time, memory, bytes) and a rough sensitivity only; the
 conditioning is the stand-in embedding of a synthetic tone unless --clip / --weights bring CLAP.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,13 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from adapters.aar import FULL_AAR, FULL_SAT, TINY_AAR, TINY_SAT, SamplingConfig, random_pipeline, released_pipeline  # noqa: E402
-from adapters.cache_stats import cache_row_stats  # noqa: E402
-from adapters.kv_cache import CacheConfig  # noqa: E402
-from kernels import list_codecs, private_generator  # noqa: E402
-from metrics import audio as am  # noqa: E402
+from adapters.aar import FULL_AAR, FULL_SAT, TINY_AAR, TINY_SAT, SamplingConfig, random_pipeline, released_pipeline
+from adapters.cache_stats import cache_row_stats
+from adapters.kv_cache import CacheConfig
+from kernels import list_codecs, private_generator
+from metrics import audio as am
 
 DEFAULT_CODECS = "octopus@2,turboquant-mse@2,turboquant-prod@2,polarquant@2,qjl@2"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -138,7 +135,7 @@ def main(argv=None) -> list[dict]:
                "kl": am.pooled(am.kl_divergence, base.logits, tf.logits),
                "top1_agree": am.pooled(am.token_agreement, base.logits, tf.logits)}
         if args.profile and device.type == "cuda":
-            from harness.bench_timing import device_seconds
+            from harness.bench import device_seconds
 
             row["warm_s"] = timed(model, emb, cfg, args.seed, device)[1]  # the first compiled what it needed
             row["device_s"], row["kernels"] = device_seconds(lambda: timed(model, emb, cfg, args.seed, device))

@@ -1,20 +1,18 @@
 """Profiling helpers of the table-lookup CUDA decode kernel (kernels.cuda.decode_lut), GPU only.
 The side-by-side benchmark (bf16 SDPA, the Triton kernel, the LUT kernel; fixed cost, achieved
-bandwidth, bytes floor) is ``harness bench``; ``bench`` here forwards to it.
+bandwidth, bytes floor) is ``harness bench`` (e.g. ``harness bench --codecs octopus --no-dequant --no-encode``).
 
-python scripts/gpu_bench_lut.py bench [harness bench options]
-    = harness bench --codecs octopus --no-dequant --no-encode [options]
-python scripts/gpu_bench_lut.py check
+python -m scripts.gpu_bench_lut check
     the kernel against decode_attention_torch on real encoded keys, several shapes and configs.
-python scripts/gpu_bench_lut.py sweep [--contexts 4k] [--bits 3] [--configs '{"num_warps": 4};{}']
+python -m scripts.gpu_bench_lut sweep [--contexts 4k] [--bits 3] [--configs '{"num_warps": 4};{}']
     launch configurations, and the split and combine kernels alone ("split" includes lut_qprep where
     it runs; "combine" alone is launched with PDL where the config says so and reads the partials a
     previous call left: its time, not its output, is what counts).
-python scripts/gpu_bench_lut.py once BITS [--ctx 32k] [--batch 1]
+python -m scripts.gpu_bench_lut once BITS [--ctx 32k] [--batch 1]
     a few launches of one configuration, for ncu (--kernel-name lut_split).
-python scripts/gpu_bench_lut.py host [--contexts 4k,32k] [--configs '{"pdl": false};{}']
+python -m scripts.gpu_bench_lut host [--contexts 4k,32k] [--configs '{"pdl": false};{}']
     host time per eager call (what a decode step pays per layer), against wall time.
-python scripts/gpu_bench_lut.py kernels [--codecs octopus@3,turboquant-prod@3] [--batch 1,8] [--ctx 32k]
+python -m scripts.gpu_bench_lut kernels [--codecs octopus@3,turboquant-prod@3] [--batch 1,8] [--ctx 32k]
     device time per kernel of one call (lut_qprep, lut_split, lut_combine; torch.profiler): with PDL
     the kernels overlap, so a kernel's time includes the wait for the one before it.
 """
@@ -22,20 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.bench import SHAPES, _csv, _parse_ctx, random_state  # noqa: E402
-from harness.bench_timing import time_graph  # noqa: E402
-from kernels import make_codec  # noqa: E402
-from kernels.attention import decode_attention_torch  # noqa: E402
-
-L2_FLUSH = 160 << 20
+from harness.bench import SHAPES, copies, parse_ctx, parse_list, random_state, real_inputs, time_graph
+from kernels import make_codec
+from kernels.attention import decode_attention_torch
 
 
 def _rel(a, b):
@@ -51,14 +42,7 @@ def check(configs=None) -> list:
         Hq, Hkv, d = SHAPES[shape]
         for bits in (2, 3, 4):
             codec = make_codec("octopus", bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
-            g = torch.Generator(device=dev).manual_seed(bits)
-            k = torch.randn(2, Hkv, 1000, d, device=dev, generator=g)
-            v = torch.randn(2, Hkv, 1000, d, device=dev, generator=g)
-            q = torch.randn(2, Hq, 1, d, device=dev, generator=g).to(torch.bfloat16)
-            wk = torch.randn(2, Hkv, 24, d, device=dev, generator=g).to(torch.bfloat16)
-            wv = torch.randn(2, Hkv, 24, d, device=dev, generator=g).to(torch.bfloat16)
-            ks, vs = codec.encode(k), codec.encode_values(v)
-            lens = torch.tensor([1000, 613], dtype=torch.int32, device=dev)
+            q, ks, vs, wk, wv, lens = real_inputs(codec, Hq, Hkv, d, dev, seed=bits)
             ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lens)
             for cfg in configs or [None]:
                 out = decode_attention_lut(q, ks, vs, codec, wk, wv, lens, config=cfg)
@@ -76,23 +60,23 @@ def sweep(a):
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(7)
     cfgs = [json.loads(c) for c in a.configs.split(";")] if a.configs else [{}]
-    for shape in _csv(a.shapes):
+    for shape in parse_list(a.shapes):
         Hq, Hkv, d = SHAPES[shape]
-        for B in _csv(a.batch, int):
-            for ctx in _csv(a.contexts, _parse_ctx):
+        for B in parse_list(a.batch, int):
+            for ctx in parse_list(a.contexts, parse_ctx):
                 T = ctx - 32
                 q = torch.randn(B, Hq, 1, d, device=dev, generator=gen).to(torch.bfloat16)
                 wk = torch.randn(B, Hkv, 32, d, device=dev, generator=gen).to(torch.bfloat16)
                 wv = torch.randn_like(wk)
-                for bits in _csv(a.bits, int):
+                for bits in parse_list(a.bits, int):
                     codec = make_codec("octopus", bits, d, seed=0, layer=0, num_heads=Hkv, device=dev)
                     ks, vs = random_state(codec, B, Hkv, T, dev, gen)
-                    n = max(1, min(32, math.ceil(L2_FLUSH / (ks.nbytes() + vs.nbytes()))))
+                    n = copies(ks.nbytes() + vs.nbytes())
                     states = [(ks, vs)] + [random_state(codec, B, Hkv, T, dev, gen) for _ in range(n - 1)]
                     for cfg in cfgs:
                         line = []
                         for parts in ("both", "split", "combine"):
-                            def f(parts=parts, cfg=cfg):
+                            def f(parts=parts, cfg=cfg, states=states):
                                 for x, y in states:
                                     decode_attention_lut(q, x, y, codec, wk, wv, config=cfg, _parts=parts)
                             line.append(time_graph(f, a.rep_ms) / n * 1e6)
@@ -119,7 +103,7 @@ def _row_inputs(shape: str, B: int, T: int, bits: int, name: str = "octopus"):
 def once(a):
     from kernels.cuda.decode_lut import decode_attention_lut
 
-    codec, q, ks, vs, wk, wv = _row_inputs(a.shape, a.batch, _parse_ctx(a.ctx), a.bits)
+    codec, q, ks, vs, wk, wv = _row_inputs(a.shape, a.batch, parse_ctx(a.ctx), a.bits)
     cfg = json.loads(a.config) if a.config else None
     for _ in range(3):
         decode_attention_lut(q, ks, vs, codec, wk, wv, config=cfg)
@@ -134,7 +118,7 @@ def host(a):
     from kernels.cuda.decode_lut import decode_attention_lut
 
     cfgs = [json.loads(c) for c in a.configs.split(";")] if a.configs else [{}]
-    for ctx in _csv(a.contexts, _parse_ctx):
+    for ctx in parse_list(a.contexts, parse_ctx):
         codec, q, ks, vs, wk, wv = _row_inputs(a.shape, a.batch, ctx, a.bits)
         for cfg in cfgs:
             for _ in range(20):
@@ -156,10 +140,10 @@ def kernel_times(a):
 
     from kernels.cuda.decode_lut import decode_attention_lut
 
-    for B in _csv(a.batch, int):
+    for B in parse_list(a.batch, int):
         for spec in a.codecs.split(","):
             name, bits = spec.split("@")
-            codec, q, ks, vs, wk, wv = _row_inputs(a.shape, B, _parse_ctx(a.ctx), int(bits), name)
+            codec, q, ks, vs, wk, wv = _row_inputs(a.shape, B, parse_ctx(a.ctx), int(bits), name)
             for _ in range(10):
                 decode_attention_lut(q, ks, vs, codec, wk, wv)
             torch.cuda.synchronize()
@@ -176,14 +160,8 @@ def kernel_times(a):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # the one benchmark: harness bench
-        from harness.bench import main as bench_main
-
-        return bench_main(["--codecs", "octopus", "--no-dequant", "--no-encode", *argv[1:]])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("bench", help="harness bench --codecs octopus --no-dequant --no-encode [options]")
     sub.add_parser("check")
     w = sub.add_parser("sweep")
     w.add_argument("--contexts", default="4k,32k,128k")

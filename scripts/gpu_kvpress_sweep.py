@@ -1,9 +1,9 @@
 """The long-context sweep of issue #24, timed end to end: ``harness run --task kvpress`` at 32k
 context on random weights in Qwen2.5-7B's shape, every codec x bits x codec seeds.
 
-    python scripts/gpu_kvpress_sweep.py                                   # 1 row, 32k, bits 2 3 4, seeds 0 1 2
-    python scripts/gpu_kvpress_sweep.py --rows 2 --context 65536 --codecs octopus turboquant-mse
-    python scripts/gpu_kvpress_sweep.py --tiny --device cpu --codecs kivi --bits 2 --codec-seeds 0   # checks it runs
+    python -m scripts.gpu_kvpress_sweep                                   # 1 row, 32k, bits 2 3 4, seeds 0 1 2
+    python -m scripts.gpu_kvpress_sweep --rows 2 --context 65536 --codecs octopus turboquant-mse
+    python -m scripts.gpu_kvpress_sweep --tiny --device cpu --codecs kivi --bits 2 --codec-seeds 0   # checks it runs
 
 Builds in ``--work`` (once; reused): a checkpoint of random weights (seed 0) with the in-process
 byte tokenizer (one token per byte, so a context of N bytes is N tokens) and ``--rows`` synthetic
@@ -19,20 +19,17 @@ import argparse
 import json
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from adapters.byte_tokenizer import byte_tokenizer  # noqa: E402
-from harness.bench_generate import QWEN25_7B, TINY, load_model  # noqa: E402
-from harness.cli import main as harness  # noqa: E402
-from harness.rows import read_rows  # noqa: E402
-from harness.tasks.text_corpus import default_corpus  # noqa: E402
-from kernels import list_codecs  # noqa: E402
+from adapters.byte_tokenizer import byte_tokenizer
+from harness.bench import QWEN25_7B, TINY, load_model
+from harness.cli import main as harness
+from harness.rows import read_rows
+from harness.tasks.text_corpus import default_corpus
+from kernels import list_codecs
 
 
 def checkpoint(work: Path, shape: dict, device: str) -> Path:

@@ -1,11 +1,11 @@
 """Where the fused decode-attention kernel spends its time (GPU only).
 
-python scripts/gpu_profile_decode.py time [--ctx 32k] [--batch 1]
+python -m scripts.gpu_profile_decode time [--ctx 32k] [--batch 1]
     per codec/bits: the kernel, and ablations (no key decode, no value decode, neither,
     no prefetch), each as latency per step and against bf16 SDPA, timed by CUDA-graph replay.
-python scripts/gpu_profile_decode.py once CODEC BITS [--ctx 32k]
+python -m scripts.gpu_profile_decode once CODEC BITS [--ctx 32k]
     a few launches of one configuration, for ncu (--kernel-name regex:_split_kernel).
-python scripts/gpu_profile_decode.py sass CODEC BITS OUTFILE
+python -m scripts.gpu_profile_decode sass CODEC BITS OUTFILE
     the split kernel's SASS and an opcode histogram.
 """
 from __future__ import annotations
@@ -13,22 +13,18 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness.bench import _parse_ctx, random_state  # noqa: E402
-from harness.bench_timing import sdpa_backend_fn, time_graph  # noqa: E402
-from kernels import make_codec  # noqa: E402
-from kernels.triton.decode_attention import _launch  # noqa: E402 (the launcher with the profiling knobs)
+from harness.bench import parse_ctx, random_state, sdpa_backend_fn, time_graph, triton_path
+from kernels import make_codec
 
 HQ, HKV, D = 28, 4, 128
 
 
 def setup(name, bits, T, B, ncp=1):
+    """(codec, its Triton launcher with the profiling knobs, ncp random states, q, window keys, window values)."""
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     codec = make_codec(name, bits, D, seed=0, layer=0, num_heads=HKV, device=dev)
@@ -36,11 +32,11 @@ def setup(name, bits, T, B, ncp=1):
     q = torch.randn(B, HQ, 1, D, device=dev, dtype=torch.bfloat16)
     wk = torch.randn(B, HKV, 32, D, device=dev, dtype=torch.bfloat16)
     wv = torch.randn_like(wk)
-    return codec, states, q, wk, wv
+    return codec, triton_path(codec)[1], states, q, wk, wv
 
 
 def cmd_time(a):
-    T, B = _parse_ctx(a.ctx), a.batch
+    T, B = parse_ctx(a.ctx), a.batch
     dev = torch.device("cuda")
     k = torch.randn(B, HKV, T, D, device=dev, dtype=torch.bfloat16)
     v = torch.randn_like(k)
@@ -54,14 +50,14 @@ def cmd_time(a):
                 "split-neither-nopf": {"ablate": 7, "prefetch": 0}}
     for spec in a.configs.split(","):
         name, bits = spec.split("@")
-        codec, states, q, wk, wv = setup(name, int(bits), T, B, ncp=8)
+        codec, launch, states, q, wk, wv = setup(name, int(bits), T, B, ncp=8)
         row, launched = [], {}
         for label, kw in variants.items():
             kw = kw | a.extra
 
             def f(kw=kw):
                 for ks, vs in states:
-                    _launch(q, ks, vs, codec, wk, wv, record=launched, **kw)
+                    launch(q, ks, vs, codec, wk, wv, record=launched, **kw)
 
             t = time_graph(f, a.rep_ms) / len(states)
             row.append(f"{label} {t * 1e6:.1f} ({t / t_sdpa:.2f}x)")
@@ -70,18 +66,18 @@ def cmd_time(a):
 
 
 def cmd_once(a):
-    codec, states, q, wk, wv = setup(a.codec, a.bits, _parse_ctx(a.ctx), a.batch)
+    codec, launch, states, q, wk, wv = setup(a.codec, a.bits, parse_ctx(a.ctx), a.batch)
     ks, vs = states[0]
     for _ in range(3):
-        _launch(q, ks, vs, codec, wk, wv, **a.extra)
+        launch(q, ks, vs, codec, wk, wv, **a.extra)
     torch.cuda.synchronize()
 
 
 def cmd_sass(a):
-    codec, states, q, wk, wv = setup(a.codec, a.bits, 4096, 1)
+    codec, launch, states, q, wk, wv = setup(a.codec, a.bits, 4096, 1)
     ks, vs = states[0]
     launched = {}
-    _launch(q, ks, vs, codec, wk, wv, record=launched, **a.extra)
+    launch(q, ks, vs, codec, wk, wv, record=launched, **a.extra)
     k = launched["split"]
     import subprocess
     import tempfile

@@ -1,6 +1,6 @@
 """Where a decode step of ``model.generate`` through the compressed cache spends its time (GPU).
 
-    python scripts/gpu_profile_generate.py [--layers 28] [--context 32768] [--codecs octopus@3,octopus@2]
+    python -m scripts.gpu_profile_generate [--layers 28] [--context 32768] [--codecs octopus@3,octopus@2]
 
 Random weights in Qwen2.5-7B's shape (``--layers`` of them); per cache (native first, then each
 codec@bits): prefill at batch 1, repeat to ``--batch``, the first decode step after it under
@@ -13,17 +13,13 @@ kernels by device time.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from adapters.hf_cache import attach  # noqa: E402
-from harness.bench_generate import (QWEN25_7B, cache_makers, generate, load_model,  # noqa: E402
-                                    prefilled, timed_generate)
+from adapters.hf_cache import attach
+from harness.bench import QWEN25_7B, cache_makers, greedy_generate, load_model, prefilled, timed_generate
 
 #: host-device synchronisations (CUDA runtime calls; aten::item etc. name the operators that cause them)
 SYNC_NAMES = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -69,7 +65,7 @@ def main(argv=None) -> int:
     with torch.no_grad(), attach(model) as new_cache:
         runs = cache_makers(a.codecs, a.backends, new_cache, graphs=a.graphs)
         for label, backend, make in runs:  # warm-up: kernels compiled
-            generate(model, ids[:, :256], make(), 4)
+            greedy_generate(model, ids[:, :256], make(), 4)
         for label, backend, make in runs:
             torch.cuda.empty_cache()
             cache, cont, _ = prefilled(model, ids, make, a.batch, dev)
@@ -82,7 +78,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof1:
-                cont = generate(model, cont, cache, 1)
+                cont = greedy_generate(model, cont, cache, 1)
                 torch.cuda.synchronize()
             first = (time.perf_counter() - t0) * 1e3
             k1 = prof1.key_averages()
@@ -94,7 +90,7 @@ def main(argv=None) -> int:
             wall = sum(steps[1:]) * 1e3 / a.steps
             print(f"steps after it (ms): {[round(x * 1e3, 1) for x in steps]}")
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                generate(model, out, cache, a.steps)
+                greedy_generate(model, out, cache, a.steps)
                 torch.cuda.synchronize()
             ka = prof.key_averages()
             host = sum(e.self_cpu_time_total for e in ka) / 1e3 / a.steps

@@ -7,9 +7,9 @@ No checkpoint, no text encoder (prompts are seeded random UMT5-sized embeddings)
 Random weights say nothing about quality; this checks that the full-size rollout runs and what it
 costs. ``--tiny`` runs the same code on the tiny random model (CPU, seconds).
 
-    python scripts/gpu_video_rollout.py                       # CUDA, causvid, 9 latent frames
-    python scripts/gpu_video_rollout.py --model causal-forcing --frames 21 --codecs none,octopus@2,turboquant-mse@2
-    python scripts/gpu_video_rollout.py --tiny --device cpu   # the smoke test
+    python -m scripts.gpu_video_rollout                       # CUDA, causvid, 9 latent frames
+    python -m scripts.gpu_video_rollout --model causal-forcing --frames 21 --codecs none,octopus@2,turboquant-mse@2
+    python -m scripts.gpu_video_rollout --tiny --device cpu   # the smoke test
 """
 from __future__ import annotations
 
@@ -23,13 +23,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from adapters.cache_stats import cache_row_stats  # noqa: E402
-from adapters.kv_cache import CacheConfig  # noqa: E402
-from adapters.wan import CAUSAL_FORCING, CAUSVID, build_random, tiny_spec  # noqa: E402
-from kernels import private_generator  # noqa: E402
-from metrics import video as vm  # noqa: E402
+from adapters.cache_stats import cache_row_stats
+from adapters.kv_cache import CacheConfig
+from adapters.wan import CAUSAL_FORCING, CAUSVID, build_random, tiny_spec
+from kernels import private_generator
+from metrics import video as vm
 
 MiB = 1 << 20
 
@@ -113,7 +111,7 @@ def main(argv=None) -> int:
         st = cache_row_stats(cache)  # also checks that the codec compressed
         busy = ""
         if args.profile and device.type == "cuda":
-            from harness.bench_timing import device_seconds
+            from harness.bench import device_seconds
 
             def again():
                 return model.rollout(emb, model.new_cache(cfg), private_generator("gpu_video_rollout", args.seed))

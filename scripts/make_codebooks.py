@@ -1,7 +1,7 @@
 """Regenerate the shipped Lloyd–Max codebooks in kernels/codebooks/ (deterministic).
 
-    python scripts/make_codebooks.py            # all kinds
-    python scripts/make_codebooks.py --check    # regenerate in memory and compare with the files
+    python -m scripts.make_codebooks            # all kinds
+    python -m scripts.make_codebooks --check    # regenerate in memory and compare with the files
 
 Which (kind, d, bits) are shipped is listed in SHIPPED below; anything else is trained on
 first use and cached (see kernels/lloyd_max.py).
@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kernels.lloyd_max import SHIPPED_DIR, _key, train  # noqa: E402
+from kernels.lloyd_max import SHIPPED_DIR, codebook_key, train
 
 SHIPPED = {
     "coord": [(d, b) for d in (32, 64, 128, 256) for b in range(0, 9)],
@@ -34,7 +30,7 @@ def build(kind: str) -> dict[str, list[float]]:
             k = f"polar{level}"
         else:
             (d, b), k = entry, kind
-        out[_key(k, d, b)] = [float(x) for x in train(k, d, b).tolist()]
+        out[codebook_key(k, d, b)] = [float(x) for x in train(k, d, b).tolist()]
     return out
 
 

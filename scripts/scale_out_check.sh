@@ -12,10 +12,10 @@ export PYTHONPATH=.
 PY=${PY:-python3}; L=${L:-16}; H=${H:-512}; N=${N:-8}; CTX=${CTX:-2048}
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 $PY - "$W" <<EOF || exit 1
-import sys; sys.path.insert(0, "tests")
+import sys
 from pathlib import Path
 import pydoc_data.topics as t
-from tiny_lm import save_tiny_checkpoint
+from tests.tiny_lm import save_tiny_checkpoint
 w = Path(sys.argv[1])
 save_tiny_checkpoint(w / "ck", layers=$L, hidden=$H, heads=8, kv_heads=2, head_dim=64)
 (w / "t.txt").write_text("\n\n".join(t.topics[k] for k in sorted(t.topics)))

@@ -7,8 +7,8 @@ table: seconds, prompt-configurations per second, speed-up over the first batch 
 largest difference of any row's headline metric from the first batch size's (rows do not depend
 on the batch beyond float rounding).
 
-    PYTHONPATH=. python scripts/text_batch_throughput.py --batch 1,8                 # CPU, SmolLM2
-    PYTHONPATH=. python scripts/text_batch_throughput.py --batch 1,8,16 --device cuda \\
+    python -m scripts.text_batch_throughput --batch 1,8                 # CPU, SmolLM2
+    python -m scripts.text_batch_throughput --batch 1,8,16 --device cuda \\
         --model-path DIR --random-weights                # DIR: config.json + tokenizer files only
 
 ``--random-weights``: the model is built from DIR's config.json with seeded random weights

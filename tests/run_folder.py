@@ -1,5 +1,7 @@
 """A synthetic run folder (config.json, model.json, rows.jsonl) with values drawn from a known
-crossed model, for the summary, report and compare tests; no model runs."""
+crossed model, for the summary, report and compare tests; no model runs. :func:`summary_of` and
+:func:`rebuild` read it as ``harness report`` does (no registry.json: the loader builds it from the
+registries, as for a run made before it)."""
 from __future__ import annotations
 
 import json
@@ -62,6 +64,22 @@ def write_run(out: Path, rows: list[dict], model: dict | None = None, environmen
     (out / "model.json").write_text(json.dumps(model_json, indent=2))
     (out / "rows.jsonl").write_text("".join(dumps(r) + "\n" for r in rows))
     return out
+
+
+def summary_of(out: Path) -> dict:
+    """The summary of run folder ``out``, as ``harness report`` makes it (not read from summary.json)."""
+    from harness.run_data import read_run
+    from harness.summary import summarize_run
+
+    return summarize_run(read_run(out))
+
+
+def rebuild(out: Path) -> Path:
+    """summary.json, report.md (returned) and report.html of run folder ``out``, as ``harness report`` writes them."""
+    from harness.merge import summarize_and_render
+    from harness.run_data import read_run
+
+    return summarize_and_render(read_run(out))
 
 
 def run_bytes(out: Path, names) -> dict[str, bytes]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..compare import Run, load_checked, notes, pair_runs, per_prompt_entries, task_metrics, task_prompts
-from ..tables import _title, display
+from ..formatting import display, metric_title
 from . import plots
 from .page import cell, diff_cell, inline, mean_cell, number, per_prompt, render, slug, table, word_cell
 from .run_page import HTML_NAME
@@ -22,7 +22,7 @@ def _pair_tables(a: Run, b: Run, task: str) -> list[tuple[str, dict]]:
                  word_cell(p["diff"]["word"]), number(p["diff"]["n"])]
                 for p in pairs if p["metric"] == m["name"]]
         if rows:
-            out.append((_title(m), table(
+            out.append((metric_title(m), table(
                 ["config", a.name, b.name, f"{b.name} − {a.name} ± 95%", f"{b.name} is", "n"], rows)))
     return out
 
@@ -43,7 +43,7 @@ def _task(runs: list[Run], task: str) -> dict:
                                     f"{task}: {display(m)}, mean and 95% interval per run") for m in metrics]
     prompts = task_prompts(runs, task)
     return {"name": task, "id": slug("task", task), "plots": [p for p in plot_list if p],
-            "per_prompt": [(_title(m),
+            "per_prompt": [(metric_title(m),
                             per_prompt(per_prompt_entries(runs, task, m["name"]), prompts)) for m in metrics]}
 
 

@@ -1,12 +1,14 @@
 """The media of report.html, per task and prompt, from the artifacts the rows reference (paths
-relative to the run folder, never inlined):
+relative to the run folder, never inlined). A task declares which of its artifact keys fill which role
+of a kind of section (``Task.media``, stored in registry.json: :mod:`harness.run_data`); the kinds and
+their roles (:data:`ROLES`):
 
-- video (:mod:`harness.tasks.video`): the baseline's and each codec's MP4 as players that play,
-  pause, step and seek together, the per-frame drift curves under them (from the ``*.drift.json``
-  files; clicking a frame seeks the players), then the contact sheets;
-- audio (:mod:`harness.tasks.audio`): a player for the baseline and each codec (playing one pauses
-  the others at the same moment: A/B listening), each codec's spectrogram (baseline beside codec),
-  the per-scale teacher-forced curves;
+- ``video``: the ``baseline``'s and each codec's (``player``) MP4 as players that play, pause, step and
+  seek together, the per-frame drift curves under them (``curves``: JSON files; clicking a frame seeks
+  the players), then the contact sheets (``stills``);
+- ``audio``: a player for the ``baseline`` and each codec (``player``; playing one pauses the others at the
+  same moment: A/B listening), each codec's spectrogram (``image``: baseline beside codec), the per-scale
+  teacher-forced curves (``curves``);
 - any other artifact: a link.
 
 An artifact whose file is missing is named, not linked: a page never points at nothing.
@@ -19,12 +21,13 @@ from urllib.parse import quote
 
 from ..input_files import read_json
 from ..rows import BASELINE_LABEL, codec_seed, num, within
-from ..tables import display, fmt
+from ..formatting import display, fmt
 from . import plots
 
-VIDEO_KEYS = ("mp4", "mp4_baseline", "drift", "contact_sheet")
-AUDIO_KEYS = ("wav", "wav_baseline", "spectrogram", "per_scale")
-DRIFT_PANELS = [("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("lpips", "LPIPS"), ("latent_cos", "latent cosine (latent frames)")]
+#: the roles of each kind of section, which a task's ``media`` maps to its artifact keys
+ROLES = {"video": ("baseline", "player", "curves", "stills"), "audio": ("baseline", "player", "image", "curves")}
+DRIFT_PANELS = [("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("lpips", "LPIPS"),
+                ("latent_cos", "latent cosine (latent frames)")]
 SCALE_PANELS = [("top1_agree", "top-1 agreement (teacher-forced)"), ("kl", "KL (teacher-forced)"),
                 ("free_token_match", "token match (free-running)")]
 
@@ -77,28 +80,32 @@ def _caption(r: dict, metrics: list[dict]) -> str:
 
 def _seed_note(rows: list[dict]) -> str:
     seeds = sorted({codec_seed(r) for r in rows})
-    return f"Codec seeds {', '.join(map(str, seeds))} write the same files: shown are the last seed's." if len(seeds) > 1 else ""
+    if len(seeds) < 2:
+        return ""
+    return f"Codec seeds {', '.join(map(str, seeds))} write the same files: shown are the last seed's."
 
 
-def video_section(media: Media, prompt: str, rows: list[dict], metrics: list[dict], div_id: str) -> dict:
+def video_section(media: Media, prompt: str, rows: list[dict], metrics: list[dict], div_id: str,
+                  keys: dict[str, str]) -> dict:
+    """``keys``: {role: artifact key} (:data:`ROLES`)."""
     latest = _latest(rows)
-    base_row = next((r for r in rows if r.get("artifacts", {}).get("mp4_baseline")), None)
+    base_row = next((r for r in rows if r.get("artifacts", {}).get(keys.get("baseline"))), None)
     players = []
-    if base_row is not None and (src := media.src(base_row["artifacts"]["mp4_baseline"])):
+    if base_row is not None and (src := media.src(base_row["artifacts"][keys["baseline"]])):
         players.append({"label": "baseline (uncompressed)", "src": src, "caption": ""})
     drift, sheets, text, frames = {}, [], None, None
     for label, r in latest.items():
         arts = r.get("artifacts") or {}
-        d = media.json(arts.get("drift"))
+        d = media.json(arts.get(keys.get("curves")))
         if d is not None:
             text, frames = d.get("prompt", text), d.get("pixel_frames", frames)
             if label != BASELINE_LABEL:  # 'none' is the baseline: its curves are flat
                 drift[label] = d
         if label == BASELINE_LABEL:
             continue
-        if src := media.src(arts.get("mp4")):
+        if src := media.src(arts.get(keys.get("player"))):
             players.append({"label": label, "src": src, "caption": _caption(r, metrics)})
-        if src := media.src(arts.get("contact_sheet")):
+        if src := media.src(arts.get(keys.get("stills"))):
             sheets.append({"label": label, "src": src})
     frame_counts = [len(next((c[k] for c in drift.values() if c.get(k)), [])) for k, _ in DRIFT_PANELS
                     if any(c.get(k) for c in drift.values())]
@@ -107,21 +114,23 @@ def video_section(media: Media, prompt: str, rows: list[dict], metrics: list[dic
             "plot_frames": frame_counts, "sheets": sheets, "note": _seed_note(rows)}
 
 
-def audio_section(media: Media, prompt: str, rows: list[dict], metrics: list[dict], div_id: str) -> dict:
+def audio_section(media: Media, prompt: str, rows: list[dict], metrics: list[dict], div_id: str,
+                  keys: dict[str, str]) -> dict:
+    """``keys``: {role: artifact key} (:data:`ROLES`)."""
     latest = _latest(rows)
-    base_row = next((r for r in rows if r.get("artifacts", {}).get("wav_baseline")), None)
+    base_row = next((r for r in rows if r.get("artifacts", {}).get(keys.get("baseline"))), None)
     players = []
-    if base_row is not None and (src := media.src(base_row["artifacts"]["wav_baseline"])):
+    if base_row is not None and (src := media.src(base_row["artifacts"][keys["baseline"]])):
         players.append({"label": "baseline (uncompressed)", "src": src, "caption": "", "image": None})
     scales = {}
     for label, r in latest.items():
         arts = r.get("artifacts") or {}
-        c = media.json(arts.get("per_scale"))
+        c = media.json(arts.get(keys.get("curves")))
         if c is not None and label != BASELINE_LABEL:
             scales[label] = c
-        if label != BASELINE_LABEL and (src := media.src(arts.get("wav"))):
+        if label != BASELINE_LABEL and (src := media.src(arts.get(keys.get("player")))):
             players.append({"label": label, "src": src, "caption": _caption(r, metrics),
-                            "image": media.src(arts.get("spectrogram"))})
+                            "image": media.src(arts.get(keys.get("image")))})
     return {"kind": "audio", "prompt": prompt, "text": None, "players": players,
             "plot": plots.curves(SCALE_PANELS, scales, div_id, "scale"), "plot_id": div_id,
             "note": _seed_note(rows)}
@@ -135,18 +144,22 @@ def links_section(media: Media, prompt: str, rows: list[dict]) -> dict:
     return {"kind": "links", "prompt": prompt, "items": items}
 
 
-def sections(media: Media, task: str, rows: list[dict], metrics: list[dict], id_prefix: str) -> list[dict]:
-    """One media section per prompt of ``task`` that has artifacts, in row order."""
+SECTIONS = {"video": video_section, "audio": audio_section}
+
+
+def sections(media: Media, task: str, rows: list[dict], metrics: list[dict], id_prefix: str,
+             declared: dict[str, dict[str, str]]) -> list[dict]:
+    """One media section per prompt of ``task`` that has artifacts, in row order; ``declared``: the media the
+    task declares, {kind: {role: artifact key}}: a prompt's section is the first kind whose keys its rows'
+    artifacts hold, else links."""
     with_art = [r for r in rows if r["task"] == task and isinstance(r.get("artifacts"), dict) and r["artifacts"]]
     out = []
     for i, prompt in enumerate(dict.fromkeys(r["prompt"] for r in with_art)):
         prows = [r for r in with_art if r["prompt"] == prompt]
         keys = {k for r in prows for k in r["artifacts"]}
-        div_id = f"{id_prefix}-media-{i}"
-        if keys & set(VIDEO_KEYS):
-            out.append(video_section(media, prompt, prows, metrics, div_id))
-        elif keys & set(AUDIO_KEYS):
-            out.append(audio_section(media, prompt, prows, metrics, div_id))
-        else:
+        kind = next((k for k, roles in declared.items() if k in SECTIONS and keys & set(roles.values())), None)
+        if kind is None:
             out.append(links_section(media, prompt, prows))
+        else:
+            out.append(SECTIONS[kind](media, prompt, prows, metrics, f"{id_prefix}-media-{i}", declared[kind]))
     return out

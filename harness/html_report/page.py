@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from ..rows import atomic_write, num
-from ..tables import fmt, fmt_ci, fmt_delta, fmt_diff, per_prompt_row
+from ..formatting import fmt, fmt_ci, fmt_delta, fmt_diff, per_prompt_row
 
 HERE = Path(__file__).resolve().parent
 PLOTLY_JS = "plotly.min.js"

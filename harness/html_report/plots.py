@@ -17,9 +17,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from ..report import _bytes, _point
+from ..formatting import display, fmt, fmt_bytes, fmt_ci, fmt_diff, metric_title, point
 from ..rows import BASELINE_LABEL, num
-from ..tables import _title, display, fmt, fmt_ci, fmt_diff
 
 CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -52,7 +51,7 @@ def _hover(g: dict, s: dict) -> list[str]:
     """customdata of one point: config, mean ± h (n), [lo, hi], key bits/coord, cache bytes, Δ."""
     ci = s.get("ci95")
     interval = f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "— (n = 1)"
-    return [g["label"], fmt_ci(s), interval, fmt(g.get("bits_per_coord"), 4), _bytes(g.get("cache_bytes")),
+    return [g["label"], fmt_ci(s), interval, fmt(g.get("bits_per_coord"), 4), fmt_bytes(g.get("cache_bytes")),
             fmt_diff(s.get("delta")) if g["label"] != BASELINE_LABEL else "(the baseline)"]
 
 
@@ -70,7 +69,7 @@ def rate_quality(m: dict, series: list[tuple[str, list[dict]]], div_id: str, tit
         by_codec: dict[str, list[tuple]] = {}
         for g in groups:
             s = g["metrics"].get(m["name"])
-            pt = _point(s) if s is not None else None
+            pt = point(s) if s is not None else None
             if pt is None:
                 continue
             if g["label"] == BASELINE_LABEL:
@@ -90,7 +89,8 @@ def rate_quality(m: dict, series: list[tuple[str, list[dict]]], div_id: str, tit
     if not traces:
         return None
     # a log axis where the registry says so and every point, error bar included, can go on it
-    log = m.get("scale") == "log" and all(y - lo > 0 for t in traces for y, lo in zip(t["y"], t["error_y"]["arrayminus"]))
+    log = m.get("scale") == "log" and all(y - lo > 0 for t in traces
+                                          for y, lo in zip(t["y"], t["error_y"]["arrayminus"]))
     xs = [x for t in traces for x in t["x"]]
     fig = go.Figure([go.Scatter(t) for t in traces])
     for k, (name, base, hover) in enumerate(baselines):
@@ -102,9 +102,10 @@ def rate_quality(m: dict, series: list[tuple[str, list[dict]]], div_id: str, tit
             line={"color": "black", "dash": DASHES[(k + 2) % len(DASHES)], "width": 1}))
     direction = {True: " (higher is better)", False: " (lower is better)"}.get(m["higher_is_better"], "")
     # the title on the left, clear of the mode bar on the right
-    fig.update_layout(_layout(title={"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"}, hovermode="closest",
+    fig.update_layout(_layout(title={"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
+                              hovermode="closest",
                               xaxis={**AXIS, "title": {"text": "true bits per key coordinate (from stored bytes)"}},
-                              yaxis={**AXIS, "title": {"text": _title(m) + direction},
+                              yaxis={**AXIS, "title": {"text": metric_title(m) + direction},
                                      "type": "log" if log else "linear"}))
     return snippet(fig, div_id, 430)
 

@@ -1,4 +1,4 @@
-"""report.html of one run folder, from the same config.json, model.json, summary.json and rows as
+"""report.html of one run, from the same loaded run (:func:`harness.run_data.read_run`) and summary as
 report.md (:mod:`harness.report`): per task the ranking on the headline metric with its 95%
 intervals, the rate-matched front, an interactive rate–quality plot per metric, every
 configuration, the paired comparisons, sortable per-prompt tables, the media per prompt
@@ -7,15 +7,19 @@ configuration, the paired comparisons, sortable per-prompt tables, the media per
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..report import INTERVALS, _bytes, _header, _unavailable
 from .. import speed as speed_mod
+from ..formatting import display, fmt, fmt_bytes, fmt_ci, fmt_diff, metric_title, values, verdict
+from ..report_text import INTERVALS, header, task_order, unavailable
 from ..rows import BASELINE_LABEL, num
-from ..tables import _title, display, fmt, fmt_ci, fmt_diff, values, verdict
 from . import media as media_mod
 from . import plots
 from .page import (cell, diff_cell, interval_cell, mean_cell, number, per_prompt, prose, render, slug, table, word_cell,
                    word_class)
+
+if TYPE_CHECKING:
+    from ..run_data import RunData
 
 HTML_NAME = "report.html"
 
@@ -25,10 +29,11 @@ def ranking(t: dict, head: dict) -> dict | None:
     if not t.get("ranking"):
         return None
     rate = {g["label"]: g.get("bits_per_coord") for g in t["groups"]}
-    rows = [[number(b["bits"]), cell("—" if c["rank"] is None else c["rank"], c["rank"], "best" if c["rank"] == 1 else None),
+    rows = [[number(b["bits"]),
+             cell("—" if c["rank"] is None else c["rank"], c["rank"], "best" if c["rank"] == 1 else None),
              cell(c["label"]), mean_cell(c), interval_cell(c), number(c["n"]), number(rate.get(c["label"]), 3)]
             for b in t["ranking"] for c in b["configs"]]
-    return table(["bits", "rank", "config", f"{_title(head)}, mean ± 95%", "95% interval", "n", "key bits/coord"],
+    return table(["bits", "rank", "config", f"{metric_title(head)}, mean ± 95%", "95% interval", "n", "key bits/coord"],
                  rows, cls="ranking")
 
 
@@ -37,10 +42,12 @@ def rate_front(t: dict, head: dict) -> dict | None:
         return None
     means = {c["label"]: c for b in t.get("ranking", []) for c in b["configs"]}
     on = {True: "yes", False: "no", None: "—"}
-    rows = [[cell(f["label"]), number(f["bits"]), number(f["cache_bits_per_coord"], 3), mean_cell(means.get(f["label"])),
+    rows = [[cell(f["label"]), number(f["bits"]), number(f["cache_bits_per_coord"], 3),
+             mean_cell(means.get(f["label"])),
              cell(on[f["front"]], None, "better" if f["front"] else None), cell(", ".join(f["dominated_by"]) or "—")]
             for f in t["front"]]
-    return table(["config", "bits", "cache bits/coord", f"{_title(head)}, mean ± 95%", "on the front", "dominated by"],
+    return table(["config", "bits", "cache bits/coord", f"{metric_title(head)}, mean ± 95%", "on the front",
+                  "dominated by"],
                  rows, cls="front")
 
 
@@ -68,13 +75,13 @@ def configurations(t: dict) -> dict:
     """Every configuration: rates, then per metric mean ± 95% (n) [min, max] and the paired Δ."""
     head = ["config", "key bits/coord", "value bits/coord", "cache bytes", "× native"]
     for m in t["metrics"]:
-        head += [_title(m), "Δ vs baseline"]
+        head += [metric_title(m), "Δ vs baseline"]
     rows = []
     for g in t["groups"]:
         cb, ub = num(g.get("cache_bytes")), num(g.get("uncompressed_bytes"))
         ratio = cb / ub if cb is not None and ub else None
         r = [cell(g["label"]), number(g.get("bits_per_coord"), 3), number(g.get("value_bits_per_coord"), 3),
-             cell(_bytes(cb), cb), number(ratio, 3)]
+             cell(fmt_bytes(cb), cb), number(ratio, 3)]
         for m in t["metrics"]:
             s = g["metrics"].get(m["name"])
             if s is None:
@@ -100,49 +107,50 @@ def speed_table(entries: list[dict]) -> dict | None:
         return None
     rows = []
     for e in entries:
-        text = speed_mod.cells_text(e, fmt_ci)
-        sort = [None, e["rollouts"], e["sequences"][-1], *((e[k] or {}).get("mean") for k in ("prefill", "decode", "peak")),
-                None]
+        text = speed_mod.cells_text(e)
+        means = ((e[k] or {}).get("mean") for k in ("prefill", "decode", "peak"))
+        sort = [None, e["rollouts"], e["sequences"][-1], *means, None]
         rows.append([cell(x, s) for x, s in zip(text, sort)])
     return {"table": table(speed_mod.columns(entries), rows, cls="speed"), "notes": prose(speed_mod.notes(entries))}
 
 
-def task_section(out: Path, task: str, t: dict, rows: list[dict], speed: list[dict] = ()) -> dict:
+def task_section(out: Path, task: str, t: dict, rows: list[dict], media: dict, speed: list[dict] = ()) -> dict:
+    """The page's section of ``task`` (``t``: its summary entry; ``media``: the media its class declares,
+    registry.json's)."""
     metrics = t["metrics"]
     head = next((m for m in metrics if m["name"] == t.get("headline")), None)
     seeds = t.get("codec_seeds") or [0]
     plot_list = [plots.rate_quality(m, [("", t["groups"])], slug("plot", task, m["name"]),
                                     f"{task}: {display(m)}, mean and 95% interval") for m in metrics]
     base = {m["name"]: values(rows, task, BASELINE_LABEL, m["name"]) for m in metrics}
-    media = media_mod.Media(out, out)
-    tables = [(_title(m), per_prompt([(g["label"], values(rows, task, g["label"], m["name"]), base[m["name"]])
-                                      for g in t["groups"]], t["prompts"])) for m in metrics]
+    files = media_mod.Media(out, out)
+    tables = [(metric_title(m), per_prompt([(g["label"], values(rows, task, g["label"], m["name"]), base[m["name"]])
+                                     for g in t["groups"]], t["prompts"])) for m in metrics]
     return {
         "name": task, "id": slug("task", task), "prompts": t["prompts"], "seeds": seeds,
-        "headline": _title(head) if head else None,
+        "headline": metric_title(head) if head else None,
         "ranking": ranking(t, head) if head else None, "front": rate_front(t, head) if head else None,
         "deployed": against_deployed(t) if head else None,
         "plots": [p for p in plot_list if p], "configs": configurations(t), "pairs": pairs(t), "per_prompt": tables,
-        "media": media_mod.sections(media, task, rows, metrics, slug(task)), "missing": media.missing,
+        "media": media_mod.sections(files, task, rows, metrics, slug(task), media), "missing": files.missing,
         "speed": speed_table(speed),
     }
 
 
-def write_run_page(out: Path, config: dict, model: dict, summary: dict, rows: list[dict],
-                   speed: dict[str, list[dict]] | None = None, speed_problem: str | None = None) -> Path:
-    """report.html (and plotly.min.js) in run folder ``out``; ``speed``: per task the entries of
-    :func:`harness.speed.summarize_speed` (none: no speed section); ``speed_problem``: why speed.jsonl
-    could not be read."""
-    out = Path(out)
-    order = [t for t in config.get("tasks", []) if t in summary["tasks"]]
-    tasks = [task_section(out, task, summary["tasks"][task], rows, (speed or {}).get(task, ()))
-             for task in order + [t for t in summary["tasks"] if t not in order]]
-    header = [line for line in _header(config, model.get("model", {}), summary) if line != INTERVALS]
-    header = prose(header)
-    if speed_problem:  # between the markers, as in report.md: the one part that differs between identical runs
-        header += "\n" + speed_mod.BEGIN + prose([f"**Speed and memory** not shown: {speed_problem}"]) + speed_mod.END
+def write_run_page(run: RunData, summary: dict, speed: dict[str, list[dict]] | None = None) -> Path:
+    """report.html (and plotly.min.js) in ``run``'s folder from its ``summary`` (as summary.json holds it);
+    ``speed``: per task the entries of :func:`harness.speed.summarize_speed` (none: no speed section)."""
+    out, config = run.path, run.config
+    declared = run.registry["tasks"]
+    tasks = [task_section(out, task, summary["tasks"][task], run.rows, (declared.get(task) or {}).get("media", {}),
+                          (speed or {}).get(task, ())) for task in task_order(config, summary)]
+    lines = header(config, run.model.get("model", {}), summary, run.registry["codecs"])
+    html_header = prose([line for line in lines if line != INTERVALS])
+    if run.speed_problem:  # between the markers, as in report.md: the one part that differs between identical runs
+        html_header += ("\n" + speed_mod.BEGIN + prose([f"**Speed and memory** not shown: {run.speed_problem}"])
+                        + speed_mod.END)
     files = [name for name in ("report.md", "config.json", "model.json", "summary.json", "rows.jsonl")
              if (out / name).is_file()]
     return render("report.html.j2", out / HTML_NAME, title=f"KV-cache codec report: {config['model']}",
-                  files=files, header=header, intervals=prose([INTERVALS]), tasks=tasks,
-                  unavailable=prose(_unavailable(rows)), speed_markers=(speed_mod.BEGIN, speed_mod.END))
+                  files=files, header=html_header, intervals=prose([INTERVALS]), tasks=tasks,
+                  unavailable=prose(unavailable(run.rows)), speed_markers=(speed_mod.BEGIN, speed_mod.END))

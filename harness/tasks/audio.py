@@ -24,11 +24,12 @@ from adapters.cache_stats import cache_row_stats
 from adapters.kv_cache import CacheConfig
 from adapters.rollout_clock import RolloutClock
 from kernels import private_generator
+from kernels.options import Allowed, option
 from metrics import audio as am
 
 from ..input_files import InputError, field, read_json
 from ..rows import atomic_write, inside, is_regular, safe_name, write_via
-from .base import Allowed, Prompt, Task, artifact_label, register_task
+from .base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "audio"
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")
@@ -122,27 +123,30 @@ def _safe(label: str) -> str:
 
 @register_task("audio")
 class AudioTask(Task):
-    """Options (``--task-opt audio.NAME=VALUE``): see ``option_defaults``."""
+    """Options (``--task-opt audio.NAME=VALUE``): see ``Options``."""
 
     modality = "audio"
     metrics = ("snr_db", "lsd", "log_mel_mse", "latent_cos", "top1_agree", "kl", "free_token_match")
+    media = {"audio": {"baseline": "wav_baseline", "player": "wav", "image": "spectrogram", "curves": "per_scale"}}
     baseline_types = (AudioBaseline, Rollout)
-    option_defaults = {
-        "clip_seconds": (10.0, "conditioning clip length, s (CLAP's window: no random crop)", Allowed(lo=0.1)),
-        "cfg": (4.0, "classifier-free guidance at the last scale (ramped linearly from 0)", Allowed(lo=0)),
-        "top_k": (200, "top-k sampling (0: off)", Allowed(lo=0)),
-        "top_p": (0.95, "top-p sampling (0: off)", Allowed(lo=0, hi=1)),
-        "save_audio": (True, "write WAVs and spectrogram PNGs"),
-    }
+
+    @dataclass(frozen=True)
+    class Options:
+        clip_seconds: float = option(
+            10.0, "conditioning clip length, s (CLAP's window: no random crop)", Allowed(lo=0.1))
+        cfg: float = option(4.0, "classifier-free guidance at the last scale (ramped linearly from 0)", Allowed(lo=0))
+        top_k: int = option(200, "top-k sampling (0: off)", Allowed(lo=0))
+        top_p: float = option(0.95, "top-p sampling (0: off)", Allowed(lo=0, hi=1))
+        save_audio: bool = option(True, "write WAVs and spectrogram PNGs")
 
     def __init__(self, **options):
         super().__init__(**options)
         from adapters.aar import SamplingConfig
 
-        self.clip_seconds = float(self.opt("clip_seconds"))
-        self.sampling = SamplingConfig(cfg=float(self.opt("cfg")), top_k=int(self.opt("top_k")),
-                                       top_p=float(self.opt("top_p")))
-        self.save_audio = bool(self.opt("save_audio"))
+        self.clip_seconds = float(self.opts.clip_seconds)
+        self.sampling = SamplingConfig(cfg=float(self.opts.cfg), top_k=int(self.opts.top_k),
+                                       top_p=float(self.opts.top_p))
+        self.save_audio = bool(self.opts.save_audio)
 
     # --- prompts -----------------------------------------------------------------------------
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:

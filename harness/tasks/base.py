@@ -23,6 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+from kernels.options import read_options
+
+from registry import Registry
+
 
 @dataclass
 class Prompt:
@@ -31,41 +35,46 @@ class Prompt:
     meta: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a task that takes none."""
+
+
 class Task:
     name: ClassVar[str] = ""
     modality: ClassVar[str] = ""  # "text", "video", "audio"
     #: names in the metrics registry, in report order; each must have an implementation for
     #: ``modality`` (checked by :func:`register_task`); compute them with :meth:`metric`
     metrics: ClassVar[tuple[str, ...]] = ()
+    #: the metric that ranks configurations in the summary and reports (None: the first of ``metrics``)
+    headline: ClassVar[str | None] = None
     #: the task's own score (what its benchmark reports, e.g. RULER's), one of ``metrics``: over a sweep of
     #: context lengths (rows' ``prompt_meta.context``) the summary finds each configuration's effective length
     score_metric: ClassVar[str | None] = None
     #: prompt_meta keys the report breaks ``score_metric`` down by, the first averaged over (RULER's task,
     #: then context length: its per-task table and its average per length); rows carry prompt_meta["repeat"]
     breakdown: ClassVar[tuple[str, ...]] = ()
-    #: optional: option name -> (default, help) or (default, help, :class:`Allowed`). ``harness list``
-    #: shows them; ``--task-opt NAME=VALUE`` values are parsed by the default's type (see
-    #: :func:`parse_option`) and checked against their :class:`Allowed` before any model loads.
-    option_defaults: ClassVar[dict[str, tuple]] = {}
+    #: the media its rows' ``artifacts`` carry, for report.html: {kind: {role: artifact key}}, the kinds and
+    #: their roles those of :mod:`harness.html_report.media` (e.g. ``{"audio": {"player": "wav", ...}}``)
+    media: ClassVar[dict[str, dict[str, str]]] = {}
+    #: the task's options: a frozen dataclass of typed fields, each an :func:`kernels.options.option` with its
+    #: help and where it may lie (:class:`kernels.options.Allowed`). ``harness list`` shows them; ``--task-opt
+    #: NAME=VALUE`` values are read by the field types and checked before any model loads, as codecs' are.
+    Options: ClassVar[type] = NoOptions
 
     @classmethod
-    def check_options(cls, options: dict) -> None:
-        """Checks across options (every value already parsed and in its range); raise ValueError."""
+    def check_options(cls, options) -> None:
+        """Checks across options (an ``Options`` instance, every value in its range); raise ValueError."""
 
     def __init__(self, **options):
-        self.options = options
+        #: the task's ``Options`` (values given as strings or JSON are read here, where they enter)
+        self.opts = read_options("task", self.name, self.Options, options)
 
     def metric(self, name: str) -> Callable:
         """The registry's implementation of metric ``name`` for this task's modality."""
         from metrics import get_metric
 
         return get_metric(name).impl(self.modality)
-
-    def opt(self, name: str):
-        """An option's value: given, else its declared default."""
-        if name in self.options:
-            return parse_option(self.options[name], self.option_defaults.get(name, (None, ""))[0])
-        return self.option_defaults[name][0]
 
     #: the dataclasses a baseline of this task may hold (the only classes read back from disk)
     baseline_types: ClassVar[tuple[type, ...]] = ()
@@ -116,59 +125,6 @@ class Task:
         return [self.evaluate(model, p, cache_config, seed, b, out_dir) for p, b in zip(prompts, baselines)]
 
 
-@dataclass(frozen=True)
-class Allowed:
-    """Where a task option may lie: a number (or each item of a list option) in [lo, hi] (None: open),
-    one of ``choices``, a list ``nonempty``; ``positions``: at most the model's positions (tokens of
-    context), checked once the model's limits are known (from its config file before it loads)."""
-    lo: float | None = None
-    hi: float | None = None
-    choices: tuple = ()
-    nonempty: bool = False
-    positions: bool = False
-
-    def check(self, value: Any) -> None:
-        items = list(value) if isinstance(value, (list, tuple)) else [value]
-        if self.nonempty and not items:
-            raise ValueError("give at least one value")
-        for v in items:
-            if self.choices and v not in self.choices:
-                raise ValueError(f"must be one of {', '.join(repr(c) for c in self.choices)}")
-            if self.lo is not None and v < self.lo or self.hi is not None and v > self.hi:
-                lo = "" if self.lo is None else f"{self.lo} <= "
-                hi = "" if self.hi is None else f" <= {self.hi}"
-                raise ValueError(f"{v} is out of range ({lo}value{hi})")
-
-    def check_positions(self, value: Any, positions: int | None) -> None:
-        items = list(value) if isinstance(value, (list, tuple)) else [value]
-        if self.positions and positions is not None and max(items, default=0) > positions:
-            raise ValueError(f"{max(items)} tokens exceed the model's {positions} positions")
-
-
-def option_allowed(spec: tuple) -> Allowed:
-    """The :class:`Allowed` of an ``option_defaults`` entry (anything, where none is declared)."""
-    return spec[2] if len(spec) > 2 else Allowed()
-
-
-def parse_option(value: Any, default: Any) -> Any:
-    """Parse a command-line option string by the type of its default: "512,1024" -> (512, 1024)
-    for a tuple of ints, "0.5" -> 0.5 for a float, "true" -> True for a bool; other values pass."""
-    if not isinstance(value, str):
-        return value
-    if isinstance(default, bool):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"expected a boolean, got '{value}'")
-    if isinstance(default, (tuple, list)):
-        kind = type(default[0]) if default else str
-        return tuple(kind(v) for v in value.split(",") if v.strip())
-    if isinstance(default, (int, float)):
-        return type(default)(value)
-    return value
-
-
 def artifact_label(cache_config) -> str:
     """The name a rollout's artifacts (videos, sheets, WAVs) are filed under: the config's label,
     plus its codec seed where the codec draws at random (each seed's rollout is another file)."""
@@ -178,23 +134,22 @@ def artifact_label(cache_config) -> str:
     return f"{label}.seed{cache_config.seed}" if codec_class(cache_config.codec).randomized else label
 
 
-TASKS: dict[str, type[Task]] = {}
+#: the tasks of this package's modules (:mod:`harness.tasks` looks them up)
+REGISTRY: Registry[type[Task]] = Registry("task", "harness.tasks")
+TASKS = REGISTRY.entries
 
 
 def register_task(name: str):
     """Class decorator: register a :class:`Task` under ``name``; a second task of the same name
     raises, as does a declared metric the registry does not implement for the task's modality."""
     def wrap(cls):
-        if name in TASKS:
-            raise ValueError(f"task '{name}' is already registered ({TASKS[name].__module__}.{TASKS[name].__qualname__}); "
-                             f"pick another name for {cls.__module__}.{cls.__qualname__}")
         if cls.modality:
             from metrics import get_metric
 
             for m in cls.metrics:
                 get_metric(m).impl(cls.modality)  # unknown name or modality -> a one-line error
+        REGISTRY.add(name, cls)
         cls.name = name
-        TASKS[name] = cls
         return cls
 
     return wrap

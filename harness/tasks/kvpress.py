@@ -35,13 +35,15 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.hf_models import max_positions
+from kernels.options import Allowed, option
 from metrics.kvpress_scores import SCORERS, kvpress_score, paragraph_id, scorer_for
 
 from ..input_files import InputError, parse_json, read_jsonl, read_text
-from .base import Allowed, Prompt, Task, register_task
+from .base import Prompt, Task, register_task
 from .generation import baseline_answers, graded_answers
 from .text_corpus import text_hash
 
@@ -155,26 +157,25 @@ class KvpressTask(Task):
     metrics = ("kvpress_score", "output_match", "length_ratio", "kl", "top1_agree")
     score_metric = "kvpress_score"
     headline = "kl"  # graded; kvpress scores move in steps and mostly measure the model (module docstring)
-    option_defaults = {
-        "max_new_tokens": (0, "tokens generated per answer; 0: each row's max_new_tokens, as kvpress does",
-                           Allowed(lo=0)),
-        "max_context": (0, "keep each context's first N tokens (chat-template prefix included), as kvpress's "
-                           "max_context_length; 0: keep all, and refuse a row the model cannot hold",
-                        Allowed(lo=0, positions=True)),
-        "scorer": ("auto", f"auto: each row's kvpress scorer by its task (RULER, LongBench); or one for every row: "
-                           f"{', '.join(SCORERS)}", Allowed(choices=("auto", *SCORERS))),
-        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1)),
-    }
+
+    @dataclass(frozen=True)
+    class Options:
+        max_new_tokens: int = option(
+            0, "tokens generated per answer; 0: each row's max_new_tokens, as kvpress does", Allowed(lo=0))
+        max_context: int = option(
+            0, "keep each context's first N tokens (chat-template prefix included), as kvpress's "
+            "max_context_length; 0: keep all, and refuse a row the model cannot hold", Allowed(lo=0, positions=True))
+        scorer: str = option(
+            "auto", f"auto: each row's kvpress scorer by its task (RULER, LongBench); or one for every row: "
+            f"{', '.join(SCORERS)}", Allowed(choices=("auto", *SCORERS)))
+        topk: int = option(256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1))
 
     def __init__(self, **options):
         super().__init__(**options)
         self._built: tuple[str, dict] | None = None  # the last prompt's tokens (baseline, then every codec)
 
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
-        for name in ("max_new_tokens", "max_context"):
-            if self.opt(name) < 0:
-                raise ValueError(f"kvpress: {name} must be >= 0, got {self.opt(name)}")
-        scorer = self.opt("scorer")
+        scorer = self.opts.scorer
         if scorer != "auto" and scorer not in SCORERS:
             raise ValueError(f"kvpress: unknown scorer '{scorer}'. Available: auto, {', '.join(SCORERS)}")
         root = Path(source).expanduser() if source else None
@@ -184,7 +185,7 @@ class KvpressTask(Task):
             for i, raw in enumerate(_read(path)):
                 if limit and len(out) >= limit:
                     return out
-                row = _row(raw, f"--prompts {path} row {i}", self.opt("max_new_tokens") == 0, scorer)
+                row = _row(raw, f"--prompts {path} row {i}", self.opts.max_new_tokens == 0, scorer)
                 content = json.dumps([row[k] for k in ("context", "question", "answer_prefix", "answers", "task")])
                 tag = re.sub(r"[^A-Za-z0-9_.-]", "_", row["task"])[:40] or "row"
                 out.append(Prompt(f"{tag}-{len(out):05d}-{text_hash(content)[:8]}", row,
@@ -213,10 +214,10 @@ class KvpressTask(Task):
             context, suffix = (tok.bos_token or "") + d["context"], "\n"
         context_ids = model.encode(context)
         question_ids = model.encode(d["question"] + suffix + d["answer_prefix"])
-        keep = self.opt("max_context") or len(context_ids)
+        keep = self.opts.max_context or len(context_ids)
         built = {"ids": context_ids[:keep] + question_ids, "prefill": min(keep, len(context_ids)),
                  "cut": max(0, len(context_ids) - keep),
-                 "max_new_tokens": self.opt("max_new_tokens") or d["max_new_tokens"]}
+                 "max_new_tokens": self.opts.max_new_tokens or d["max_new_tokens"]}
         if built["prefill"] < 1:
             raise ValueError(f"prompt '{prompt.id}': its context is no token at all; every row needs a context")
         self._built = (prompt.id, built)
@@ -242,7 +243,7 @@ class KvpressTask(Task):
     # --- the contract ------------------------------------------------------------------------
     def baseline(self, model, prompt: Prompt, seed: int) -> dict:
         b = self.build(model, prompt)
-        return baseline_answers(model, [b["ids"]], b["max_new_tokens"], self.opt("topk"), prefill=[b["prefill"]])[0]
+        return baseline_answers(model, [b["ids"]], b["max_new_tokens"], self.opts.topk, prefill=[b["prefill"]])[0]
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: dict, out_dir: Path) -> dict:
         b = self.build(model, prompt)

@@ -20,14 +20,16 @@ Prompts sweep ``contexts`` (tokens) x ``depths`` (fraction of the haystack) x ``
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kernels import private_generator
+from kernels.options import Allowed, option
 from metrics.text import first_number
 
-from .base import Allowed, Prompt, Task, register_task
+from .base import Prompt, Task, register_task
 from .generation import baseline_answers, graded_answers
 from .text_corpus import load_excerpts, text_hash
 
@@ -77,19 +79,24 @@ class NeedleTask(Task):
     metrics = ("exact_match", "string_match_all", "output_match", "length_ratio", "kl", "top1_agree")
     score_metric = "string_match_all"
     headline = "kl"  # graded where exact match is all or nothing on a few prompts
-    option_defaults = {
-        "contexts": ((1024,), "prompt lengths in tokens (comma list)", Allowed(lo=1, nonempty=True, positions=True)),
-        "depths": ((0.1, 0.3, 0.5, 0.7, 0.9), "depths of the queried needle, fractions of the haystack (comma list)",
-                   Allowed(lo=0, hi=1, nonempty=True)),
-        "repeats": (1, "prompts per (context, depth), each with other keys, values and haystack", Allowed(lo=1)),
-        "needles": (2, "needles per prompt (1 queried + distractors; RULER uses 4, too hard for a 135M model)",
-                    Allowed(lo=1)),
-        "max_new_tokens": (12, "greedy tokens generated per answer", Allowed(lo=1)),
-        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1)),
-        "ruler": ("", "RULER's niah form, wording and string_match_all scoring: multikey, multivalue (needles values "
-                      "of one key) or multiquery (needles keys, all asked); '' this task's own. RULER's 4 needles "
-                      "and 128 answer tokens: --preset ruler", Allowed(choices=("", "multikey", "multivalue", "multiquery"))),
-    }
+
+    @dataclass(frozen=True)
+    class Options:
+        contexts: tuple[int, ...] = option(
+            (1024,), "prompt lengths in tokens (comma list)", Allowed(lo=1, nonempty=True, positions=True))
+        depths: tuple[float, ...] = option(
+            (0.1, 0.3, 0.5, 0.7, 0.9), "depths of the queried needle, fractions of the haystack (comma list)",
+            Allowed(lo=0, hi=1, nonempty=True))
+        repeats: int = option(
+            1, "prompts per (context, depth), each with other keys, values and haystack", Allowed(lo=1))
+        needles: int = option(
+            2, "needles per prompt (1 queried + distractors; RULER uses 4, too hard for a 135M model)", Allowed(lo=1))
+        max_new_tokens: int = option(12, "greedy tokens generated per answer", Allowed(lo=1))
+        topk: int = option(256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1))
+        ruler: str = option(
+            "", "RULER's niah form, wording and string_match_all scoring: multikey, multivalue (needles values "
+            "of one key) or multiquery (needles keys, all asked); '' this task's own. RULER's 4 needles "
+            "and 128 answer tokens: --preset ruler", Allowed(choices=("", "multikey", "multivalue", "multiquery")))
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -101,18 +108,18 @@ class NeedleTask(Task):
         self._source = source
         self._ruler()  # a bad value stops the run before the model loads
         out = []
-        for ctx in self.opt("contexts"):
-            for depth in self.opt("depths"):
+        for ctx in self.opts.contexts:
+            for depth in self.opts.depths:
                 if not 0.0 <= depth <= 1.0:
                     raise ValueError(f"needle depth must be in [0, 1], got {depth}")
-                for rep in range(self.opt("repeats")):
-                    pid = f"niah-c{ctx}-d{depth:g}" + (f"-r{rep}" if self.opt("repeats") > 1 else "")
+                for rep in range(self.opts.repeats):
+                    pid = f"niah-c{ctx}-d{depth:g}" + (f"-r{rep}" if self.opts.repeats > 1 else "")
                     out.append(Prompt(pid, {"context": int(ctx), "depth": float(depth), "repeat": rep},
                                       {"source": source or "default", "context": int(ctx)}))
         return out[:limit] if limit else out
 
     def _ruler(self) -> str:
-        variant = self.opt("ruler")
+        variant = self.opts.ruler
         if variant not in ("",) + RULER_VARIANTS:
             raise ValueError(f"needle: ruler={variant!r} is not a RULER niah form; use one of "
                              f"{', '.join(RULER_VARIANTS)} (or leave it empty)")
@@ -130,7 +137,7 @@ class NeedleTask(Task):
         'query', 'needle_depths', 'text_sha'}; deterministic in (prompt, seed)."""
         ctx, depth, rep = prompt.data["context"], prompt.data["depth"], prompt.data["repeat"]
         g = private_generator("needle", prompt.id, seed)
-        k, variant = self.opt("needles"), self._ruler()
+        k, variant = self.opts.needles, self._ruler()
         picks = torch.randperm(len(ADJECTIVES) * len(NOUNS), generator=g)[:1 if variant == "multivalue" else k].tolist()
         keys = [f"{ADJECTIVES[i // len(NOUNS)]}-{NOUNS[i % len(NOUNS)]}" for i in picks]
         values = [str(int(v)) for v in torch.randint(1_000_000, 10_000_000, (k,), generator=g)]
@@ -213,14 +220,14 @@ class NeedleTask(Task):
     def baseline_batch(self, model, prompts: list[Prompt], seed: int) -> list[dict]:
         built = [self.build(model, p, seed) for p in prompts]
         # the baseline's distributions along its own answer, computed exactly as a codec's are
-        answers = baseline_answers(model, [p["ids"] for p in built], self.opt("max_new_tokens"), self.opt("topk"))
+        answers = baseline_answers(model, [p["ids"] for p in built], self.opts.max_new_tokens, self.opts.topk)
         return [{**a, "value": p["value"], "prompt_tokens": len(p["ids"])} for a, p in zip(answers, built)]
 
     def evaluate_batch(self, model, prompts: list[Prompt], cache_config, seed: int, baselines: list[dict],
                        out_dir: Path) -> list[dict]:
         built = [self.build(model, p, seed) for p in prompts]
         graded = graded_answers(self, model, [p.id for p in prompts], [p["ids"] for p in built], cache_config,
-                                baselines, self.opt("max_new_tokens"))
+                                baselines, self.opts.max_new_tokens)
         return [{**self._scores(answer, baseline["answer"], p), **row, "answer": answer.strip(), "tokens": len(p["ids"])}
                 for (answer, row), p, baseline in zip(graded, built, baselines)]
 

@@ -9,15 +9,17 @@ of next-token distributions and top-1 agreement (see :mod:`metrics.text`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from adapters.cache_stats import cache_row_stats
 from adapters.rollout_clock import RolloutClock
+from kernels.options import Allowed, option
 from metrics.text import token_nll, topk_logprobs
 
-from .base import Allowed, Prompt, Task, register_task
+from .base import Prompt, Task, register_task
 from .text_corpus import load_excerpts, text_hash
 
 
@@ -28,32 +30,35 @@ class PerplexityTask(Task):
     #: the ranking metric: KL to the baseline's next-token distributions varies far less from
     #: prompt to prompt than perplexity does, and a codec that changes nothing scores exactly 0
     headline = "kl"
-    option_defaults = {
-        "context": (512, "tokens per prompt", Allowed(lo=3, positions=True)),
-        "prefix": (384, "first chunk: prefilled natively, not scored", Allowed(lo=1)),
-        "chunk": (64, "tokens per later chunk; each attends to compressed past + window + itself", Allowed(lo=1)),
-        "count": (4, "prompts taken from the default corpus (--limit also cuts)", Allowed(lo=1)),
-        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1)),
-        "batch": (0, "prompts run together through one cache; 0: the run's --batch-size (rows do not "
-                     "depend on it beyond float rounding)", Allowed(lo=0)),
-    }
+
+    @dataclass(frozen=True)
+    class Options:
+        context: int = option(512, "tokens per prompt", Allowed(lo=3, positions=True))
+        prefix: int = option(384, "first chunk: prefilled natively, not scored", Allowed(lo=1))
+        chunk: int = option(
+            64, "tokens per later chunk; each attends to compressed past + window + itself", Allowed(lo=1))
+        count: int = option(4, "prompts taken from the default corpus (--limit also cuts)", Allowed(lo=1))
+        topk: int = option(256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1))
+        batch: int = option(
+            0, "prompts run together through one cache; 0: the run's --batch-size (rows do not "
+            "depend on it beyond float rounding)", Allowed(lo=0))
 
     @classmethod
-    def check_options(cls, options: dict) -> None:
-        if options["prefix"] + 2 > options["context"]:
-            raise ValueError(f"prefix ({options['prefix']}) must leave at least 2 tokens of the context "
-                             f"({options['context']}) to score")
+    def check_options(cls, options) -> None:
+        if options.prefix + 2 > options.context:
+            raise ValueError(f"prefix ({options.prefix}) must leave at least 2 tokens of the context "
+                             f"({options.context}) to score")
 
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
-        n = limit or (self.opt("count") if source in (None, "", "default") else 8)
-        excerpts = load_excerpts(source, chars=self.opt("context") * 8, limit=n)
+        n = limit or (self.opts.count if source in (None, "", "default") else 8)
+        excerpts = load_excerpts(source, chars=self.opts.context * 8, limit=n)
         return [Prompt(e.id, e.text, {"source": e.source, "text_sha": e.sha}) for e in excerpts]
 
     # --- shared --------------------------------------------------------------------------
     def _plan(self, model, prompt: Prompt) -> tuple[list[int], list[int]]:
         """(token ids, chunk sizes)."""
-        ids = model.encode(prompt.data)[: self.opt("context")]
-        prefix, chunk = self.opt("prefix"), self.opt("chunk")
+        ids = model.encode(prompt.data)[: self.opts.context]
+        prefix, chunk = self.opts.prefix, self.opts.chunk
         if prefix < 1 or chunk < 1:
             raise ValueError(f"perplexity: prefix ({prefix}) and chunk ({chunk}) must be >= 1")
         if len(ids) < prefix + 2:
@@ -67,7 +72,7 @@ class PerplexityTask(Task):
 
     def _scored(self, ids: list[int], start: int, logits: torch.Tensor) -> tuple[slice, torch.Tensor] | None:
         """For a chunk at ``start``: (rows of the scored-token arrays, targets) or None (the prefix)."""
-        prefix = self.opt("prefix")
+        prefix = self.opts.prefix
         if start < prefix:
             return None
         n = min(logits.shape[-2], len(ids) - 1 - start)  # the last token of the context predicts nothing
@@ -79,7 +84,7 @@ class PerplexityTask(Task):
         """Runs of up to ``batch`` (else ``--batch-size``) consecutive prompts; prompts of other
         token lengths run together left-padded, each on its own chunk plan. Every prompt's plan is
         checked here, before the first batch runs."""
-        size = self.opt("batch") or self.prompts_per_batch(model)
+        size = self.opts.batch or self.prompts_per_batch(model)
         if size < 1:
             raise ValueError(f"perplexity: batch must be >= 1, got {size}")
         for p in prompts:
@@ -113,7 +118,7 @@ class PerplexityTask(Task):
 
         def on_scored(b, rows, tgt, lg):
             acc[b]["nll"].append(token_nll(lg, tgt))
-            i, lp = topk_logprobs(lg, self.opt("topk"))
+            i, lp = topk_logprobs(lg, self.opts.topk)
             acc[b]["top_ids"].append(i)
             acc[b]["top_logp"].append(lp)
 

@@ -29,12 +29,14 @@ graded where RULER's scores move in steps). The row's ``prompt_meta`` names the 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 
 from kernels import private_generator
+from kernels.options import Allowed, option
 
-from .base import Allowed, Prompt, Task, register_task
+from .base import Prompt, Task, register_task
 from .generation import baseline_answers, graded_answers
 from .ruler_synthetic import RULER_TASKS, TOKENS_TO_GENERATE, Corpus, draft, fit
 from .text_corpus import text_hash
@@ -63,20 +65,24 @@ class RulerTask(Task):
     score_metric = "ruler_score"
     breakdown = ("ruler_task", "context")
     headline = "kl"  # graded; a RULER score moves in steps and mostly measures the model
-    option_defaults = {
-        "tasks": (RULER_TASKS, "RULER tasks (comma list; its 13 synthetic ones less qa_1, qa_2)",
-                  Allowed(choices=RULER_TASKS, nonempty=True)),
-        "contexts": ((4096,), "sequence lengths in tokens (comma list), RULER's max_seq_length: the prompt with its "
-                              "chat template plus the task's answer tokens",
-                     Allowed(lo=1, nonempty=True, positions=True)),
-        "repeats": (2, "samples per (task, context), each its own draw", Allowed(lo=1)),
-        "max_new_tokens": (0, "greedy tokens generated per answer; 0: RULER's tokens_to_generate (niah 128, vt 30, "
-                              "cwe 120, fwe 50), which every context's length counts either way", Allowed(lo=0)),
-        "topk": (256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1)),
-        "prefill": ("all", "all: the whole prompt prefilled natively, then committed (RULER, needle); context: the "
-                           "context prefilled and committed, the question through the compressed cache (kvpress)",
-                    Allowed(choices=("all", "context"))),
-    }
+
+    @dataclass(frozen=True)
+    class Options:
+        tasks: tuple[str, ...] = option(
+            RULER_TASKS, "RULER tasks (comma list; its 13 synthetic ones less qa_1, qa_2)",
+            Allowed(choices=RULER_TASKS, nonempty=True))
+        contexts: tuple[int, ...] = option(
+            (4096,), "sequence lengths in tokens (comma list), RULER's max_seq_length: the prompt with its "
+            "chat template plus the task's answer tokens", Allowed(lo=1, nonempty=True, positions=True))
+        repeats: int = option(2, "samples per (task, context), each its own draw", Allowed(lo=1))
+        max_new_tokens: int = option(
+            0, "greedy tokens generated per answer; 0: RULER's tokens_to_generate (niah 128, vt 30, "
+            "cwe 120, fwe 50), which every context's length counts either way", Allowed(lo=0))
+        topk: int = option(256, "baseline tokens kept per position for the KL (plus one tail bucket)", Allowed(lo=1))
+        prefill: str = option(
+            "all", "all: the whole prompt prefilled natively, then committed (RULER, needle); context: the "
+            "context prefilled and committed, the question through the compressed cache (kvpress)",
+            Allowed(choices=("all", "context")))
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -87,11 +93,11 @@ class RulerTask(Task):
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         self._source = source
         out = []
-        for ctx in self.opt("contexts"):
-            for name in self.opt("tasks"):
+        for ctx in self.opts.contexts:
+            for name in self.opts.tasks:
                 if name not in RULER_TASKS:
                     raise ValueError(f"ruler: unknown task '{name}'. Available: {', '.join(RULER_TASKS)}")
-                for rep in range(self.opt("repeats")):
+                for rep in range(self.opts.repeats):
                     out.append(Prompt(f"{name}-c{ctx}-r{rep}", {"task": name, "context": int(ctx), "repeat": rep},
                                       {"ruler_task": name, "context": int(ctx), "repeat": rep,
                                        "source": source or "default"}))
@@ -138,10 +144,10 @@ class RulerTask(Task):
         return built
 
     def _max_new_tokens(self, built: dict) -> int:
-        return self.opt("max_new_tokens") or TOKENS_TO_GENERATE[built["family"]]
+        return self.opts.max_new_tokens or TOKENS_TO_GENERATE[built["family"]]
 
     def _prefills(self, built: list[dict]) -> list[int] | None:
-        return [b["prefill"] for b in built] if self.opt("prefill") == "context" else None
+        return [b["prefill"] for b in built] if self.opts.prefill == "context" else None
 
     # --- the contract ------------------------------------------------------------------------
     def baseline(self, model, prompt: Prompt, seed: int) -> dict:
@@ -161,7 +167,7 @@ class RulerTask(Task):
 
     def baseline_batch(self, model, prompts: list[Prompt], seed: int) -> list[dict]:
         built = [self.build(model, p, seed) for p in prompts]
-        answers = baseline_answers(model, [b["ids"] for b in built], self._max_new_tokens(built[0]), self.opt("topk"),
+        answers = baseline_answers(model, [b["ids"] for b in built], self._max_new_tokens(built[0]), self.opts.topk,
                                    prefill=self._prefills(built))
         return [{**a, "prompt_tokens": len(b["ids"])} for a, b in zip(answers, built)]
 

@@ -29,14 +29,16 @@ are byte-identical.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 
 from adapters.cache_stats import cache_row_stats
 from adapters.kv_cache import CacheConfig
 from kernels import private_generator
+from kernels.options import Allowed, option
 
-from .base import Allowed, Prompt, Task, register_task
+from .base import Prompt, Task, register_task
 from .needle import RULER_WORDING
 from .ruler import render
 from .ruler_synthetic import DEPTHS, Corpus, Niah, fit, niah
@@ -74,14 +76,17 @@ class TurnsTask(Task):
     headline = "string_match_all"
     score_metric = "string_match_all"
     breakdown = ("turn", "context")  # the report's table of the score per turn: how it degrades as the chat goes on
-    option_defaults = {
-        "contexts": ((4096,), "conversation lengths in tokens (comma list): the context, every question and turns x "
-                              "max_new_tokens answer tokens", Allowed(lo=1, nonempty=True, positions=True)),
-        "turns": (4, "needles in the context, one asked per turn (RULER's depths give 40 at most)",
-                  Allowed(lo=1, hi=len(DEPTHS))),
-        "repeats": (2, "conversations per context, each its own draw", Allowed(lo=1)),
-        "max_new_tokens": (16, "greedy tokens generated per answer", Allowed(lo=1)),
-    }
+
+    @dataclass(frozen=True)
+    class Options:
+        contexts: tuple[int, ...] = option(
+            (4096,), "conversation lengths in tokens (comma list): the context, every question and turns x "
+            "max_new_tokens answer tokens", Allowed(lo=1, nonempty=True, positions=True))
+        turns: int = option(
+            4, "needles in the context, one asked per turn (RULER's depths give 40 at most)",
+            Allowed(lo=1, hi=len(DEPTHS)))
+        repeats: int = option(2, "conversations per context, each its own draw", Allowed(lo=1))
+        max_new_tokens: int = option(16, "greedy tokens generated per answer", Allowed(lo=1))
 
     def __init__(self, **options):
         super().__init__(**options)
@@ -92,9 +97,9 @@ class TurnsTask(Task):
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         """One prompt per turn, the turns of a conversation in order; ``limit`` counts turns."""
         self._source = source
-        k, out = self.opt("turns"), []
-        for ctx in self.opt("contexts"):
-            for rep in range(self.opt("repeats")):
+        k, out = self.opts.turns, []
+        for ctx in self.opts.contexts:
+            for rep in range(self.opts.repeats):
                 conv = f"turns-c{ctx}-r{rep}"
                 out.extend(Prompt(f"{conv}-t{t}", {"conversation": conv, "context": int(ctx), "turn": t},
                                   {"turn": t, "turns": k, "context": int(ctx), "repeat": rep,
@@ -119,7 +124,7 @@ class TurnsTask(Task):
         key = (data["conversation"], seed)
         if key in self._built:
             return self._built[key]
-        k, ctx, tok = self.opt("turns"), data["context"], model.tokenizer
+        k, ctx, tok = self.opts.turns, data["context"], model.tokenizer
         d = niah(Niah("essay", "words", "numbers", k=k, q=k),
                   lambda *tag: private_generator("turns", data["conversation"], seed, *tag), self.corpus())
         keys = list(d.keys)
@@ -131,7 +136,7 @@ class TurnsTask(Task):
         questions = [model.encode(render(tok, d.user(0)[0], first, ANSWER_PREFIX.format(key=keys[0]))[1])]
         questions += [model.encode(follow_up(tok, QUESTION.format(key=key), ANSWER_PREFIX.format(key=key)))
                       for key in keys[1:]]
-        answers = k * self.opt("max_new_tokens")
+        answers = k * self.opts.max_new_tokens
         n = fit(lambda n: len(context(n)), ctx - sum(map(len, questions)) - answers)
         if n < 0:
             raise ValueError(f"turns: {k} turns do not fit a conversation of {ctx} tokens: without a haystack the "
@@ -146,7 +151,7 @@ class TurnsTask(Task):
     def _converse(self, model, prompts: list[Prompt], built: dict, cache_config: CacheConfig) -> list[dict]:
         """The conversation up to the batch's last turn, with each turn's rate fields."""
         last = max(p.data["turn"] for p in prompts)
-        return model.converse(built["context"], built["questions"][:last], self.opt("max_new_tokens"),
+        return model.converse(built["context"], built["questions"][:last], self.opts.max_new_tokens,
                         cache_config, on_turn=lambda cache: cache_row_stats(cache.kv, 0))
 
     # --- the contract ------------------------------------------------------------------------

@@ -28,11 +28,12 @@ from adapters.cache_stats import cache_row_stats
 from adapters.kv_cache import CacheConfig, CompressedKVCache
 from adapters.rollout_clock import RolloutClock
 from kernels import private_generator
+from kernels.options import Allowed, option
 from metrics import video as vm
 
 from ..input_files import InputError, field, read_json, read_text
 from ..rows import atomic_write, inside, is_regular, safe_name, write_via
-from .base import Allowed, Prompt, Task, artifact_label, register_task
+from .base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "video"
 METRICS = ("lpips", "psnr", "ssim", "latent_cos")
@@ -150,19 +151,22 @@ def write_drift_plot(path: Path, curves: dict[str, dict], title: str) -> None:
 class VideoTask(Task):
     modality = "video"
     metrics = METRICS
-    option_defaults = {
-        "residual_frames": (1, "native window of the cache, in latent frames (overrides --residual)", Allowed(lo=0)),
-        "stills": (6, "frames per row of the contact sheet", Allowed(lo=1)),
-        "save_video": (True, "write MP4s and contact sheets"),
-        "lpips": (True, "compute LPIPS (needs the AlexNet weights in the torch hub cache)"),
-    }
+    media = {"video": {"baseline": "mp4_baseline", "player": "mp4", "curves": "drift", "stills": "contact_sheet"}}
+
+    @dataclass(frozen=True)
+    class Options:
+        residual_frames: int = option(
+            1, "native window of the cache, in latent frames (overrides --residual)", Allowed(lo=0))
+        stills: int = option(6, "frames per row of the contact sheet", Allowed(lo=1))
+        save_video: bool = option(True, "write MP4s and contact sheets")
+        lpips: bool = option(True, "compute LPIPS (needs the AlexNet weights in the torch hub cache)")
 
     def __init__(self, **options):
         super().__init__(**options)
-        self.residual_frames = int(self.opt("residual_frames"))
-        self.stills = int(self.opt("stills"))
-        self.save_video = bool(self.opt("save_video"))
-        self.use_lpips = bool(self.opt("lpips"))
+        self.residual_frames = int(self.opts.residual_frames)
+        self.stills = int(self.opts.stills)
+        self.save_video = bool(self.opts.save_video)
+        self.use_lpips = bool(self.opts.lpips)
         ok, why = vm.lpips_status()
         #: metric -> why it is not reported (the report shows this instead of a number)
         self.unavailable: dict[str, str] = {}

@@ -4,8 +4,9 @@ Same call as :func:`kernels.triton.decode_attention.decode_attention_fused` and 
 state: ``decode_attention_lut(q, key_state, value_state, codec, window_k, window_v, lengths,
 window_lengths, scale)``. :func:`kernels.attention.decode_attention` runs it under backend 'auto'
 (first choice on CUDA) or 'lut', through :func:`kernels.backend.decide`. The CUDA source and its
-design are in ``decode_lut.cu`` beside this file, read and compiled (NVRTC through CuPy) at the
-first launch of each configuration.
+design are in ``decode_lut.cu`` and the ``lut_*.cuh`` parts beside it (:data:`SOURCE_FILES`), read
+and compiled (NVRTC through CuPy) at the first launch of each configuration (:class:`KernelConstants`);
+each kernel takes one parameter struct (:mod:`kernels.cuda.lut_params`).
 
 Like the Triton kernel, it reads what the codec declares in ``codec.fused_layout()``
 (:class:`kernels.fused_layout.FusedLayout`: key kind, bits, codebooks, field names, rotation signs)
@@ -24,6 +25,7 @@ cannot run; tests compare every path with :func:`kernels.attention.decode_attent
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import weakref
@@ -33,22 +35,32 @@ import torch
 
 from .._lengths import as_lengths
 from ..split_k import choose_splits, num_sms
-from .launch import driver_missing
-from .launch import launch
-from .lut_config import (QPREP_DEFAULT, TABLE_BUDGET, _QT, _facts, default_config,  # noqa: F401 (its API)
-                         launch_defs, layout_unsupported)
-from .lut_tables import TSCALE, Lookup, lookup_for, lut_tables, table_keys  # noqa: F401 (the tables' API)
+from .launch import driver_missing, launch
+from .lut_config import (QPREP_DEFAULT, QUERY_DTYPES, TABLE_BUDGET, KernelConstants, LutConfig, LutLaunch,
+                         codec_facts, default_config, launch_plan, layout_unsupported)
+from .lut_params import MAX_FIELDS, combine_params, output_params, qprep_params, split_params, window_params
+from .lut_tables import TSCALE, Lookup, lookup_for, lut_tables, table_keys
+
+__all__ = ["SOURCE_FILES", "LAST_LAUNCH", "source", "supports", "cupy_missing", "sketch_matrices",
+           "decode_attention_lut",
+           # the configuration (kernels.cuda.lut_config) and the tables (kernels.cuda.lut_tables)
+           "QPREP_DEFAULT", "QUERY_DTYPES", "TABLE_BUDGET", "KernelConstants", "LutConfig", "LutLaunch",
+           "default_config", "launch_plan", "layout_unsupported", "TSCALE", "Lookup", "lookup_for", "lut_tables",
+           "table_keys"]
 
 _LOG2E = 1.4426950408889634
-SOURCE_PATH = Path(__file__).with_name("decode_lut.cu")
+#: the CUDA source, in the order it is compiled (one translation unit; lut_common.cuh documents the parts)
+SOURCE_FILES = tuple(Path(__file__).with_name(n) for n in ("lut_common.cuh", "lut_prep.cuh", "lut_merge.cuh",
+                                                          "lut_tile.cuh", "decode_lut.cu"))
 #: the latest launch's compiled functions and layout (for the benchmark's register report)
 LAST_LAUNCH: dict = {}
 
 
 @functools.lru_cache(maxsize=None)
 def source() -> str:
-    """The kernel's CUDA C++ source (``decode_lut.cu``), read once."""
-    return SOURCE_PATH.read_text()
+    """The kernel's CUDA C++ source (:data:`SOURCE_FILES` joined, each after a ``#line`` directive so that
+    the compiler's messages name its file and line), read once."""
+    return "".join(f'#line 1 "{f.name}"\n' + f.read_text() for f in SOURCE_FILES)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -58,10 +70,10 @@ def supports(codec, q_dtype=torch.bfloat16, G: int | None = None, device=None, H
     """None when :func:`decode_attention_lut` runs this call, else the reason it does not: the
     codec's layout (:func:`layout_unsupported`), the query dtype, G query heads per KV head, the
     heads of the rotation and sketch against Hkv, then (with ``device``) a CUDA device, CuPy, sm_90."""
-    facts = _facts(codec)
+    facts = codec_facts(codec)
     if facts.why is not None:
         return facts.why
-    if q_dtype not in _QT:
+    if q_dtype not in QUERY_DTYPES:
         return f"query dtype {q_dtype} not supported"
     if G is not None and G > 8:
         return f"{G} query heads per KV head (at most 8)"
@@ -119,12 +131,6 @@ def sketch_matrices(layout) -> torch.Tensor:
     return layout.sketch_matrices().float()
 
 
-#: the kernels' parameter types in order, as struct codes (Q pointer / u64, i int, I u32, f float, q int64):
-#: kernels.cuda.launch packs the arguments by them (decode_lut.cu's signatures)
-SPLIT_SIG = "QQiQQ" + "Q" * 14 + "Qiiiiif" + "QQQ" + "iQQQQii" + "q" * 6 + "fQQiI"
-COMBINE_SIG = "QQQQii" + "q" * 6 + "QQiiifQQi"
-QPREP_SIG = "QQiifQifQ"
-
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MODULES: dict = {}
 _COUNTERS: dict = {}
@@ -149,16 +155,15 @@ def _plan(codec, device, lookup: Lookup) -> _Plan:
     return per[key]
 
 
-def _module(defs: dict, device: int):
-    """The compiled kernels of ``defs`` loaded on CUDA device ``device`` (a module's functions belong
+def _module(constants: KernelConstants, device: int):
+    """The compiled kernels of ``constants`` loaded on CUDA device ``device`` (a module's functions belong
     to one device's context: a model spread over GPUs runs layers on several)."""
-    key = (device, tuple(sorted(defs.items())))
+    key = (device, constants.header)
     if key not in _MODULES:
         import cupy
 
-        head = "".join(f"#define {k} {v}\n" for k, v in defs.items())
         with cupy.cuda.Device(device):
-            mod = cupy.RawModule(code=head + source(), options=("-std=c++17",))
+            mod = cupy.RawModule(code=constants.header + source(), options=("-std=c++17",))
             split = mod.get_function("lut_split")
             comb = mod.get_function("lut_combine")
             qprep = mod.get_function("lut_qprep")
@@ -181,10 +186,11 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
                          window_lengths=None, scale=None, num_splits: int | None = None, return_lse: bool = False,
-                         config: dict | None = None, _parts: str = "both"):
+                         config: LutConfig | dict | None = None, _parts: str = "both"):
     """Decode attention over a table-lookup-coded prefix (OCTOPUS, TurboQuant-MSE, with or without a QJL
     residual) plus a native window (see the module doc).
-    q [B, Hq, 1, D] (fp32/fp16/bf16); states [B, Hkv, T, ...]; window [B, Hkv, W, D].
+    q [B, Hq, 1, D] (fp32/fp16/bf16); states [B, Hkv, T, ...]; window [B, Hkv, W, D]. ``config``: a
+    :class:`LutConfig`, or overrides of the codec's :func:`default_config` by key (``{"merge": "kernel"}``).
     Returns out [B, Hq, 1, D] in q's dtype (and lse [B, Hq], natural log, with ``return_lse``)."""
     B, Hq, Tq, D = q.shape
     assert Tq == 1, "decode attention takes one query token"
@@ -195,30 +201,35 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     why = supports(codec, q.dtype, G, dev, Hkv)
     if why:
         raise RuntimeError(f"decode_attention_lut cannot run: {why}")
-    cfg, lookup, defs = launch_defs(codec, q.dtype, G, config)
-    plan = _plan(codec, dev, lookup)
-    merge_in = cfg["merge"] == "kernel" and _parts == "both"
-    defs["MERGE_IN"] = int(merge_in)
-    nw = cfg["num_warps"]  # (the CTA's merge buffer reuses the stage area, grown to fit where needed)
-    tiles = max(1, -(-T // (16 * cfg["mt"])))
+    run = launch_plan(codec, q.dtype, G, config)
+    cfg, constants = run.config, run.constants
+    plan = _plan(codec, dev, run.lookup)
+    if constants.merge_in_kernel and _parts != "both":  # profiling one part: the splits merged by lut_combine
+        constants = dataclasses.replace(constants, merge_in_kernel=False)
+    merge_in = constants.merge_in_kernel
+    nw = cfg.num_warps  # (the CTA's merge buffer reuses the stage area, grown to fit where needed)
+    tiles = max(1, -(-T // (16 * cfg.mt)))
 
     def tiles_per_cta(lay) -> int:  # in units of NW stages (one per warp)
         if num_splits is not None:
             return -(-tiles // num_splits)
-        per_sm = max(1, min(cfg["minb"], (227 * 1024) // max(lay["smem"], 1)))
+        per_sm = max(1, min(cfg.minb, (227 * 1024) // max(lay["smem"], 1)))
         nb = -(-tiles // nw)
         return -(-nb // choose_splits(nb, B * Hkv, per_sm * num_sms(dev))) * nw
 
     dev_idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    split_fn, comb_fn, qprep_fn, lay = _module(defs, dev_idx)
+    split_fn, comb_fn, qprep_fn, lay = _module(constants, dev_idx)
     per = tiles_per_cta(lay)
-    if cfg["qprep"] == "auto" and per < 2 * nw and not defs["QJ"]:  # one stage per warp: the CTAs rotate the query
-        defs["QPREP"] = 0
-        split_fn, comb_fn, qprep_fn, lay = _module(defs, dev_idx)
+    if cfg.qprep == "auto" and per < 2 * nw and not constants.has_qjl:  # one stage per warp: CTAs rotate the query
+        constants = (run.cta_constants if constants is run.constants
+                     else dataclasses.replace(constants, query_prep=False))
+        split_fn, comb_fn, qprep_fn, lay = _module(constants, dev_idx)
         per = tiles_per_cta(lay)
-    pdl = cfg["pdl"]
-    LAST_LAUNCH.update(split=split_fn, combine=comb_fn, qprep=qprep_fn, layout=lay, defs=defs, pdl=pdl)
+    pdl = cfg.pdl
+    LAST_LAUNCH.update(split=split_fn, combine=comb_fn, qprep=qprep_fn, layout=lay, defs=constants.macros,
+                       constants=constants, pdl=pdl)
 
+    # the per-token fields, in the kernel's order (kernels.cuda.lut_params.FIELDS)
     norm_f, codes_f = plan.fields
     fields = [_aligned(tt[norm_f]), _aligned(tt[codes_f]), _aligned(value_state.tensors["codes"]),
               _aligned(value_state.tensors["scale"]), _aligned(value_state.tensors["zero"])]
@@ -230,7 +241,7 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
         fields += [_aligned(qb), _aligned(qn)]
     ptrs = [f.data_ptr() for f in fields]
     ends = [(f.data_ptr() + f.numel() * f.element_size() + 15) // 16 * 16 for f in fields]
-    ptrs, ends = ptrs + [0] * (7 - len(ptrs)), ends + [0] * (7 - len(ends))
+    ptrs, ends = ptrs + [0] * (MAX_FIELDS - len(ptrs)), ends + [0] * (MAX_FIELDS - len(ends))
     qc = q.reshape(B, Hq, D).contiguous()
     lens = None if lengths is None else as_lengths(lengths, B, dev)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -239,54 +250,59 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     ml_part = torch.empty(B * Hkv * S * 16, dtype=torch.float32, device=dev)
     out = torch.empty(B, Hq, 1, D, dtype=q.dtype, device=dev)
     lse = torch.empty(B, Hq, dtype=torch.float32, device=dev) if return_lse else o_part
-    has_w = window_k is not None and window_k.shape[-2] > 0
-    if has_w:
-        wk, wv = window_k, window_v
-        if wk.dtype != q.dtype:
-            wk = wk.to(q.dtype)
-        if wv.dtype != q.dtype:
-            wv = wv.to(q.dtype)
-        if wk.stride(-1) != 1:
-            wk = wk.contiguous()
-        if wv.stride(-1) != 1:
-            wv = wv.contiguous()
-        W = wk.shape[-2]
-        wl = None if window_lengths is None else as_lengths(window_lengths, B, dev)
-        wstr = (wk.stride(0), wk.stride(1), wk.stride(2), wv.stride(0), wv.stride(1), wv.stride(2))
-    else:
-        wk = wv = qc
-        W = 0
-        wl = None
-        wstr = (0,) * 6
+    window, window_tensors = _window(window_k, window_v, window_lengths, q.dtype, B, dev)  # (kept until launched)
+    output = output_params(out=out.data_ptr(), lse=lse.data_ptr(), sm_log2=scale * _LOG2E, write_lse=int(return_lse))
 
     qscale = scale * _LOG2E / (math.sqrt(plan.n) * TSCALE)
     cnt = _counters(dev, B * Hkv) if merge_in else None
-    qprep = defs["QPREP"] == 1
-    # lut_qprep's output: [B * Hkv][KS + KSQ k-steps][32 lanes] pairs of fp16x2 B-fragment registers
-    ksteps = -(-defs["NG"] // 4) + (D // 16 if defs["QJ"] else 0)
+    qprep = constants.query_prep
+    # lut_qprep's output: [B * Hkv][KEY_KSTEPS + QJL_KSTEPS k-steps][32 lanes] pairs of fp16x2 B-fragment registers
+    ksteps = constants.key_ksteps + constants.qjl_ksteps
     qfrag = torch.empty(B * Hkv * ksteps * 64, dtype=torch.int32, device=dev) if qprep else None
-    null = 0
-    split_args = (
-        qc.data_ptr(), plan.signs.data_ptr(), plan.sign_stride, plan.tab.data_ptr(), plan.rho.data_ptr(), *ptrs, *ends,
-        lens.data_ptr() if lens is not None else null, int(lens is not None), T, Hkv, per, S, qscale,
-        qfrag.data_ptr() if qprep else null, o_part.data_ptr(), ml_part.data_ptr(), int(merge_in),
-        cnt.data_ptr() if merge_in else null, wk.data_ptr(), wv.data_ptr(), wl.data_ptr() if wl is not None else null,
-        int(wl is not None), W, *wstr, scale * _LOG2E, out.data_ptr(), lse.data_ptr(), int(return_lse), 0x64006400)
-    comb_args = (
-        qc.data_ptr(), wk.data_ptr(), wv.data_ptr(), wl.data_ptr() if wl is not None else null, int(wl is not None), W,
-        *wstr, o_part.data_ptr(), ml_part.data_ptr(), S, Hq, Hkv, scale * _LOG2E, out.data_ptr(), lse.data_ptr(),
-        int(return_lse))
+    split = split_params(
+        q=qc.data_ptr(), signs=plan.signs.data_ptr(), qfrag=qfrag.data_ptr() if qprep else 0,
+        table=plan.tab.data_ptr(), rho=plan.rho.data_ptr(), field=ptrs, field_end=ends,
+        lengths=lens.data_ptr() if lens is not None else 0, o_part=o_part.data_ptr(), ml_part=ml_part.data_ptr(),
+        counters=cnt.data_ptr() if merge_in else 0, qscale=qscale, sign_stride=plan.sign_stride,
+        has_lengths=int(lens is not None), T=T, Hkv=Hkv, tiles_per_cta=per, S=S, merge_in=int(merge_in),
+        vmagic=0x64006400, window=window, output=output)
     stream = torch.cuda.current_stream(dev).cuda_stream
     # every launch goes through the driver (kernels.cuda.launch; the PDL ones need its launch
     # attribute), which launches in the calling thread's current context: the device's, here
     with contextlib.nullcontext() if dev_idx == torch.cuda.current_device() else torch.cuda.device(dev_idx):
         if _parts != "combine":  # profiling only: "split" (with lut_qprep) / "combine" launch one part
             if qprep:  # a plain launch: it starts after everything before it (the chain's head)
-                launch(qprep_fn, (B * Hkv, 5 if defs["QJ"] else 1), (32 * nw,), QPREP_SIG,
-                       (qc.data_ptr(), plan.signs.data_ptr(), plan.sign_stride, Hkv, qscale, plan.skm.data_ptr(),
-                        plan.skm_stride, scale * _LOG2E * plan.qjl_coef, qfrag.data_ptr()),
-                       stream, pdl=False)
-            launch(split_fn, (S, B * Hkv), (32 * nw,), SPLIT_SIG, split_args, stream, lay["smem"], pdl=pdl and qprep)
+                prep = qprep_params(q=qc.data_ptr(), signs=plan.signs.data_ptr(), sketch=plan.skm.data_ptr(),
+                                    qfrag=qfrag.data_ptr(), qscale=qscale, sign_stride=plan.sign_stride, Hkv=Hkv,
+                                    sketch_stride=plan.skm_stride, qjl_scale=scale * _LOG2E * plan.qjl_coef)
+                launch(qprep_fn, (B * Hkv, 5 if constants.has_qjl else 1), (32 * nw,), prep, stream, pdl=False)
+            launch(split_fn, (S, B * Hkv), (32 * nw,), split, stream, lay["smem"], pdl=pdl and qprep)
         if _parts != "split" and not merge_in:
-            launch(comb_fn, (B * Hq,), (D,), COMBINE_SIG, comb_args, stream, pdl=pdl)
+            comb = combine_params(q=qc.data_ptr(), o_part=o_part.data_ptr(), ml_part=ml_part.data_ptr(), S=S, Hq=Hq,
+                                  Hkv=Hkv, window=window, output=output)
+            launch(comb_fn, (B * Hq,), (D,), comb, stream, pdl=pdl)
     return (out, lse) if return_lse else out
+
+
+def _window(window_k, window_v, window_lengths, dtype, B: int, dev):
+    """The native window's :class:`kernels.cuda.lut_params.LutWindow` (keys and values in the query's
+    dtype, last stride 1), or an empty one; and the tensors it points to, which the caller keeps until the
+    kernels are launched (copies made here would otherwise go back to the allocator first)."""
+    if window_k is None or window_k.shape[-2] == 0:
+        empty = window_params(k=0, v=0, lengths=0, k_stride=(0, 0, 0), v_stride=(0, 0, 0), has_lengths=0, tokens=0)
+        return empty, ()
+    wk, wv = window_k, window_v
+    if wk.dtype != dtype:
+        wk = wk.to(dtype)
+    if wv.dtype != dtype:
+        wv = wv.to(dtype)
+    if wk.stride(-1) != 1:
+        wk = wk.contiguous()
+    if wv.stride(-1) != 1:
+        wv = wv.contiguous()
+    wl = None if window_lengths is None else as_lengths(window_lengths, B, dev)
+    params = window_params(k=wk.data_ptr(), v=wv.data_ptr(), lengths=wl.data_ptr() if wl is not None else 0,
+                           k_stride=(wk.stride(0), wk.stride(1), wk.stride(2)),
+                           v_stride=(wv.stride(0), wv.stride(1), wv.stride(2)),
+                           has_lengths=int(wl is not None), tokens=wk.shape[-2])
+    return params, (wk, wv, wl)

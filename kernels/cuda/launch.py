@@ -6,16 +6,15 @@ called with ctypes: the kernel may then start while the kernel before it in the 
 and its ``griddepcontrol.wait`` waits for that kernel (see ``decode_lut.cu``). Stream capture
 turns the attribute into a programmatic edge of the CUDA graph (CUDA 12.3+).
 
-:func:`launch` takes (grid, block, the parameter types as struct codes, the values, stream, shared
-memory) and launches with or without the attribute: the table-lookup kernels launch through it
-either way (one path for every launch; packing the arguments is one ``struct.pack_into``).
+:func:`launch` takes (grid, block, the kernel's parameter struct, stream, shared memory) and launches
+with or without the attribute: the table-lookup kernels launch through it either way (one path for every
+launch). Each of them takes one struct by value (``lut_common.cuh``, mirrored by
+:mod:`kernels.cuda.lut_params`), passed to the driver as the single entry of ``kernelParams``.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import struct
-import threading
 
 #: CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -68,44 +67,22 @@ def driver_missing() -> str | None:
     return None
 
 
-class _Params:
-    """A kernel's parameter buffer, kept between launches (the driver copies the values at launch):
-    one 8-byte slot per parameter and a fixed array of pointers to the slots, so that a launch costs
-    one ``struct.pack_into`` (a decode step launches these kernels once per layer, and the step is
-    bound by host time)."""
-
-    def __init__(self, sig: str):
-        self.fmt = "<" + "".join(c + ("4x" if struct.calcsize("<" + c) == 4 else "") for c in sig)
-        self.buf = ctypes.create_string_buffer(max(8, struct.calcsize(self.fmt)))
-        base = ctypes.addressof(self.buf)
-        self.ptrs = (ctypes.c_void_p * max(1, len(sig)))(*[base + 8 * i for i in range(len(sig))])
-
-
-_PARAMS: dict = {}
-_LOCK = threading.Lock()
-
-
-def launch(kernel, grid: tuple, block: tuple, sig: str, args: tuple, stream: int, shared_mem: int = 0,
+def launch(kernel, grid: tuple, block: tuple, params: ctypes.Structure, stream: int, shared_mem: int = 0,
            pdl: bool = False) -> None:
-    """Launch a CuPy kernel (a RawKernel, or its ``Function``, whose ``ptr`` is the CUfunction) on
-    ``stream`` (a CUstream handle), with the PDL attribute where ``pdl``. ``sig`` gives the kernel's
-    parameter types in order as struct codes (``Q`` pointer or u64, ``q`` int64, ``i`` int32, ``I``
-    u32, ``f`` float, ``d`` double), ``args`` the values as Python numbers. Raises RuntimeError with
-    the driver's message."""
-    if len(sig) != len(args):
-        raise ValueError(f"{len(args)} arguments for a signature of {len(sig)} parameters")
+    """Launch a CuPy kernel (a RawKernel, or its ``Function``, whose ``ptr`` is the CUfunction) that
+    takes one parameter struct by value (``params``, a ctypes Structure mirroring it:
+    :mod:`kernels.cuda.lut_params`) on ``stream`` (a CUstream handle), with the PDL attribute where
+    ``pdl``. The driver copies the struct's bytes at the launch. Raises RuntimeError with the driver's
+    message."""
+    if not isinstance(params, ctypes.Structure):
+        raise TypeError(f"launch takes the kernel's parameter struct (a ctypes Structure), got {type(params).__name__}")
     fn, err = _driver()
     func = getattr(kernel, "kernel", kernel)  # a RawKernel holds its cupy.cuda.Function
-    key = (func.ptr, sig)
-    par = _PARAMS.get(key)
-    if par is None:
-        par = _PARAMS[key] = _Params(sig)
     gx, gy, gz = tuple(grid) + (1,) * (3 - len(grid))
     bx, by, bz = tuple(block) + (1,) * (3 - len(block))
     cfg = LaunchConfig(gx, gy, gz, bx, by, bz, shared_mem, stream, _PDL_ATTR if pdl else None, int(pdl))
-    with _LOCK:  # the buffer is shared, and ctypes lets other threads run during the driver call
-        struct.pack_into(par.fmt, par.buf, 0, *args)
-        rc = fn(ctypes.byref(cfg), func.ptr, par.ptrs, None)
+    args = (ctypes.c_void_p * 1)(ctypes.addressof(params))  # kernelParams: one pointer, to the struct
+    rc = fn(ctypes.byref(cfg), func.ptr, args, None)
     if rc != 0:
         msg = ctypes.c_char_p()
         err(rc, ctypes.byref(msg))

@@ -22,7 +22,7 @@ class Lookup:
     (x, y, z, w) it feeds: ``lookups`` = 1: one 8-byte entry (x, y, z, w) indexed by the code's low
     ``index_bits``, times (where ``scale_bits`` > 0) a half2 factor indexed by the next scale_bits;
     ``lookups`` = 2: two 4-byte entries, (x, y) indexed by the low index_bits and (z, w) by the
-    next index_bits. The kernel's constants NLK, IB, SB."""
+    next index_bits. The kernel's constants LOOKUPS, INDEX_BITS, SCALE_BITS."""
 
     lookups: int
     index_bits: int
@@ -37,14 +37,15 @@ class Lookup:
         return 1 << self.index_bits
 
 
-def lookup_for(layout: FusedLayout, config: dict) -> Lookup:
-    """The lookup a launch config asks for: octahedral keys ``fused`` (the whole triplet code) or
-    not ((u, v) and a rho factor); scalar keys ``pairs`` (two codes per lookup) or not (four)."""
+def lookup_for(layout: FusedLayout, config) -> Lookup:
+    """The lookup a launch config (:class:`kernels.cuda.lut_config.LutConfig`) asks for: octahedral keys
+    ``fused`` (the whole triplet code) or not ((u, v) and a rho factor); scalar keys ``pairs`` (two codes
+    per lookup) or not (four)."""
     if layout.keys == KeyCodes.OCTAHEDRAL:
         b_u, b_r = layout.bits
-        return Lookup(1, 2 * b_u + b_r) if config["fused"] else Lookup(1, 2 * b_u, b_r)
+        return Lookup(1, 2 * b_u + b_r) if config.fused else Lookup(1, 2 * b_u, b_r)
     b = layout.bits[0]
-    return Lookup(2, 2 * b) if config["pairs"] else Lookup(1, 4 * b)
+    return Lookup(2, 2 * b) if config.pairs else Lookup(1, 4 * b)
 
 
 def lut_tables(layout: FusedLayout, lookup: Lookup) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,9 +1,16 @@
 """What the split-K decode kernels share (:mod:`kernels.triton.decode_attention`,
-:mod:`kernels.triton.token_attention`): kernel 1's partial results (:func:`_store_partials`) and kernel 2,
-which merges the splits' partial outputs by log-sum-exp and attends the native window in the same
-softmax, one query head x DC output coordinates per program (:func:`launch_combine`). Scores are in
-the log2 domain (exp2)."""
+:mod:`kernels.triton.token_attention`): the compile-time groups every kernel 1 takes (:class:`Tile`,
+:class:`Split`), kernel 1's partial results (:func:`_store_partials`) and kernel 2, which merges the splits'
+partial outputs by log-sum-exp and attends the native window in the same softmax, one query head x DC
+output coordinates per program (:func:`launch_combine`). Scores are in the log2 domain (exp2).
+
+Compile-time constants travel in named groups (NamedTuples passed as ``tl.constexpr``; the interpreter
+takes them too): a kernel reads ``TILE.BLOCK_N``. A field that sizes a tensor is bound to a local
+``tl.constexpr`` first (``BLOCK_N: tl.constexpr = TILE.BLOCK_N``): Triton reads a group's fields as plain
+ints, which a shape does not take."""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -13,18 +20,39 @@ from . import interpreting
 from .._lengths import as_lengths
 
 
+class Tile(NamedTuple):
+    """What one program of a split kernel covers (compile-time): ``BLOCK_N`` tokens per block of its
+    chunk, ``HEAD_DIM`` coordinates, the ``HEADS`` query heads of one KV head (G = Hq / Hkv) padded to
+    ``HEADS_PADDED`` (a power of two >= 16: the small N side of the tensor-core products)."""
+
+    HEAD_DIM: int
+    BLOCK_N: int
+    HEADS: int
+    HEADS_PADDED: int
+
+
+class Split(NamedTuple):
+    """How a program walks its chunk (compile-time): ``STATIC_ITERS`` blocks where > 0 (the interpreter
+    cannot loop to a run-time bound), else up to the sequence's end; ``HAS_LENS``: per-sequence lengths."""
+
+    STATIC_ITERS: int
+    HAS_LENS: bool
+
+
 @triton.jit
-def _store_partials(OACC, OML, acc, m_i, l_i, part, g, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                    CW: tl.constexpr):
-    """Kernel 1's result for split ``part``: the normalised output (fp16) from the transposed accumulator
-    chunks ``acc`` [CW, GP], and the log2-sum-exp of each query head (-1e30 where nothing was attended)."""
-    gm = g < G
+def _store_partials(OACC, OML, state, part, g, TILE: tl.constexpr, CHUNK: tl.constexpr):
+    """Kernel 1's result for split ``part`` from its softmax ``state`` (m, l [HEADS_PADDED], acc: the
+    transposed accumulator, chunks [CHUNK, HEADS_PADDED]): the normalised output (fp16) and the log2-sum-exp
+    of each query head (-1e30 where nothing was attended)."""
+    m_i, l_i, acc = state
+    gm = g < TILE.HEADS
     inv_l = tl.where(l_i > 0, 1.0 / tl.maximum(l_i, 1e-30), 0.0)
-    for c in tl.static_range(D // CW):
-        dc = c * CW + tl.arange(0, CW)
-        tl.store(OACC + (part * GP + g)[None, :] * D + dc[:, None], (acc[c] * inv_l[None, :]).to(tl.float16),
-                 mask=gm[None, :])
-    tl.store(OML + part * GP + g, tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -1.0e30), mask=gm)
+    for c in tl.static_range(TILE.HEAD_DIM // CHUNK):
+        dc = c * CHUNK + tl.arange(0, CHUNK)
+        tl.store(OACC + (part * TILE.HEADS_PADDED + g)[None, :] * TILE.HEAD_DIM + dc[:, None],
+                 (acc[c] * inv_l[None, :]).to(tl.float16), mask=gm[None, :])
+    tl.store(OML + part * TILE.HEADS_PADDED + g, tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1e-30)), -1.0e30),
+             mask=gm)
 
 
 @triton.jit

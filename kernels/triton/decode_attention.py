@@ -26,19 +26,24 @@ Packed fields are unpacked with each thread holding whole words and all the code
 tiles in registers without layout conversions.
 
 What the kernel reads is the codec's declared :class:`kernels.fused_layout.FusedLayout` (through
-:mod:`.decode_plan`), compiled into the constants OCTA (octahedral triplets, else scalar codes),
-HAS_QJL (a QJL residual) and SKETCH_SPLIT (its query features stored as bf16 hi + lo).
+:mod:`.decode_plan`), compiled into the constants of :class:`.decode_plan.KeyFormat` (OCTA: octahedral
+triplets, else scalar codes; HAS_QJL: a QJL residual; SKETCH_SPLIT: its query features stored as bf16
+hi + lo) and :class:`.decode_plan.ValueFormat`; with :class:`.combine.Tile`, :class:`.combine.Split` and
+:class:`Tuning` they are the kernel's compile-time constants, in named groups.
 
 Supported (else :func:`supports` says why and the dispatcher falls back to PyTorch): head dims
 that are powers of two >= 32; scalar code widths of 1, 2, 3, 4 or 8 bits, fused octahedral triplet
-codes (:class:`kernels.fused_layout.TripletCodes`) of at most 16 bits; a QJL sketch of d rows; value bits 1, 2, 3, 4 or 8 with a power-of-two group.
+codes (:class:`kernels.fused_layout.TripletCodes`) of at most 16 bits; a QJL sketch of d rows; value bits
+1, 2, 3, 4 or 8 with a power-of-two group.
 
-:func:`decode_attention_fused` is the public launcher; ``_launch`` adds the knobs that only
-benchmarks and profiling use (register caps, prefetch, ablations, the compiled kernels).
+:func:`decode_attention_fused` is the launcher (as in :mod:`.token_attention`); its keyword-only knobs
+past ``combine_block`` are for benchmarks and profiling (register caps, prefetch, ablations, the compiled
+kernels).
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -46,13 +51,54 @@ import triton.language as tl
 
 from . import interpreting
 from ._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
-from .combine import _store_partials, launch_combine
+from .combine import Split, Tile, _store_partials, launch_combine
 from .._lengths import as_lengths
 from ..fused_layout import KeyCodes
 from ..split_k import num_sms, split_plan
 from .decode_plan import plan_for
 
 _LOG2E = 1.4426950408889634
+
+
+class Tuning(NamedTuple):
+    """Knobs that change speed, not results (compile-time)."""
+
+    PREFETCH: int         #: blocks ahead prefetched into L1 (0: none; the interpreter)
+    ABLATE: int           #: profiling only, bits: 1 no key decode, 2 no value decode (the output is garbage)
+
+
+class KeyFields(NamedTuple):
+    """The key state's pointers of one (batch, KV head), read per block by :func:`_attend_block`."""
+
+    norm: object          #: fp32 norm per token, at the (batch, head)'s token 0
+    codes: object         #: the codes field, at the (batch, head)'s token 0
+    codes_base: object    #: the codes field's start (OCTOPUS reads bit windows from it: rows are not word aligned)
+    codes_words: object   #: 32-bit words of the codes field
+    t0: object            #: the (batch, head)'s token 0, a row of codes_base
+    qjl_bits: object      #: QJL sign bits, at token 0 (HAS_QJL)
+    qjl_norm: object      #: fp16 residual norm per token, at token 0 (HAS_QJL)
+    codebook: object      #: OCTOPUS: coordinate centroids; scalar codes: the centroids
+    rho: object           #: OCTOPUS: the triplet lengths' centroids
+
+
+class ValueFields(NamedTuple):
+    """The value state's pointers of one (batch, KV head), at its token 0."""
+
+    codes: object
+    scale: object
+    zero: object
+
+
+class QueryFeatures(NamedTuple):
+    """The query side of the scores, made once per program: ``keys`` (features^T per key chunk, [K, GP]
+    fp16), ``qjl`` (the QJL sketch's, chunks [CHUNK, GP]) and ``qjl_sum`` (their sums, [GP]), the score
+    scale into the log2 domain and the QJL estimator's coefficient."""
+
+    keys: object
+    qjl: object
+    qjl_sum: object
+    scale: object
+    qjl_coef: object
 
 
 @triton.jit
@@ -64,72 +110,78 @@ def _qfeat(q, qm, COL0: tl.constexpr, NCOL: tl.constexpr, NQ: tl.constexpr, D: t
 
 
 @triton.jit
-def _attend_block(start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, ka_words,
-                  NORM, KA, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
-                  OCTA: tl.constexpr, HAS_QJL: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  KA_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr, BU: tl.constexpr,
-                  BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
-                  VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
-                  CW: tl.constexpr, PREFETCH: tl.constexpr, ABLATE: tl.constexpr = 0):
-    """One block of BLOCK_N tokens from ``start``: scores, online softmax, values. -> (m, l, acc).
-    The field pointers point at this (batch, head)'s token 0; offsets are int32."""
-    if PREFETCH > 0:  # the block PREFETCH blocks ahead goes to L1 while this one is computed
-        n0 = start + PREFETCH * BLOCK_N
+def _attend_block(start, hi, state, query: QueryFeatures, keys: KeyFields, values: ValueFields, TILE: tl.constexpr,
+                  KEYS: tl.constexpr, VALUES: tl.constexpr, TUNING: tl.constexpr):
+    """One block of BLOCK_N tokens from ``start`` (prefix end ``hi``): scores, online softmax, values.
+    state (m, l [GP], acc: chunks [CHUNK, GP]) -> the next state. Offsets are int32."""
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    D: tl.constexpr = TILE.HEAD_DIM
+    CW: tl.constexpr = KEYS.CHUNK
+    TN: tl.constexpr = KEYS.TRIPLET_TILE
+    NCH: tl.constexpr = KEYS.TRIPLET_CHUNKS
+    ABLATE: tl.constexpr = TUNING.ABLATE
+    m_i, l_i, acc = state
+    fk = query.keys
+    if TUNING.PREFETCH > 0:  # the block PREFETCH blocks ahead goes to L1 while this one is computed
+        n0 = start + TUNING.PREFETCH * BLOCK_N
         n1 = tl.minimum(n0 + BLOCK_N, hi)
-        _prefetch_rows(NORM, n0, n1, 4)
-        _prefetch_rows(KA, n0, n1, KA_BYTES)
-        if HAS_QJL:
-            _prefetch_rows(QJL, n0, n1, QJL_BYTES)
-            _prefetch_rows(RNORM, n0, n1, 2)
-        _prefetch_rows(VC, n0, n1, VC_BYTES)
-        _prefetch_rows(VS, n0, n1, 2 * NVG)
-        _prefetch_rows(VZ, n0, n1, 2 * NVG)
+        _prefetch_rows(keys.norm, n0, n1, 4)
+        _prefetch_rows(keys.codes, n0, n1, KEYS.ROW_BYTES)
+        if KEYS.HAS_QJL:
+            _prefetch_rows(keys.qjl_bits, n0, n1, KEYS.QJL_ROW_BYTES)
+            _prefetch_rows(keys.qjl_norm, n0, n1, 2)
+        _prefetch_rows(values.codes, n0, n1, VALUES.ROW_BYTES)
+        _prefetch_rows(values.scale, n0, n1, 2 * VALUES.GROUPS)
+        _prefetch_rows(values.zero, n0, n1, 2 * VALUES.GROUPS)
     offs = start + tl.arange(0, BLOCK_N)
     mask_n = offs < hi
-    nrm = tl.load(NORM + offs, mask=mask_n, other=0.0)
+    nrm = tl.load(keys.norm + offs, mask=mask_n, other=0.0)
     # scores transposed, sT [BLOCK_N, GP] = keys [BLOCK_N, K] @ features^T [K, GP]: the tokens are
     # the M side of the tensor-core product (wgmma on Hopper), the query heads the small N side
     if ABLATE & 1:  # profiling only: no key decode
         raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
-    elif OCTA:
-        rows = t0 + offs  # global token rows: the code fields are read relative to their (aligned) start
+    elif KEYS.OCTA:
+        rows = keys.t0 + offs  # global token rows: the code fields are read relative to their (aligned) start
         raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
         for c in tl.static_range(NCH):  # triplet chunks of TN, each consumed at once (registers)
-            x, y, z = _octa_chunk(KA0, rows, mask_n, CB1, CB2, ka_words, BLOCK_N, c * TN, TN, BU, BR, KA_BYTES)
+            x, y, z = _octa_chunk(keys.codes_base, rows, mask_n, keys.codebook, keys.rho, keys.codes_words, BLOCK_N,
+                                  c * TN, TN, KEYS.BU, KEYS.BR, KEYS.ROW_BYTES)
             raw = tl.dot(x, fk[3 * c], raw)
             raw = tl.dot(y, fk[3 * c + 1], raw)
             raw = tl.dot(z, fk[3 * c + 2], raw)
     else:
         raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
         for c in tl.static_range(D // CW):  # coordinate chunks of CW (registers)
-            w0, w1, w2 = _row_words(KA + offs * KA_BYTES, mask_n, c * CW, CW, CBITS)
-            yk = _unpack_tile(w0, w1, w2, BLOCK_N, CW, CBITS, 2, 0.0, 0.0, CB1)
+            w0, w1, w2 = _row_words(keys.codes + offs * KEYS.ROW_BYTES, mask_n, c * CW, CW, KEYS.BITS)
+            yk = _unpack_tile(w0, w1, w2, BLOCK_N, CW, KEYS.BITS, 2, 0.0, 0.0, keys.codebook)
             raw = tl.dot(yk, fk[c], raw)  # chunk c of the rotated query [CW, GP]
     s = raw * nrm[:, None]
-    if HAS_QJL:
+    if KEYS.HAS_QJL:
+        fj = query.qjl
         cq = tl.zeros([BLOCK_N, fj[0].shape[1]], tl.float32)
         for c in tl.static_range(D // CW):
-            w0, w1, w2 = _row_words(QJL + offs * QJL_BYTES, mask_n, c * CW, CW, 1)
-            bits = _unpack_tile(w0, w1, w2, BLOCK_N, CW, 1, 3, 0.0, 0.0, CB1)
+            w0, w1, w2 = _row_words(keys.qjl_bits + offs * KEYS.QJL_ROW_BYTES, mask_n, c * CW, CW, 1)
+            bits = _unpack_tile(w0, w1, w2, BLOCK_N, CW, 1, 3, 0.0, 0.0, keys.codebook)
             cq = tl.dot(bits, fj[c], cq)
-        rn = tl.load(RNORM + offs, mask=mask_n, other=0.0).to(tl.float32)
-        s += (qjl_coef * rn)[:, None] * (2.0 * cq - sj[None, :])
-    s = tl.where(mask_n[:, None], s * s_scale, float("-inf"))
+        rn = tl.load(keys.qjl_norm + offs, mask=mask_n, other=0.0).to(tl.float32)
+        s += (query.qjl_coef * rn)[:, None] * (2.0 * cq - query.qjl_sum[None, :])
+    s = tl.where(mask_n[:, None], s * query.scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 0))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[None, :])
     l_i = l_i * alpha + tl.sum(p, 0)
-    # values: zero + scale * code, in chunks of CW coordinates (every word, or group of three
-    # words at 3 bits, lies in one value group); acc is a tuple of transposed chunks [CW, GP]
-    KV: tl.constexpr = 32 // VBITS if 32 % VBITS == 0 else 32
+    # values: zero + scale * code, in chunks of VALUES.CHUNK coordinates (every word, or group of three
+    # words at 3 bits, lies in one value group); acc is a tuple of transposed chunks [CHUNK, GP]
+    VW: tl.constexpr = VALUES.CHUNK
+    KV: tl.constexpr = 32 // VALUES.BITS if 32 % VALUES.BITS == 0 else 32
     p16 = p.to(tl.float16)
     acc_new = ()
-    for c in tl.static_range(D // CW if (ABLATE & 2) == 0 else 0):
-        w0, w1, w2 = _row_words(VC + offs * VC_BYTES, mask_n, c * CW, CW, VBITS)
-        gptr = offs[:, None] * NVG + ((c * CW + tl.arange(0, w0.shape[1]) * KV) // VG)[None, :]
-        vs = tl.load(VS + gptr, mask=mask_n[:, None], other=0.0).to(tl.float32)
-        vz = tl.load(VZ + gptr, mask=mask_n[:, None], other=0.0).to(tl.float32)
-        v = _unpack_tile(w0, w1, w2, BLOCK_N, CW, VBITS, 1, vs, vz, CB1)
+    for c in tl.static_range(D // VW if (ABLATE & 2) == 0 else 0):
+        w0, w1, w2 = _row_words(values.codes + offs * VALUES.ROW_BYTES, mask_n, c * VW, VW, VALUES.BITS)
+        gptr = offs[:, None] * VALUES.GROUPS + ((c * VW + tl.arange(0, w0.shape[1]) * KV) // VALUES.GROUP)[None, :]
+        vs = tl.load(values.scale + gptr, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        vz = tl.load(values.zero + gptr, mask=mask_n[:, None], other=0.0).to(tl.float32)
+        v = _unpack_tile(w0, w1, w2, BLOCK_N, VW, VALUES.BITS, 1, vs, vz, keys.codebook)
         acc_new = acc_new + (tl.dot(tl.trans(v), p16, acc[c] * alpha[None, :]),)
     if (ABLATE & 2) == 0:
         acc = acc_new
@@ -149,20 +201,21 @@ def _split_kernel(
     Q, QM, NORM, KA, QJL, RNORM, VC, VS, VZ, CB1, CB2, LENS, OACC, OML,
     ka_words, T_alloc, H, qm_head_stride, chunk, num_splits, rot_scale, qjl_feat_scale, qjl_coef,
     sm_scale_log2,
-    OCTA: tl.constexpr, HAS_QJL: tl.constexpr, SKETCH_SPLIT: tl.constexpr,
-    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NQ: tl.constexpr, JCOL: tl.constexpr,
-    KA_BYTES: tl.constexpr, QJL_BYTES: tl.constexpr, CBITS: tl.constexpr,
-    BU: tl.constexpr, BR: tl.constexpr, NT: tl.constexpr, TN: tl.constexpr, NCH: tl.constexpr,
-    VBITS: tl.constexpr, VC_BYTES: tl.constexpr, VG: tl.constexpr, NVG: tl.constexpr,
-    STATIC_ITERS: tl.constexpr, HAS_LENS: tl.constexpr, CW: tl.constexpr, PREFETCH: tl.constexpr,
-    ABLATE: tl.constexpr = 0,
+    TILE: tl.constexpr, SPLIT: tl.constexpr, KEYS: tl.constexpr, VALUES: tl.constexpr, TUNING: tl.constexpr,
 ):
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    GP: tl.constexpr = TILE.HEADS_PADDED
+    D: tl.constexpr = TILE.HEAD_DIM
+    CW: tl.constexpr = KEYS.CHUNK
+    TN: tl.constexpr = KEYS.TRIPLET_TILE
+    NCH: tl.constexpr = KEYS.TRIPLET_CHUNKS
+    NQ: tl.constexpr = KEYS.FEATURES
+    QJL_COL: tl.constexpr = KEYS.QJL_COL
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    if HAS_LENS:
+    if SPLIT.HAS_LENS:
         L = tl.minimum(tl.load(LENS + b), T_alloc)
     else:
         L = T_alloc
@@ -172,7 +225,7 @@ def _split_kernel(
     # ---- prologue: the query features (rotated once per program) --------------------------
     g = tl.arange(0, GP)
     dd = tl.arange(0, D)
-    q = tl.load(Q + (pid_bh * G + g)[:, None] * D + dd[None, :], mask=(g < G)[:, None], other=0.0)
+    q = tl.load(Q + (pid_bh * TILE.HEADS + g)[:, None] * D + dd[None, :], mask=(g < TILE.HEADS)[:, None], other=0.0)
     q = q.to(tl.float32)
     # keep fp16 features in range: scale by a power of two when some |q| is huge
     qmax = tl.max(tl.sqrt(tl.sum(q * q, 1)), 0)
@@ -182,7 +235,7 @@ def _split_kernel(
     # features^T per key chunk, [K, GP] fp16: OCTOPUS (x, y, z) of each chunk of TN triplets
     # (columns 3 * c * TN + {0, TN, 2 TN} of QM); TurboQuant the rotated query
     fk = ()
-    if OCTA:
+    if KEYS.OCTA:
         for c in tl.static_range(3 * NCH):
             fk = fk + (tl.trans((_qfeat(q, qm, c * TN, TN, NQ, D) * rot_scale).to(tl.float16)),)
     else:
@@ -190,50 +243,39 @@ def _split_kernel(
             fk = fk + (tl.trans((_qfeat(q, qm, c * CW, CW, NQ, D) * rot_scale).to(tl.float16)),)
     fj = ()
     sj = tl.zeros([GP], tl.float32)
-    if HAS_QJL:  # QJL sketch of the query, chunks [CW, GP]; sj = <features, 1>
+    if KEYS.HAS_QJL:  # QJL sketch of the query, chunks [CW, GP]; sj = <features, 1>
         for c in tl.static_range(D // CW):
-            f = _qfeat(q, qm, JCOL + c * CW, CW, NQ, D)
-            if SKETCH_SPLIT:  # the sketch is stored as bf16 hi + lo (a Gaussian one)
-                f += _qfeat(q, qm, JCOL + D + c * CW, CW, NQ, D)
+            f = _qfeat(q, qm, QJL_COL + c * CW, CW, NQ, D)
+            if KEYS.SKETCH_SPLIT:  # the sketch is stored as bf16 hi + lo (a Gaussian one)
+                f += _qfeat(q, qm, QJL_COL + D + c * CW, CW, NQ, D)
             f = (f * qjl_feat_scale).to(tl.float16)
             sj += tl.sum(f.to(tl.float32), 1)
             fj = fj + (tl.trans(f),)
     else:
         fj = fj + (fk[0],)  # placeholder (never read)
-    s_scale = sm_scale_log2 * qsc
+    query = QueryFeatures(fk, fj, sj, sm_scale_log2 * qsc, qjl_coef)
 
     # ---- main loop over this split's tokens ------------------------------------------------
+    VW: tl.constexpr = VALUES.CHUNK
     m_i = tl.full([GP], -1.0e30, tl.float32)
     l_i = tl.zeros([GP], tl.float32)
-    acc = ()  # transposed output accumulator, chunks [CW, GP]
-    for c in tl.static_range(D // CW):
-        acc = acc + (tl.zeros([CW, GP], tl.float32),)
+    acc = ()  # transposed output accumulator, chunks [VW, GP]
+    for c in tl.static_range(D // VW):
+        acc = acc + (tl.zeros([VW, GP], tl.float32),)
+    state = (m_i, l_i, acc)
     t0 = pid_bh.to(tl.int64) * T_alloc  # this (batch, head)'s token 0
-    KA0 = KA
-    NORM += t0
-    KA += t0 * KA_BYTES
-    QJL += t0 * QJL_BYTES
-    RNORM += t0
-    VC += t0 * VC_BYTES
-    VS += t0 * NVG
-    VZ += t0 * NVG
-    if STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
-        for it in range(0, STATIC_ITERS):
-            m_i, l_i, acc = _attend_block(
-                lo + it * BLOCK_N, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, ka_words,
-                NORM, KA, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
-                OCTA, HAS_QJL, D, BLOCK_N, KA_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
-                VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
+    keys = KeyFields(NORM + t0, KA + t0 * KEYS.ROW_BYTES, KA, ka_words, t0, QJL + t0 * KEYS.QJL_ROW_BYTES,
+                     RNORM + t0, CB1, CB2)
+    values = ValueFields(VC + t0 * VALUES.ROW_BYTES, VS + t0 * VALUES.GROUPS, VZ + t0 * VALUES.GROUPS)
+    if SPLIT.STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
+        for it in range(0, SPLIT.STATIC_ITERS):
+            state = _attend_block(lo + it * BLOCK_N, hi, state, query, keys, values, TILE, KEYS, VALUES, TUNING)
     else:
         for start in range(lo, hi, BLOCK_N):
-            m_i, l_i, acc = _attend_block(
-                start, hi, m_i, l_i, acc, fk, fj, sj, t0, KA0, ka_words,
-                NORM, KA, QJL, RNORM, VC, VS, VZ, CB1, CB2, qjl_coef, s_scale,
-                OCTA, HAS_QJL, D, BLOCK_N, KA_BYTES, QJL_BYTES, CBITS, BU, BR, NT, TN, NCH,
-                VBITS, VC_BYTES, VG, NVG, CW, PREFETCH, ABLATE)
+            state = _attend_block(start, hi, state, query, keys, values, TILE, KEYS, VALUES, TUNING)
 
     # ---- partial results: normalised output (fp16) and log2-sum-exp per query head ----------
-    _store_partials(OACC, OML, acc, m_i, l_i, pid_bh * num_splits + pid_s, g, G, GP, D, CW)
+    _store_partials(OACC, OML, state, pid_bh * num_splits + pid_s, g, TILE, VW)
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,31 +310,23 @@ def supports(codec, q_dtype=torch.bfloat16) -> str | None:
 
 def decode_attention_fused(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
                            window_lengths=None, scale=None, *, return_lse: bool = False, block_n: int = 64,
-                           num_splits: int | None = None, combine_block: int = 256):
-    """Fused decode attention. Shapes as :func:`kernels.attention.decode_attention`; returns
-    out [B, Hq, 1, d] in q's dtype, and with ``return_lse`` also lse [B, Hq] float32, the natural
+                           num_splits: int | None = None, combine_block: int = 256, num_warps: int = 4,
+                           num_stages: int = 1, maxnreg: int | None = -1, programs_per_sm: int | None = None,
+                           prefetch: int = 1, ablate: int = 0, record: dict | None = None):
+    """Fused decode attention over a codec's fused layout. Shapes as :func:`kernels.attention.decode_attention`;
+    returns out [B, Hq, 1, d] in q's dtype, and with ``return_lse`` also lse [B, Hq] float32, the natural
     log-sum-exp of the scaled scores (tests use it to check the scores).
 
     ``block_n`` tokens per block (a multiple of 64); ``num_splits`` splits per (batch, KV head)
     (default: sized to fill the device); ``combine_block`` splits merged per pass of the combine
-    kernel (a power of two)."""
-    return _launch(q, key_state, value_state, codec, window_k, window_v, lengths, window_lengths, scale,
-                   return_lse=return_lse, block_n=block_n, num_splits=num_splits, combine_block=combine_block)
+    kernel (a power of two).
 
-
-def _launch(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None, window_lengths=None,
-            scale=None, *, return_lse: bool = False, block_n: int = 64, num_splits: int | None = None,
-            combine_block: int = 256, num_warps: int = 4, num_stages: int = 1, maxnreg: int | None = -1,
-            programs_per_sm: int | None = None, prefetch: int = 1, ablate: int = 0, record: dict | None = None):
-    """:func:`decode_attention_fused` with the knobs only benchmarks and profiling use
-    (harness/bench.py, scripts/gpu_profile_decode.py).
-
-    ``maxnreg`` caps registers so that 4 programs fit an SM (-1: 128, 168 with a QJL stage);
-    ``programs_per_sm`` sizes the default split count; ``num_stages`` > 1 lets Triton pipeline the
-    loads through shared memory (slower here); ``prefetch`` blocks ahead into L1; ``ablate`` (bits)
-    drops work to see where the time goes: 1 no key decode, 2 no value decode, 4 no combine kernel
-    (the output is then garbage). ``record``: a dict that receives the compiled kernels
-    ("split", "combine": register and spill counts, SASS)."""
+    Benchmarks and profiling (harness bench, scripts/gpu_profile_decode.py): ``maxnreg`` caps registers
+    so that 4 programs fit an SM (-1: 128, 168 with a QJL stage); ``programs_per_sm`` sizes the default
+    split count; ``num_stages`` > 1 lets Triton pipeline the loads through shared memory (slower here);
+    ``prefetch`` blocks ahead into L1; ``ablate`` (bits) drops work to see where the time goes: 1 no key
+    decode, 2 no value decode, 4 no combine kernel (the output is then garbage). ``record``: a dict that
+    receives the compiled kernels ("split", "combine": register and spill counts, SASS)."""
     B, Hq, Tq, D = q.shape
     assert Tq == 1, "decode attention takes one query token"
     if block_n % 64:  # tokens are the M side of the Hopper tensor-core product (64 rows per warpgroup)
@@ -332,13 +366,9 @@ def _launch(q, key_state, value_state, codec, window_k=None, window_v=None, leng
         oacc, oml,
         -(-ka.numel() // 4), T, Hkv, plan.qm_head_stride, chunk, num_splits, plan.rot_scale,
         plan.qjl_feat_scale, plan.qjl_coef, sm_scale_log2,
-        OCTA=plan.octa, HAS_QJL=plan.qjl, SKETCH_SPLIT=plan.sketch_split, G=G, GP=GP, D=D, BLOCK_N=block_n,
-        NQ=plan.nq, JCOL=3 * plan.tn * plan.nch if plan.octa else D,
-        KA_BYTES=plan.ka_bytes, QJL_BYTES=D // 8, CBITS=plan.cbits,
-        BU=plan.bu, BR=plan.br, NT=plan.nt, TN=plan.tn, NCH=plan.nch,
-        VBITS=plan.vbits, VC_BYTES=plan.vc_bytes, VG=plan.vg, NVG=D // plan.vg,
-        STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None, CW=min(64, D),
-        PREFETCH=0 if interpreting() else prefetch, ABLATE=ablate,
+        TILE=Tile(HEAD_DIM=D, BLOCK_N=block_n, HEADS=G, HEADS_PADDED=GP),
+        SPLIT=Split(STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None),
+        KEYS=plan.keys, VALUES=plan.values, TUNING=Tuning(PREFETCH=0 if interpreting() else prefetch, ABLATE=ablate),
         num_warps=num_warps, num_stages=num_stages,
         **({"maxnreg": maxnreg} if maxnreg and not interpreting() else {}),
     )

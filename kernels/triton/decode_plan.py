@@ -1,15 +1,45 @@
 """What the fused decode attention needs from a codec that does not change between steps: codebooks,
 field sizes and the query-side feature matrix (the exact ±1 rotation, regrouped per triplet
-component for octahedral keys), built once per (codec, device) from the codec's
-:class:`kernels.fused_layout.FusedLayout` and kept while the codec lives."""
+component for octahedral keys) and the kernel's compile-time groups of the key and value formats, built
+once per (codec, device) from the codec's :class:`kernels.fused_layout.FusedLayout` and kept while the
+codec lives."""
 from __future__ import annotations
 
 import math
 import weakref
+from typing import NamedTuple
 
 import torch
 
 from ..fused_layout import FusedLayout, KeyCodes, Sketch
+
+
+class KeyFormat(NamedTuple):
+    """How the keys are stored and read (the kernel's constexpr group KEYS; from the declared layout)."""
+
+    OCTA: bool            #: octahedral triplets (fused codes u | v << BU | r << 2 BU), else scalar codes
+    ROW_BYTES: int        #: bytes per token of the codes field
+    BITS: int             #: scalar codes: bits per code (0 for triplets)
+    BU: int               #: triplets: bits of each direction code u, v
+    BR: int               #: triplets: bits of the length code r
+    TRIPLET_TILE: int     #: triplets decoded per chunk (16, 32 past 48 triplets)
+    TRIPLET_CHUNKS: int   #: chunks of TRIPLET_TILE triplets
+    FEATURES: int         #: columns of the query feature matrix QM (rotation, then the QJL sketch)
+    CHUNK: int            #: coordinates per chunk of scalar codes and of the QJL sketch (min(64, HEAD_DIM))
+    HAS_QJL: bool         #: a QJL residual: HEAD_DIM sign bits and an fp16 residual norm per token
+    SKETCH_SPLIT: bool    #: the sketch's query features stored as bf16 hi + lo columns (a Gaussian sketch)
+    QJL_COL: int          #: QM's first column of the sketch
+    QJL_ROW_BYTES: int    #: bytes per token of the sign bits
+
+
+class ValueFormat(NamedTuple):
+    """How the values are stored (the kernel's constexpr group VALUES; the codec's value quantizer)."""
+
+    BITS: int             #: bits per value code
+    ROW_BYTES: int        #: bytes per token of the codes field
+    GROUP: int            #: coordinates per scale / zero
+    GROUPS: int           #: groups per token (HEAD_DIM / GROUP)
+    CHUNK: int            #: coordinates per chunk of the output accumulator (min(64, HEAD_DIM))
 
 
 def _triplet_chunks(nt: int) -> tuple[int, int]:
@@ -24,7 +54,8 @@ class _Plan:
 
     ``octa``: the keys are octahedral triplets (else scalar codes); ``qjl``: there is a QJL
     residual; ``sketch_split``: its query features are stored as bf16 hi + lo columns (a Gaussian
-    sketch is not exact in bf16; products of ±1 rotations are)."""
+    sketch is not exact in bf16; products of ±1 rotations are). ``keys``, ``values``: the kernel's
+    compile-time groups :class:`KeyFormat`, :class:`ValueFormat`."""
 
     def __init__(self, layout: FusedLayout, codec, device):
         D = codec.head_dim
@@ -93,6 +124,13 @@ class _Plan:
         vq = codec.value_quantizer
         self.vbits, self.vg = vq.bits, vq.group
         self.vc_bytes = vq.field.nbytes
+        cw = min(64, D)
+        self.keys = KeyFormat(OCTA=self.octa, ROW_BYTES=self.ka_bytes, BITS=self.cbits, BU=self.bu, BR=self.br,
+                              TRIPLET_TILE=self.tn, TRIPLET_CHUNKS=self.nch, FEATURES=self.nq, CHUNK=cw,
+                              HAS_QJL=self.qjl, SKETCH_SPLIT=self.sketch_split,
+                              QJL_COL=3 * self.tn * self.nch if self.octa else D, QJL_ROW_BYTES=D // 8)
+        self.values = ValueFormat(BITS=self.vbits, ROW_BYTES=self.vc_bytes, GROUP=self.vg, GROUPS=D // self.vg,
+                                  CHUNK=cw)
 
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import NamedTuple
 
 import torch
 import triton
@@ -37,7 +38,7 @@ import triton.language as tl
 
 from . import interpreting
 from ._unpack import _row_words, _unpack_tile
-from .combine import _store_partials, launch_combine
+from .combine import Split, Tile, _store_partials, launch_combine
 from .._lengths import as_lengths
 from ..split_k import num_sms, split_plan
 from ..token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
@@ -50,6 +51,32 @@ _OFFSET = {Offset.NONE: 0, Offset.PACKED_ZP: 1, Offset.ZERO: 2}
 _BLOCK_SCALE = {BlockScale.E4M3: 0, BlockScale.UE8M0: 1}
 
 
+class SideFormat(NamedTuple):
+    """How one side (keys or values) is stored, as the kernel reads it (its constexpr groups KEYS, VALUES;
+    from the codec's :class:`kernels.token_layout.TokenCodes`)."""
+
+    ELEMENT: int          #: what a code is: 0 e4m3, 1 e5m2, 2 int8, 3 unsigned int, 4 codebook index, 5 e2m1
+    BITS: int             #: bits per code
+    ROW_BYTES: int        #: bytes per token of the codes field
+    HAS_SCALE: bool       #: a scale field (per token, or per block of GROUP coordinates)
+    OFFSET: int           #: 0 none, 1 a zero point packed in the scale's low mantissa bits, 2 an additive zero field
+    NORMALIZE: bool       #: the token's codes are scaled to unit norm (keys only)
+    GROUP: int            #: coordinates per block scale (0: one scale per token)
+    BLOCK_SCALE: int      #: a block scale's format: 0 e4m3, 1 ue8m0
+    CHUNK: int            #: coordinates per chunk read at once (a scale block, or 64)
+    HW_FP8: bool          #: e4m3 converted by the hardware (sm_89+ compiled), else by integer arithmetic
+
+
+class SideFields(NamedTuple):
+    """One side's state pointers of one (batch, KV head), at its token 0, and its per-tensor scale."""
+
+    codes: object
+    scale: object         #: the scale field (or a placeholder where there is none)
+    zero: object          #: the zero field (or a placeholder)
+    codebook: object      #: the codebook (or a placeholder)
+    scale_const: object   #: the per-tensor scale, where there is no scale field
+
+
 @triton.jit
 def _e4m3(c):
     """fp8 e4m3 bit patterns (int32) as float32: the 7 magnitude bits are an fp16 pattern 2^8 too small
@@ -60,43 +87,42 @@ def _e4m3(c):
 
 
 @triton.jit
-def _chunk(CODES, SCALE, offs, mask_n, C0: tl.constexpr, CW: tl.constexpr, ELEM: tl.constexpr,
-           BITS: tl.constexpr, ROW: tl.constexpr, OFF: tl.constexpr, GROUP: tl.constexpr,
-           BLOCK_SCALE: tl.constexpr, CB, zp, HW_FP8: tl.constexpr):
-    """Coordinates [C0, C0 + CW) of tokens ``offs`` as float32 [BLOCK_N, CW]: the codes read as numbers
-    (whole 32-bit words per thread, :mod:`._unpack`), less the packed zero point ``zp`` [BLOCK_N], times
-    the block's scale where the chunk is one scale group (CW == GROUP). 0 where masked. HW_FP8: e4m3 by the
-    hardware's conversion (compiled kernels), else by integer arithmetic (the interpreter)."""
-    if BITS == 8:  # bytes: a plain tile load, converted by the hardware where it can
+def _chunk(CODES, SCALE, offs, mask_n, C0: tl.constexpr, SIDE: tl.constexpr, CB, zp):
+    """Coordinates [C0, C0 + SIDE.CHUNK) of tokens ``offs`` as float32 [BLOCK_N, CHUNK]: the codes read as
+    numbers (whole 32-bit words per thread, :mod:`._unpack`), less the packed zero point ``zp`` [BLOCK_N],
+    times the block's scale where the chunk is one scale group (CHUNK == GROUP). 0 where masked."""
+    CW: tl.constexpr = SIDE.CHUNK
+    ROW: tl.constexpr = SIDE.ROW_BYTES
+    if SIDE.BITS == 8:  # bytes: a plain tile load, converted by the hardware where it can
         byte = tl.load(CODES + offs[:, None] * ROW + C0 + tl.arange(0, CW)[None, :], mask=mask_n[:, None], other=0)
         c = byte.to(tl.int32)
     else:
-        w0, w1, w2 = _row_words(CODES + offs * ROW, mask_n, C0, CW, BITS)
-        c = _unpack_tile(w0, w1, w2, offs.shape[0], CW, BITS, 0, 0.0, 0.0, CB)
-    if ELEM == 0:
-        if HW_FP8:
+        w0, w1, w2 = _row_words(CODES + offs * ROW, mask_n, C0, CW, SIDE.BITS)
+        c = _unpack_tile(w0, w1, w2, offs.shape[0], CW, SIDE.BITS, 0, 0.0, 0.0, CB)
+    if SIDE.ELEMENT == 0:
+        if SIDE.HW_FP8:
             y = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
             y = _e4m3(c)
-    elif ELEM == 1:  # e5m2 is the high byte of an fp16
+    elif SIDE.ELEMENT == 1:  # e5m2 is the high byte of an fp16
         y = ((c << 8).to(tl.int16).to(tl.float16, bitcast=True)).to(tl.float32)
-    elif ELEM == 2:  # int8, two's complement
+    elif SIDE.ELEMENT == 2:  # int8, two's complement
         y = byte.to(tl.int8, bitcast=True).to(tl.float32)
-    elif ELEM == 3:
+    elif SIDE.ELEMENT == 3:
         y = c.to(tl.float32)
-    elif ELEM == 4:
+    elif SIDE.ELEMENT == 4:
         y = tl.load(CB + c)
     else:  # e2m1: magnitudes m / 2 below 2, then (2 + low bit) * 2^(m / 2 - 2)
         m = c & 7
         big = (2 + (m & 1)).to(tl.float32) * tl.exp2(((m >> 1) - 2).to(tl.float32))
         mag = tl.where(m < 2, m.to(tl.float32) * 0.5, big)
         y = tl.where((c & 8) != 0, -mag, mag)
-    if OFF == 1:
+    if SIDE.OFFSET == 1:
         y = y - zp[:, None]
-    if GROUP > 0:  # one scale byte for the chunk's coordinates
-        sb = tl.load(SCALE + offs * (ROW * 8 // BITS // GROUP) + C0 // GROUP, mask=mask_n,
+    if SIDE.GROUP > 0:  # one scale byte for the chunk's coordinates
+        sb = tl.load(SCALE + offs * (ROW * 8 // SIDE.BITS // SIDE.GROUP) + C0 // SIDE.GROUP, mask=mask_n,
                      other=0).to(tl.int32)
-        if BLOCK_SCALE == 0:
+        if SIDE.BLOCK_SCALE == 0:
             y = y * _e4m3(sb)[:, None]
         else:
             y = y * tl.exp2((sb - 127).to(tl.float32))[:, None]
@@ -104,44 +130,44 @@ def _chunk(CODES, SCALE, offs, mask_n, C0: tl.constexpr, CW: tl.constexpr, ELEM:
 
 
 @triton.jit
-def _token_scale(SCALE, ZERO, offs, mask_n, scale_const, HAS_SCALE: tl.constexpr, OFF: tl.constexpr,
-                 GROUP: tl.constexpr):
+def _token_scale(side: SideFields, offs, mask_n, SIDE: tl.constexpr):
     """One side's per-token factors of tokens ``offs``: (scale, zero point, additive zero), [BLOCK_N] each."""
-    sc = tl.zeros([offs.shape[0]], tl.float32) + scale_const
-    if HAS_SCALE and GROUP == 0:
-        sc = tl.load(SCALE + offs, mask=mask_n, other=0.0).to(tl.float32)
+    sc = tl.zeros([offs.shape[0]], tl.float32) + side.scale_const
+    if SIDE.HAS_SCALE and SIDE.GROUP == 0:
+        sc = tl.load(side.scale + offs, mask=mask_n, other=0.0).to(tl.float32)
     zp = tl.zeros([offs.shape[0]], tl.float32)
-    if OFF == 1:  # the zero point rides in the scale's low 4 mantissa bits
+    if SIDE.OFFSET == 1:  # the zero point rides in the scale's low 4 mantissa bits
         bits = sc.to(tl.int32, bitcast=True)
         zp = (bits & 15).to(tl.float32)
         sc = (bits & -16).to(tl.float32, bitcast=True)
     zero = tl.zeros([offs.shape[0]], tl.float32)
-    if OFF == 2:
-        zero = tl.load(ZERO + offs, mask=mask_n, other=0.0).to(tl.float32)
+    if SIDE.OFFSET == 2:
+        zero = tl.load(side.zero + offs, mask=mask_n, other=0.0).to(tl.float32)
     return sc, zp, zero
 
 
 @triton.jit
-def _token_block(start, hi, m_i, l_i, acc, fk, fsum, s_scale, KC, KS, KZ, KCB, VC, VS, VZ, VCB, k_scale, v_scale,
-                 D: tl.constexpr, BLOCK_N: tl.constexpr, K_CW: tl.constexpr, V_CW: tl.constexpr,
-                 K_ELEM: tl.constexpr, K_BITS: tl.constexpr, K_ROW: tl.constexpr, K_HAS_SCALE: tl.constexpr,
-                 K_OFF: tl.constexpr, K_NORMALIZE: tl.constexpr, K_GROUP: tl.constexpr, K_BLOCK_SCALE: tl.constexpr,
-                 V_ELEM: tl.constexpr, V_BITS: tl.constexpr, V_ROW: tl.constexpr, V_HAS_SCALE: tl.constexpr,
-                 V_OFF: tl.constexpr, V_GROUP: tl.constexpr, V_BLOCK_SCALE: tl.constexpr, HW_FP8: tl.constexpr):
-    """BLOCK_N tokens from ``start``: scores, online softmax, values. -> (m, l, acc: chunks [V_CW, GP])."""
+def _token_block(start, hi, state, query, keys: SideFields, values: SideFields, TILE: tl.constexpr,
+                 KEYS: tl.constexpr, VALUES: tl.constexpr):
+    """BLOCK_N tokens from ``start`` (prefix end ``hi``): scores, online softmax, values. ``query`` =
+    (features^T per key chunk [K_CHUNK, GP] fp16, their sums [GP], the score scale into the log2 domain);
+    state (m, l [GP], acc: chunks [V_CHUNK, GP]) -> the next state."""
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    D: tl.constexpr = TILE.HEAD_DIM
+    m_i, l_i, acc = state
+    fk, fsum, s_scale = query
     offs = start + tl.arange(0, BLOCK_N)
     mask_n = offs < hi
-    ks, kzp, kz = _token_scale(KS, KZ, offs, mask_n, k_scale, K_HAS_SCALE, K_OFF, K_GROUP)
+    ks, kzp, kz = _token_scale(keys, offs, mask_n, KEYS)
     # scores transposed, [BLOCK_N, GP]: the tokens on the M side of the tensor-core product
     raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
     nrm2 = tl.zeros([BLOCK_N], tl.float32)
-    for c in tl.static_range(D // K_CW):
-        y = _chunk(KC, KS, offs, mask_n, c * K_CW, K_CW, K_ELEM, K_BITS, K_ROW, K_OFF, K_GROUP, K_BLOCK_SCALE, KCB,
-                   kzp, HW_FP8)
-        if K_NORMALIZE:
+    for c in tl.static_range(D // KEYS.CHUNK):
+        y = _chunk(keys.codes, keys.scale, offs, mask_n, c * KEYS.CHUNK, KEYS, keys.codebook, kzp)
+        if KEYS.NORMALIZE:
             nrm2 += tl.sum(y * y, 1)
         raw = tl.dot(y.to(tl.float16), fk[c], raw)
-    if K_NORMALIZE:
+    if KEYS.NORMALIZE:
         ks = ks / tl.sqrt(nrm2 + 1e-16)
     s = raw * ks[:, None] + kz[:, None] * fsum[None, :]
     s = tl.where(mask_n[:, None], s * s_scale, float("-inf"))
@@ -150,11 +176,10 @@ def _token_block(start, hi, m_i, l_i, acc, fk, fsum, s_scale, KC, KS, KZ, KCB, V
     p = tl.exp2(s - m_new[None, :])
     l_i = l_i * alpha + tl.sum(p, 0)
     p16 = p.to(tl.float16)
-    vs, vzp, vz = _token_scale(VS, VZ, offs, mask_n, v_scale, V_HAS_SCALE, V_OFF, V_GROUP)
+    vs, vzp, vz = _token_scale(values, offs, mask_n, VALUES)
     acc_new = ()
-    for c in tl.static_range(D // V_CW):
-        y = _chunk(VC, VS, offs, mask_n, c * V_CW, V_CW, V_ELEM, V_BITS, V_ROW, V_OFF, V_GROUP, V_BLOCK_SCALE, VCB,
-                   vzp, HW_FP8)
+    for c in tl.static_range(D // VALUES.CHUNK):
+        y = _chunk(values.codes, values.scale, offs, mask_n, c * VALUES.CHUNK, VALUES, values.codebook, vzp)
         v = tl.where(mask_n[:, None], y * vs[:, None] + vz[:, None], 0.0).to(tl.float16)
         acc_new = acc_new + (tl.dot(tl.trans(v), p16, acc[c] * alpha[None, :]),)
     return m_new, l_i, acc_new
@@ -164,18 +189,17 @@ def _token_block(start, hi, m_i, l_i, acc, fk, fsum, s_scale, KC, KS, KZ, KCB, V
 def _token_split_kernel(
     QF, KC, KS, KZ, KCB, VC, VS, VZ, VCB, LENS, OACC, OML,
     T_alloc, H, chunk, num_splits, k_scale, v_scale, sm_scale_log2,
-    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, K_CW: tl.constexpr,
-    V_CW: tl.constexpr,
-    K_ELEM: tl.constexpr, K_BITS: tl.constexpr, K_ROW: tl.constexpr, K_HAS_SCALE: tl.constexpr,
-    K_OFF: tl.constexpr, K_NORMALIZE: tl.constexpr, K_GROUP: tl.constexpr, K_BLOCK_SCALE: tl.constexpr,
-    V_ELEM: tl.constexpr, V_BITS: tl.constexpr, V_ROW: tl.constexpr, V_HAS_SCALE: tl.constexpr,
-    V_OFF: tl.constexpr, V_NORMALIZE: tl.constexpr, V_GROUP: tl.constexpr, V_BLOCK_SCALE: tl.constexpr,
-    STATIC_ITERS: tl.constexpr, HAS_LENS: tl.constexpr, HW_FP8: tl.constexpr,
+    TILE: tl.constexpr, SPLIT: tl.constexpr, KEYS: tl.constexpr, VALUES: tl.constexpr,
 ):
+    BLOCK_N: tl.constexpr = TILE.BLOCK_N
+    GP: tl.constexpr = TILE.HEADS_PADDED
+    D: tl.constexpr = TILE.HEAD_DIM
+    K_CW: tl.constexpr = KEYS.CHUNK
+    V_CW: tl.constexpr = VALUES.CHUNK
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
-    if HAS_LENS:
+    if SPLIT.HAS_LENS:
         L = tl.minimum(tl.load(LENS + b), T_alloc)
     else:
         L = T_alloc
@@ -184,48 +208,45 @@ def _token_split_kernel(
 
     # the rotated query of the G heads in chunks [K_CW, GP] fp16, kept in range by a power of two
     g = tl.arange(0, GP)
-    qrow = QF + (pid_bh * G + g)[:, None] * D
+    qrow = QF + (pid_bh * TILE.HEADS + g)[:, None] * D
     qn2 = tl.zeros([GP], tl.float32)
     for c in tl.static_range(D // K_CW):
-        qc = tl.load(qrow + c * K_CW + tl.arange(0, K_CW)[None, :], mask=(g < G)[:, None], other=0.0)
+        qc = tl.load(qrow + c * K_CW + tl.arange(0, K_CW)[None, :], mask=(g < TILE.HEADS)[:, None], other=0.0)
         qn2 += tl.sum(qc * qc, 1)
     qmax = tl.max(tl.sqrt(qn2), 0)
     qsc = tl.where(qmax > 16384.0, tl.exp2(tl.ceil(tl.log2(qmax / 16384.0))), 1.0)
     fk = ()
     fsum = tl.zeros([GP], tl.float32)  # what an additive key zero adds to each score
     for c in tl.static_range(D // K_CW):
-        qc = tl.load(qrow + c * K_CW + tl.arange(0, K_CW)[None, :], mask=(g < G)[:, None], other=0.0)
+        qc = tl.load(qrow + c * K_CW + tl.arange(0, K_CW)[None, :], mask=(g < TILE.HEADS)[:, None], other=0.0)
         f = tl.trans((qc / qsc).to(tl.float16))
         fsum += tl.sum(f.to(tl.float32), 0)
         fk = fk + (f,)
-    s_scale = sm_scale_log2 * qsc
+    query = (fk, fsum, sm_scale_log2 * qsc)
 
     t0 = pid_bh.to(tl.int64) * T_alloc  # this (batch, head)'s token 0
-    KC += t0 * K_ROW
-    VC += t0 * V_ROW
-    KS += t0 * (D // K_GROUP if K_GROUP > 0 else 1)  # a scale per token, or per group of coordinates
-    VS += t0 * (D // V_GROUP if V_GROUP > 0 else 1)
+    KC += t0 * KEYS.ROW_BYTES
+    VC += t0 * VALUES.ROW_BYTES
+    KS += t0 * (D // KEYS.GROUP if KEYS.GROUP > 0 else 1)  # a scale per token, or per group of coordinates
+    VS += t0 * (D // VALUES.GROUP if VALUES.GROUP > 0 else 1)
     KZ += t0
     VZ += t0
+    keys = SideFields(KC, KS, KZ, KCB, k_scale)
+    values = SideFields(VC, VS, VZ, VCB, v_scale)
     m_i = tl.full([GP], -1.0e30, tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = ()  # transposed output accumulator, chunks [V_CW, GP]
     for c in tl.static_range(D // V_CW):
         acc = acc + (tl.zeros([V_CW, GP], tl.float32),)
-    if STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
-        for it in range(0, STATIC_ITERS):
-            m_i, l_i, acc = _token_block(
-                lo + it * BLOCK_N, hi, m_i, l_i, acc, fk, fsum, s_scale, KC, KS, KZ, KCB, VC, VS, VZ, VCB,
-                k_scale, v_scale, D, BLOCK_N, K_CW, V_CW, K_ELEM, K_BITS, K_ROW, K_HAS_SCALE, K_OFF, K_NORMALIZE,
-                K_GROUP, K_BLOCK_SCALE, V_ELEM, V_BITS, V_ROW, V_HAS_SCALE, V_OFF, V_GROUP, V_BLOCK_SCALE, HW_FP8)
+    state = (m_i, l_i, acc)
+    if SPLIT.STATIC_ITERS > 0:  # the interpreter cannot loop to a run-time bound
+        for it in range(0, SPLIT.STATIC_ITERS):
+            state = _token_block(lo + it * BLOCK_N, hi, state, query, keys, values, TILE, KEYS, VALUES)
     else:
         for start in range(lo, hi, BLOCK_N):
-            m_i, l_i, acc = _token_block(
-                start, hi, m_i, l_i, acc, fk, fsum, s_scale, KC, KS, KZ, KCB, VC, VS, VZ, VCB,
-                k_scale, v_scale, D, BLOCK_N, K_CW, V_CW, K_ELEM, K_BITS, K_ROW, K_HAS_SCALE, K_OFF, K_NORMALIZE,
-                K_GROUP, K_BLOCK_SCALE, V_ELEM, V_BITS, V_ROW, V_HAS_SCALE, V_OFF, V_GROUP, V_BLOCK_SCALE, HW_FP8)
+            state = _token_block(start, hi, state, query, keys, values, TILE, KEYS, VALUES)
 
-    _store_partials(OACC, OML, acc, m_i, l_i, pid_bh * num_splits + pid_s, g, G, GP, D, V_CW)
+    _store_partials(OACC, OML, state, pid_bh * num_splits + pid_s, g, TILE, V_CW)
 
 
 def _hw_fp8(device) -> bool:
@@ -258,17 +279,18 @@ def supports(codec, q_dtype=torch.bfloat16) -> str | None:
 
 
 class _SidePlan:
-    """One side's device constants: codebook and rotation on the device, the kernel's constexprs."""
+    """One side's device constants: codebook and rotation on the device, the kernel's constexpr group."""
 
     def __init__(self, side: TokenCodes, D: int, device):
         self.side = side
         self.codebook = None if side.codebook is None else side.codebook.float().to(device).contiguous()
         self.rotation = None if side.rotation is None else side.rotation.float().to(device).contiguous()
-        self.constants = dict(ELEM=_ELEMENT[side.element], BITS=side.bits, ROW=side.row_bytes(D),
-                              HAS_SCALE=side.scale_field is not None, OFF=_OFFSET[side.offset],
-                              NORMALIZE=side.normalize, GROUP=side.group or 0,
-                              BLOCK_SCALE=_BLOCK_SCALE[side.block_scale],
-                              CW=side.group or min(64, D))  # coordinates per chunk: a scale group, or 64
+        self.format = SideFormat(ELEMENT=_ELEMENT[side.element], BITS=side.bits, ROW_BYTES=side.row_bytes(D),
+                                 HAS_SCALE=side.scale_field is not None, OFFSET=_OFFSET[side.offset],
+                                 NORMALIZE=side.normalize, GROUP=side.group or 0,
+                                 BLOCK_SCALE=_BLOCK_SCALE[side.block_scale],
+                                 CHUNK=side.group or min(64, D),  # coordinates per chunk: a scale group, or 64
+                                 HW_FP8=_hw_fp8(device))
 
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -294,9 +316,9 @@ def _fields(state, plan: _SidePlan, fallback):
     return codes, scale, zero, plan.codebook if plan.codebook is not None else fallback
 
 
-def decode_attention_tokens(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
-                            window_lengths=None, scale=None, *, return_lse: bool = False, block_n: int = 64,
-                            num_splits: int | None = None, num_warps: int = 4):
+def decode_attention_fused(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
+                           window_lengths=None, scale=None, *, return_lse: bool = False, block_n: int = 64,
+                           num_splits: int | None = None, num_warps: int = 4):
     """Fused decode attention over a token layout. Shapes as :func:`kernels.attention.decode_attention`;
     returns out [B, Hq, 1, d] in q's dtype, and with ``return_lse`` also lse [B, Hq] float32 (the natural
     log-sum-exp of the scaled scores). ``block_n`` tokens per block (a multiple of 64); ``num_splits``
@@ -324,14 +346,12 @@ def decode_attention_tokens(q, key_state, value_state, codec, window_k=None, win
     oacc = torch.empty(B * Hkv * num_splits * GP, D, dtype=torch.float16, device=dev)
     oml = torch.empty(B * Hkv * num_splits * GP, dtype=torch.float32, device=dev)
     sm_scale_log2 = scale * _LOG2E
-    kconst = {f"K_{k}": v for k, v in kp.constants.items()}
-    vconst = {f"V_{k}": v for k, v in vp.constants.items()}
     _token_split_kernel[(num_splits, B * Hkv)](
         qf, kc, ks, kz, kcb, vc, vs, vz, vcb, lens if lens is not None else qf, oacc, oml,
         T, Hkv, chunk, num_splits, float(kp.side.scale), float(vp.side.scale), sm_scale_log2,
-        G=G, GP=GP, D=D, BLOCK_N=block_n, **kconst, **vconst,
-        STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None, HW_FP8=_hw_fp8(dev),
-        num_warps=num_warps,
+        TILE=Tile(HEAD_DIM=D, BLOCK_N=block_n, HEADS=G, HEADS_PADDED=GP),
+        SPLIT=Split(STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None),
+        KEYS=kp.format, VALUES=vp.format, num_warps=num_warps,
     )
     if vp.rotation is not None:  # partials back to the model's frame: the merge below is linear in them
         oacc = (oacc.float() @ vp.rotation).to(torch.float16)

@@ -31,10 +31,13 @@ def test_allowed_choices_are_accepted():
 
 
 def test_options_are_the_codecs_and_checked():
-    assert CacheConfig(codec="octopus", bits=3, options={"split": [4, 2]}).options == {"split": (4, 2)}
+    from kernels import codec_class
+
+    assert CacheConfig(codec="octopus", bits=3, options={"split": [4, 2]}).options == \
+        codec_class("octopus").Options(split=(4, 2))
     with pytest.raises(ValueError, match=r"codec 'octopus' got unknown option\(s\) \['splt'\]"):
         CacheConfig(codec="octopus", bits=3, options={"splt": [4, 2]})
-    with pytest.raises(ValueError, match="option group_size must be int"):
+    with pytest.raises(ValueError, match="codec option kivi.group_size must be int"):
         CacheConfig(codec="kivi", bits=2, options={"group_size": "8"})
     with pytest.raises(ValueError, match=r"codec 'none' got unknown option\(s\) \['m'\]; it takes none"):
         CacheConfig(options={"m": 3})

@@ -9,12 +9,12 @@ import pytest
 from adapters import registry
 from adapters.kv_cache import CacheConfig
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
+from registry import Registry
 
 
 @pytest.fixture
 def empty_registry(monkeypatch):
-    monkeypatch.setattr(registry, "MODELS", {})
-    monkeypatch.setattr(registry, "UNAVAILABLE", {})
+    monkeypatch.setattr(registry, "REGISTRY", Registry("model"))
     return registry
 
 
@@ -34,14 +34,15 @@ def test_discover_imports_a_new_module_without_a_list(tmp_path, monkeypatch, emp
     (pkg / "_private.py").write_text("raise RuntimeError('modules named _* are not imported')\n")
     (pkg / "needs_missing_dep.py").write_text("import a_package_that_is_not_installed_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(empty_registry, "REGISTRY", Registry("model", "extra_models_pkg"))
     try:
-        empty_registry.discover("extra_models_pkg", pkg)
+        empty_registry.REGISTRY.discover()
     finally:
         for m in [m for m in sys.modules if m.startswith("extra_models_pkg")]:
             del sys.modules[m]
-    assert list(empty_registry.MODELS) == ["toy-model"]
-    assert "a_package_that_is_not_installed_xyz" in empty_registry.UNAVAILABLE["needs_missing_dep"]
-    monkeypatch.setattr(empty_registry, "_import_all", lambda: None)  # the registry as discovered above
+    assert list(empty_registry.REGISTRY.entries) == ["toy-model"]
+    assert "a_package_that_is_not_installed_xyz" in empty_registry.REGISTRY.unavailable["needs_missing_dep"]
+    # the registry as discovered above: discovery runs once
     with pytest.raises(ValueError, match=r"Unknown model 'nope'. Available: toy-model; 'needs_missing_dep' is "
                                          r"unavailable: needs 'a_package_that_is_not_installed_xyz'"):
         empty_registry.get_model("nope")
@@ -57,7 +58,7 @@ def test_a_duplicate_name_is_rejected(empty_registry):
         def second(path=None, device="auto", dtype="auto"):
             return None
 
-    assert empty_registry.MODELS["twice"].load is first
+    assert empty_registry.REGISTRY.entries["twice"].load is first
 
 
 def test_an_unknown_modality_is_rejected(empty_registry):

@@ -61,7 +61,7 @@ CASES = [
     ("needle-depth-above-one", {}, NEEDLE + ["--task-opt", "needle.depths=0.5,1.5"], "needle.depths=0.5,1.5: 1.5 is out of range"),
     ("needle-no-depths", {}, NEEDLE + ["--task-opt", "needle.depths="], "give at least one value"),
     ("needle-unknown-ruler-form", {}, NEEDLE + ["--task-opt", "needle.ruler=bogus"], "must be one of"),
-    ("needle-contexts-not-numbers", {}, NEEDLE + ["--task-opt", "needle.contexts=abc"], "needle.contexts=abc"),
+    ("needle-contexts-not-numbers", {}, NEEDLE + ["--task-opt", "needle.contexts=abc"], "task option needle.contexts=abc: cannot read it as tuple[int, ...]"),
     ("perplexity-negative-context", {}, PPL + ["--task-opt", "perplexity.context=-5"], "perplexity.context=-5: -5 is out of range"),
     ("perplexity-chunk-zero", {}, PPL + ["--task-opt", "perplexity.chunk=0"], "perplexity.chunk=0: 0 is out of range"),
     ("perplexity-prefix-past-context", {}, PPL + ["--task-opt", "perplexity.prefix=600"],
@@ -70,7 +70,7 @@ CASES = [
     ("lut-on-a-cpu", {}, PPL + ["--backend", "lut", "--device", "cpu"], "--backend lut: the table-lookup kernel runs on CUDA only"),
     ("negative-seed", {}, PPL + ["--seed", "-1"], "--seed must be an integer >= 0, got -1"),
     ("empty-text-prompts", {"p.jsonl": "\n"}, PPL + ["--prompts", "{d}/p.jsonl"], "p.jsonl: no text in it"),
-    ("audio-top-p-above-one", {}, AUDIO + ["--task-opt", "audio.top_p=2"], "audio.top_p=2: 2.0 is out of range"),
+    ("audio-top-p-above-one", {}, AUDIO + ["--task-opt", "audio.top_p=2"], "task option audio.top_p=2: 2.0 is out of range"),
     ("kvpress-unknown-scorer", {}, TEXT + ["--task", "kvpress", "--task-opt", "kvpress.scorer=nope"], "must be one of"),
 ]
 

@@ -1,6 +1,6 @@
 """``harness bench``'s relative target (issue #16: TurboQuant-MSE at least as fast as OCTOPUS at the
 same bits): rows are paired by (shape, batch, context, bits) and compared in the 'auto' path's time."""
-from harness.bench_report import AS_FAST_AS, as_fast_as, to_markdown
+from harness.bench.report import AS_FAST_AS, as_fast_as, to_markdown
 
 
 def _row(codec, bits, ratio, ctx=32768, sdpa=40.0, path="lut"):

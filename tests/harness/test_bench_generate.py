@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from harness.bench_generate import HEADER, cache_bytes, roofline_tok_s, weight_bytes
+from harness.bench.generate import HEADER, cache_bytes, roofline_tok_s, weight_bytes
 from harness.cli import main
 
 ARGS = ["bench", "--generate", "--tiny", "--device", "cpu", "--contexts", "96,160", "--batches", "1,2",
@@ -71,7 +71,7 @@ def test_on_cuda_the_steps_are_graphed_where_the_cache_allows(tmp_path):
 
 
 def test_what_a_step_reads():
-    from harness.bench_generate import TINY, load_model
+    from harness.bench.generate import TINY, load_model
 
     model = load_model(TINY, "cpu", __import__("torch").float32)
     params = sum(p.numel() for p in model.parameters())

@@ -1,14 +1,15 @@
 """``harness bench --ncu`` without a GPU: reading Nsight Compute's CSV (samples written in its two
 layouts), the per-path sums, the notes when ncu cannot run, and the report's columns."""
+import json
 import subprocess
 
 import pytest
 
-from harness import bench_ncu
-from harness.bench import build_parser
-from harness.bench_report import HEADER, NO_NCU, _cells, to_markdown
+from harness.bench import ncu as bench_ncu
+from harness.bench.decode import build_parser
+from harness.bench.report import HEADER, NO_NCU, cells, to_markdown
 
-# `ncu --csv --print-units base --metrics ... --kernel-name regex:... python -m harness.bench_ncu child ...`
+# `ncu --csv --print-units base --metrics ... --kernel-name regex:... python -c CHILD SPEC`
 # ('details' page: one row per launch and metric), with ncu's own lines around it, as ncu 2025.3.1
 # prints it on the H100 (figures made up; the layout, units and separators as recorded)
 DETAILS = """==WARNING== Note: Running with unmodified GPU clocks. If not controlled otherwise, profiling results may be inconsistent.
@@ -111,7 +112,7 @@ def test_command_reads_only_the_decode_kernels_and_leaves_clocks(monkeypatch):
     for names in bench_ncu.PATH_KERNELS.values():
         for n in names:
             assert n in regex
-    assert cmd[-3:-1] == ["harness.bench_ncu", "child"]
+    assert cmd[-3:-1] == ["-c", bench_ncu.CHILD] and json.loads(cmd[-1]) == json.loads(json.dumps(SPEC))
 
 
 def test_measure_without_ncu_says_why(monkeypatch):
@@ -159,18 +160,18 @@ def _res(rows, ncu):
 def test_report_columns_show_ncu_figures_or_a_dash_with_a_note():
     figs = bench_ncu.per_path(bench_ncu.parse_csv(DETAILS), TOKEN_HEADS)
     measured = _row(ncu=figs)
-    cells = dict(zip(HEADER, _cells(measured)))
-    assert cells["inst/tok"] == f"{figs['lut']['inst_per_token_head']:.1f}"
-    assert cells["tri inst/tok"] == f"{figs['triton']['inst_per_token_head']:.1f}"
-    assert cells["ncu MB"] == f"{figs['lut']['dram_bytes'] / 1e6:.2f}"
-    assert cells["floor us"] == "6.6" and cells["of copy"] == "0.24"  # beside the bytes floor
+    by_col = dict(zip(HEADER, cells(measured)))
+    assert by_col["inst/tok"] == f"{figs['lut']['inst_per_token_head']:.1f}"
+    assert by_col["tri inst/tok"] == f"{figs['triton']['inst_per_token_head']:.1f}"
+    assert by_col["ncu MB"] == f"{figs['lut']['dram_bytes'] / 1e6:.2f}"
+    assert by_col["floor us"] == "6.6" and by_col["of copy"] == "0.24"  # beside the bytes floor
     failed = _row(bits=2, ncu={"error": "ncu may not read the GPU's performance counters here (ERR_NVGPUCTRPERM)"})
-    assert {dict(zip(HEADER, _cells(failed)))[k] for k in ("inst/tok", "tri inst/tok", "ncu MB")} == {NO_NCU}
+    assert {dict(zip(HEADER, cells(failed)))[k] for k in ("inst/tok", "tri inst/tok", "ncu MB")} == {NO_NCU}
     md = to_markdown(_res([measured, failed], {"tool": "/usr/local/cuda/bin/ncu"}))
     assert "ERR_NVGPUCTRPERM" in md and "octopus@2" in md
     plain = to_markdown(_res([_row()], None))  # no --ncu: a dash and the note saying so
     assert "not measured (run with --ncu" in plain
-    assert dict(zip(HEADER, _cells(_row())))["inst/tok"] == NO_NCU
+    assert dict(zip(HEADER, cells(_row())))["inst/tok"] == NO_NCU
 
 
 def test_bench_has_the_ncu_flag():

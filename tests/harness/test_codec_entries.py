@@ -71,7 +71,7 @@ def test_a_preset_that_keeps_every_layer_native_is_skipped_not_fatal(tmp_path):
 
 
 def test_a_verdict_says_when_there_is_nothing_to_compare():
-    from harness.tables import verdict
+    from harness.formatting import verdict
 
     assert verdict({"word": None, "mean": None, "n": 0}) == "not comparable"
     assert verdict({"word": None, "mean": float("-inf"), "n": 4}) == "not comparable"

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from run_folder import row, write_run
+from run_folder import rebuild, row, summary_of, write_run
 from scipy.stats import t as student_t
 
-from harness.effective_length import _longest, effective_lengths
-from harness.report import write_report
-from harness.summary import summarize
+from harness.effective_length import effective_lengths, longest
+from harness.summary import cells
 
 PROMPTS = [f"p{i}" for i in range(8)]
 CONTEXTS = (1024, 2048, 4096, 8192)
@@ -34,13 +33,23 @@ def _rows(scores: dict[str, dict[int, float]]) -> list[dict]:
     return out
 
 
+def _lengths(rows: list[dict], labels: list[str]) -> list[dict]:
+    """effective_lengths of ``labels`` on string_match_all, each configuration's cells per context length as
+    the summary hands them over."""
+    def by_context(label: str) -> dict:
+        return {L: cells([r for r in rows if r["label"] == label and r["prompt_meta"]["context"] == L],
+                         "string_match_all") for L in sorted({r["prompt_meta"]["context"] for r in rows})}
+
+    return effective_lengths(by_context("none"), {label: by_context(label) for label in labels})
+
+
 BASE = {1024: 0.9, 2048: 0.9, 4096: 0.8, 8192: 0.8}
 A = {1024: 0.9, 2048: 0.85, 4096: 0.5, 8192: 0.75}
 
 
 def test_longest_length_keeping_85_percent():
     rows = _rows({"none": BASE, "a@2": A, "b@2": {1024: 0.6, 2048: 0.7, 4096: 0.3, 8192: 0.2}})
-    got = {e["label"]: e for e in effective_lengths(rows, ["a@2", "b@2"], "none", "string_match_all")}
+    got = {e["label"]: e for e in _lengths(rows, ["a@2", "b@2"])}
     a, b = got["a@2"], got["b@2"]
     # a: ratios 1.0, 0.944, 0.625: 85% holds through 2048 and fails at 4096 (8192's 0.94 does not reopen it)
     assert [p["ratio"] for p in a["points"]] == pytest.approx([1.0, 0.85 / 0.9, 0.5 / 0.8, 0.75 / 0.8])
@@ -52,7 +61,7 @@ def test_longest_length_keeping_85_percent():
         half = student_t.ppf(0.975, d.size - 1) * d.std(ddof=1) / np.sqrt(d.size)
         kept.append(d.mean() - half > 0)
         lost.append(d.mean() + half < 0)
-    assert a["shown"] == _longest(list(CONTEXTS), kept) and a["possible"] == _longest(list(CONTEXTS), [not x for x in lost])
+    assert a["shown"] == longest(list(CONTEXTS), kept) and a["possible"] == longest(list(CONTEXTS), [not x for x in lost])
     assert (a["shown"], a["possible"]) == (2048, 2048)  # here 2048's margin of 0.085 is still shown; 4096 is lost
     assert b["effective"] is None and b["shown"] is None  # 0.8 / 0.9 < 0.85 from the first length
 
@@ -60,9 +69,9 @@ def test_longest_length_keeping_85_percent():
 def test_the_summary_and_report_carry_it(tmp_path):
     rows = _rows({"none": BASE, "a@2": A})
     out = write_run(tmp_path / "run", rows)
-    eff = summarize(out)["tasks"]["needle"]["effective_length"]
+    eff = summary_of(out)["tasks"]["needle"]["effective_length"]
     assert eff["metric"] == "string_match_all" and eff["threshold"] == 0.85 and eff["configs"][0]["effective"] == 2048
-    write_report(out)
+    rebuild(out)
     md = (out / "report.md").read_text()
     assert "### Effective length on string_match_all" in md and "| a@2 | 2048 | 2048 | 2048 |" in md
     assert (out / "needle_effective_length.png").stat().st_size > 1000
@@ -70,7 +79,7 @@ def test_the_summary_and_report_carry_it(tmp_path):
 
 def test_one_length_gives_none(tmp_path):
     rows = _rows({"none": {1024: 0.9}, "a@2": {1024: 0.5}})
-    assert effective_lengths(rows, ["a@2"], "none", "string_match_all") == []
+    assert _lengths(rows, ["a@2"]) == []
 
 
 def test_an_interval_of_no_width_shows_nothing():
@@ -79,5 +88,5 @@ def test_an_interval_of_no_width_shows_nothing():
     rows = [r for r in _rows({"none": base, "a@2": base})]
     for r in rows:
         r["string_match_all"] = 1.0
-    (a,) = effective_lengths(rows, ["a@2"], "none", "string_match_all")
+    (a,) = _lengths(rows, ["a@2"])
     assert a["effective"] == 2048 and a["shown"] is None and a["possible"] == 2048

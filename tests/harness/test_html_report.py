@@ -8,13 +8,11 @@ import json
 
 import pytest
 from html_page import Page
-from run_folder import synthetic_rows, write_run
+from run_folder import rebuild, summary_of, synthetic_rows, write_run
 
 from harness.html_report import write_compare_page
-from harness.report import write_report
 from harness.rows import dumps
-from harness.summary import summarize
-from harness.tables import fmt, fmt_ci
+from harness.formatting import fmt, fmt_ci
 from harness.tasks import get_task
 
 CONFIGS = {"octopus@2": (0.10, 2.1, (0, 1)), "kivi@2": (0.1001, 2.3, (0,)), "qjl@2": (0.20, 2.0, (0, 1)),
@@ -65,7 +63,7 @@ def _run(path, media: bool = True):
         extra = _media_rows(out, "video") + _media_rows(out, "audio")
         with (out / "rows.jsonl").open("a") as f:
             f.write("".join(dumps(r) + "\n" for r in extra))
-    write_report(out)
+    rebuild(out)
     return out
 
 
@@ -74,7 +72,7 @@ def test_page_has_the_ranking_plots_tables_and_media(tmp_path):
     page = Page(out / "report.html")
     assert page.problems == []
     # the ranking on the headline metric, with each configuration's mean ± 95% and its interval
-    s = summarize(out)
+    s = summary_of(out)
     ranking = next(t for t in page.tables if "ranking" in t["class"])
     assert "KL (nats) ↓, mean ± 95%" in ranking["text"] and "95% interval" in ranking["text"]
     for c in s["tasks"]["perplexity"]["ranking"][0]["configs"]:
@@ -106,7 +104,7 @@ def test_same_rows_same_bytes(tmp_path):
     a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
     first = (a / "report.html").read_bytes()
     assert first == (b / "report.html").read_bytes()
-    write_report(a)  # written twice
+    rebuild(a)  # written twice
     assert (a / "report.html").read_bytes() == first
     assert str(tmp_path).encode() not in first  # nothing of where the folder is
 
@@ -114,7 +112,7 @@ def test_same_rows_same_bytes(tmp_path):
 def test_a_missing_artifact_is_named_not_linked(tmp_path):
     out = _run(tmp_path / "run")
     (out / "video" / "clip" / "octopus-2.mp4").unlink()
-    write_report(out)
+    rebuild(out)
     page = Page(out / "report.html")
     assert [a["src"] for a in page.find("video")] == ["video/clip/baseline.mp4"]
     assert "video/clip/octopus-2.mp4" in (out / "report.html").read_text()
@@ -131,3 +129,53 @@ def test_compare_page(tmp_path):
     assert len(paired) == 3 and "indistinguishable" in paired[0]["text"]  # the same rows: no difference
     assert page.plot_ids() == [f"plot-perplexity-{m}" for m in ("perplexity", "kl", "top1_agree")]
     assert path.read_bytes() == write_compare_page([a, b], tmp_path / "cmp" / "compare.html").read_bytes()
+
+
+# --- media as a task declares them -------------------------------------------------------------------
+def _declared_run(path, media: dict):
+    """A run folder whose rows carry the video artifacts under other keys (a task 'clips'), and whose
+    registry.json declares ``media`` for that task."""
+    from harness.run_data import REGISTRY_NAME, declared
+
+    out = write_run(path, synthetic_rows(CONFIGS))
+    rows = _media_rows(out, "video")
+    keys = {"mp4": "movie", "mp4_baseline": "movie_ref", "drift": "frames", "contact_sheet": "sheet"}
+    for r in rows:
+        r["task"] = "clips"
+        r["artifacts"] = {keys[k]: v for k, v in r["artifacts"].items()}
+    with (out / "rows.jsonl").open("a") as f:
+        f.write("".join(dumps(r) + "\n" for r in rows))
+    config, model = (json.loads((out / n).read_text()) for n in ("config.json", "model.json"))
+    registry = declared(config, model, rows)
+    registry["tasks"]["clips"] = {"metrics": ["psnr", "ssim"], "headline": None, "score_metric": None,
+                                  "breakdown": [], "media": media}
+    (out / REGISTRY_NAME).write_text(dumps(registry, indent=2) + "\n")
+    rebuild(out)
+    return Page(out / "report.html")
+
+
+def test_a_task_declares_its_media(tmp_path):
+    page = _declared_run(tmp_path / "run", {"video": {"baseline": "movie_ref", "player": "movie", "curves": "frames",
+                                                      "stills": "sheet"}})
+    assert page.problems == []
+    assert [a["src"] for a in page.find("video")] == ["video/clip/baseline.mp4", "video/clip/octopus-2.mp4"]
+    assert "video/clip/octopus-2.sheet.png" in {a["src"] for a in page.find("img")}
+    assert "clips-media-0" in page.plot_ids()
+
+
+def test_artifacts_no_media_declares_are_links(tmp_path):
+    page = _declared_run(tmp_path / "run", {})
+    assert page.problems == [] and not page.find("video")
+    links = {a["href"] for a in page.find("a") if a.get("href")}
+    assert {"video/clip/octopus-2.mp4", "video/clip/baseline.mp4"} <= links
+
+
+def test_every_task_declares_media_the_page_knows():
+    from harness.html_report.media import ROLES
+    from harness.tasks import list_tasks
+
+    declared = {name: cls.media for name, cls in list_tasks().items()}
+    assert declared["video"] and declared["audio"]
+    for name, media in declared.items():
+        for kind, roles in media.items():
+            assert kind in ROLES and set(roles) <= set(ROLES[kind]), (name, kind)

@@ -1,17 +1,13 @@
-"""scripts/gpu_kvpress_sweep.py runs end to end on a tiny model on the CPU (its figures come from a GPU)."""
+"""scripts/gpu_kvpress_sweep.py (``python -m scripts.gpu_kvpress_sweep``) runs end to end on a tiny model on
+the CPU (its figures come from a GPU)."""
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from scripts import gpu_kvpress_sweep as sweep
 
 
 def test_the_sweep_runs_tiny_on_the_cpu(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("sweep", ROOT / "scripts" / "gpu_kvpress_sweep.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
     rows = sweep.rows(2, 3000)
     assert [len(r["context"]) for r in rows] == [3000 - 64] * 2  # bytes: tokens of the byte tokenizer
     assert all(f"is {r['answer'][0]}." in r["context"] for r in rows)  # the needle is in its haystack

@@ -131,3 +131,19 @@ def test_gpu_lists():
     with pytest.raises(RunError, match="no CUDA device is visible here; use --procs"):
         gpu_list("1", {"CUDA_VISIBLE_DEVICES": ""})
     assert split(["--procs", "2", "--", "--model", "hf", "--", "x"]) == (["--procs", "2"], ["--model", "hf", "--", "x"])
+
+
+def test_launch_options_come_from_their_dataclasses():
+    from harness.launch import parse_launch
+    from harness.slurm import SlurmConfig
+
+    a = parse_launch(["--slurm", "--shards", "4", "--partition", "gpu", "--time-min", "60", "--setup",
+                      "module load cuda", "--executor", "local"])
+    assert a.slurm and a.shards == 4 and a.gpus is None and a.procs is None
+    assert a.cluster == SlurmConfig(executor="local", partition="gpu", time_min=60, setup=["module load cuda"])
+    assert parse_launch(["--procs", "2"]).cluster == SlurmConfig()
+    for argv in ([], ["--procs", "2", "--gpus", "0,1"], ["--slurm", "--procs", "2"], ["--procs", "2", "--executor",
+                                                                                      "pbs"]):
+        with pytest.raises(SystemExit) as e:  # exactly one of --gpus / --procs / --slurm; choices closed
+            parse_launch(argv)
+        assert e.value.code == 2, argv

@@ -120,6 +120,17 @@ def octopus_results(ckpt, tasks_dir) -> dict:
     return evaluate("kvcodec", f"pretrained={ckpt},codec=octopus,bits=2,residual=4,chunk=32", tasks_dir)
 
 
+def test_evaluator_runs_its_tasks_over_one_index(ckpt, tasks_dir, none_results):
+    """harness lm-eval-sweep's evaluate: the tasks asked for, as simple_evaluate gives them, samples logged."""
+    from harness.lm_eval_model import evaluator
+
+    evaluate = evaluator(str(tasks_dir), ["kv_mc"])
+    got = evaluate("kvcodec", f"pretrained={ckpt},codec=none,chunk=32")
+    assert list(got["results"]) == ["kv_mc"] and got["config"]["model_args"].endswith("chunk=32")
+    by_doc = sorted(got["samples"]["kv_mc"], key=lambda s: s["doc_id"])
+    assert [[r[0] for r in s["resps"]] for s in by_doc] == responses(none_results)["kv_mc"]
+
+
 def test_a_batch_gives_every_request_its_own_answer(ckpt, tasks_dir, octopus_results):
     """batch_size=3: requests of different lengths run left-padded through one cache; every
     log-likelihood is the one of batch 1 to float32 rounding, is_greedy and generations are equal."""

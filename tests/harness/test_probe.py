@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from harness.probe import NEEDLE_KEYS, NEEDLE_NOISE, NEEDLE_QUERIES, main, matched_rate, run
+from harness.bench.probe import NEEDLE_KEYS, NEEDLE_NOISE, NEEDLE_QUERIES, main, matched_rate, run
 from kernels import private_generator
 
 

@@ -7,11 +7,9 @@ import json
 
 import matplotlib.axes
 import pytest
-from run_folder import synthetic_rows, write_run
+from run_folder import rebuild, summary_of, synthetic_rows, write_run
 
-from harness.report import write_report
 from harness.rows import dumps
-from harness.summary import summarize
 from harness.tasks import get_task
 
 CONFIGS = {"octopus@2": (0.10, 2.1, (0, 1, 2)), "kivi@2": (0.1001, 2.3, (0,)), "qjl@2": (0.20, 2.0, (0, 1, 2)),
@@ -25,14 +23,14 @@ def headline_kl(monkeypatch):
 
 def test_report_sections_in_order(tmp_path):
     out = write_run(tmp_path / "run", synthetic_rows(CONFIGS))
-    md = write_report(out).read_text()
+    md = rebuild(out).read_text()
     order = ["**Intervals.**", "### Ranking on KL", "### Rate-matched front on KL", "| KL (nats) ↓, mean ± 95% (baseline 0) | 2 bits | 3 bits |",
              "All configurations", "### Paired comparisons on KL", "### Detectable differences from the baseline on KL",
              "Per-prompt values"]
     assert [md.index(s) for s in order] == sorted(md.index(s) for s in order)
     assert "Benjamini–Hochberg adjusted p-value across all of them" in md and "k(k−1)/2 pairs" in md
     # the ranking: the two as-good configs share rank 1, qjl@2 is 3rd; means shown ± half-width with n
-    s = summarize(out)["tasks"]["perplexity"]
+    s = summary_of(out)["tasks"]["perplexity"]
     kivi = next(c for c in s["ranking"][0]["configs"] if c["label"] == "kivi@2")
     half = (kivi["ci95"][1] - kivi["ci95"][0]) / 2
     assert "| 2 | 1 | octopus@2 |" in md and "| 2 | 3 | qjl@2 |" in md
@@ -51,8 +49,9 @@ def test_error_bars_are_the_intervals(tmp_path, monkeypatch):
 
     monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", spy)
     out = write_run(tmp_path / "run", synthetic_rows(CONFIGS))
-    write_report(out)
-    g = next(g for g in summarize(out)["tasks"]["perplexity"]["groups"] if g["label"] == "qjl@2")["metrics"]["kl"]
+    rebuild(out)
+    stored = json.loads((out / "summary.json").read_text())  # the plots draw the summary as summary.json holds it
+    g = next(g for g in stored["tasks"]["perplexity"]["groups"] if g["label"] == "qjl@2")["metrics"]["kl"]
     title = next(t for t in drawn if t[0].startswith("perplexity: KL") and t[1] == "qjl")
     x, y, (below, above) = drawn[title]
     assert y == [pytest.approx(g["mean"])]
@@ -64,6 +63,6 @@ def test_report_is_byte_identical_and_rebuilds_an_older_summary(tmp_path):
     rows = synthetic_rows(CONFIGS)
     a, b = write_run(tmp_path / "a", rows), write_run(tmp_path / "b", rows)
     (b / "summary.json").write_text(json.dumps({"version": 1, "tasks": {}}))  # a run folder's older summary
-    assert write_report(a).read_bytes() == write_report(b).read_bytes()
-    (a / "summary.json").write_text(dumps(summarize(a), indent=2))
-    assert write_report(a).read_bytes() == write_report(b).read_bytes()
+    assert rebuild(a).read_bytes() == rebuild(b).read_bytes()
+    (a / "summary.json").write_text(dumps(summary_of(a), indent=2))
+    assert rebuild(a).read_bytes() == rebuild(b).read_bytes()

@@ -19,7 +19,7 @@ from harness.rows import read_rows
 from harness.run_checks import task_options
 from harness.runner import run
 from harness.tasks import get_task
-from harness.tasks.base import option_allowed
+from kernels.options import allowed
 from harness.tasks.ruler_synthetic import NIAH, NOISE, RULER_TASKS, TOKENS_TO_GENERATE, family, fit, zeta
 
 #: contexts (bytes) that hold each task's template, examples and a haystack on the byte tokenizer
@@ -57,9 +57,9 @@ def test_prompt_ids_and_options():
     assert task_options(cls, {})["tasks"] == list(RULER_TASKS)
     with pytest.raises(RunError, match="task option ruler.tasks=vt,qa_1: must be one of 'niah_single_1'"):
         task_options(cls, {"tasks": "vt,qa_1"})
-    with pytest.raises(RunError, match="ruler.prefill=question: must be one of 'all', 'context'"):
+    with pytest.raises(RunError, match="task option ruler.prefill=question: must be one of 'all', 'context'"):
         task_options(cls, {"prefill": "question"})
-    assert option_allowed(cls.option_defaults["contexts"]).positions  # checked against the model's positions
+    assert allowed(cls.Options.__dataclass_fields__["contexts"]).positions  # checked against the model's positions
     assert TOKENS_TO_GENERATE == {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50}
 
 

@@ -1,22 +1,20 @@
-"""harness/config.py + harness/cli.py: the `harness run` command line is derived from RunConfig's
-fields; every field is reachable from argv and survives the JSON round trip."""
+"""harness/config.py + harness/flags.py + harness/cli.py: the `harness run` command line is generated (tyro)
+from RunConfig's annotated fields; every field is reachable from argv and survives the JSON round trip."""
 from __future__ import annotations
 
-import argparse
 import json
+import re
 from dataclasses import fields
 
 import pytest
 
 from adapters.kv_cache import CacheConfig
-from harness.cli import config_from_args, main, run_parser
+from harness.cli import main, parse_run
 from harness.config import DEFAULT_BITS, DEFAULT_CODECS, RunConfig, RunError
 
 
 def parse(argv: list[str]) -> RunConfig:
-    p = argparse.ArgumentParser()
-    run_parser(p)
-    return config_from_args(p.parse_args(argv))
+    return parse_run(argv).config
 
 
 def roundtrip(c: RunConfig) -> RunConfig:
@@ -76,14 +74,9 @@ def test_all_flags_together_round_trip():
 
 
 def test_presets_fill_what_the_flags_leave():
-    from harness.cli import config_kwargs
-    from harness.config import PRESETS, with_preset
+    from harness.config import PRESETS
 
-    def preset(argv):
-        p = argparse.ArgumentParser()
-        run_parser(p)
-        a = p.parse_args(argv)
-        return RunConfig(**with_preset(a.preset, config_kwargs(a, RunConfig)))
+    preset = parse
 
     assert preset([]) == RunConfig()  # 'default' is the dataclass defaults
     full = preset(["--preset", "full"])
@@ -106,15 +99,18 @@ def test_protect_names():
 @pytest.mark.parametrize("argv, message", [
     (["--bits", "two"], "--bits takes int values, got 'two'"),
     (["--protect", "first"], "--protect takes 'none', 'boundary-1' or layer indices"),
-    (["--attend", "fast"], "invalid choice: 'fast'"),
+    (["--attend", "fast"], "invalid choice 'fast' for argument '--attend'"),
     (["--task-opt", "needle=1"], "--task-opt takes TASK.NAME=VALUE, got 'needle=1'"),
     (["--codec-opt", "octopus.split"], "--codec-opt takes CODEC.NAME=VALUE, got 'octopus.split'"),
-    (["--limit", "many"], "--limit takes int values, got 'many'"),
+    (["--limit", "many"], "Error parsing --limit: no type matching {None}|INT could be instantiated from ['many']"),
+    (["--preset", "huge"], "invalid choice 'huge' for argument '--preset'"),
 ])
 def test_malformed_flags_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         parse(argv)
-    assert e.value.code == 2 and message in capsys.readouterr().err
+    # tyro draws a box around the message and folds it to the terminal's width: read it back as one line
+    err = " ".join(re.sub(r"[│╭╮╰╯─]", " ", capsys.readouterr().err).split())
+    assert e.value.code == 2 and message in err
 
 
 def test_codec_options_reach_that_codecs_cache_configs_only():
@@ -123,14 +119,18 @@ def test_codec_options_reach_that_codecs_cache_configs_only():
     ccs = c.cache_configs()
     assert [cc.label for cc in ccs] == ["none", "octopus@2", "octopus@3", "qjl@2", "qjl@3"]
     # read by the types of the codec's Options: "4,2" is the tuple (b_u, b_r)
-    octo = {"split": (4, 2), "rounding": "nearest"}
-    assert [cc.options for cc in ccs] == [{}, octo, octo, {}, {}]
+    from kernels import codec_class
+
+    octo = codec_class("octopus").Options(split=(4, 2), rounding="nearest")
+    assert [cc.options for cc in ccs] == [codec_class(n).Options() if n != "octopus" else octo
+                                          for n in ("none", "octopus", "octopus", "qjl", "qjl")]
+    assert ccs[1].options is ccs[2].options  # read once, shared by every bit width of the codec
     assert all(CacheConfig.from_json(json.loads(json.dumps(cc.to_json()))) == cc for cc in ccs)
 
 
 @pytest.mark.parametrize("opt, message", [
-    ("octopus.split=3,3,3", r"codec 'octopus' option split"),
-    ("octopus.rounding=round", r"codec 'octopus' option rounding must be one of"),
+    ("octopus.split=3,3,3", r"codec option octopus\.split=3,3,3: cannot read it as tuple\[int, int\] \| None"),
+    ("octopus.rounding=round", r"codec option octopus\.rounding must be one of"),
     ("octopus.splt=4,2", r"codec 'octopus' got unknown option\(s\) \['splt'\]"),
 ])
 def test_bad_codec_options_are_one_line_errors(opt, message):
@@ -157,3 +157,13 @@ def test_batch_size_left_out_is_chosen_for_the_device_and_old_configs_load():
     old["task_options"] = {"perplexity": {"batch": 8}}
     c = RunConfig.from_json(json.loads(json.dumps(old)))
     assert c.batch_size is None and c.task_options == {"perplexity": {"batch": 8}}
+
+
+def test_configs_refuse_a_json_version_they_do_not_know():
+    from harness.slurm import SlurmConfig
+
+    for cls in (RunConfig, CacheConfig, SlurmConfig):
+        d = cls().to_json()
+        assert cls.from_json(d) == cls()
+        with pytest.raises(ValueError, match="version 99 is not the supported"):
+            cls.from_json({**d, "version": 99})

@@ -10,15 +10,14 @@ import re
 import statistics
 
 import pytest
-from run_folder import synthetic_rows, write_run
+from run_folder import rebuild, synthetic_rows, write_run
 from scipy.stats import t as student_t
 from tiny_lm import text_run_config, tiny_causal_lm
 
-from harness.report import write_report
+from harness.formatting import fmt
 from harness.rows import dumps, read_rows, row_key
 from harness.runner import run
 from harness.speed import BEGIN, END, NO_PEAK, NOTHING_DECODED, without_speed
-from harness.tables import fmt
 
 QUIET = dict(progress=False, log=lambda *_: None)
 
@@ -102,7 +101,7 @@ def _line(label: str, prompt: str, rollout: str, prefill: float, rate: float | N
 
 def test_the_table_is_a_mean_with_its_interval_over_rollouts(tmp_path):
     out = write_run(tmp_path / "run", synthetic_rows({"octopus@2": (0.1, 2.1, (0,))}))
-    plain = write_report(out).read_text()
+    plain = rebuild(out).read_text()
     assert BEGIN not in plain and "Speed and memory" not in plain  # a run folder from before speed.jsonl
     plain_html = (out / "report.html").read_text()
     assert "Speed and memory" not in plain_html
@@ -112,7 +111,7 @@ def test_the_table_is_a_mean_with_its_interval_over_rollouts(tmp_path):
     lines += [_line("none", p, r, x, None, None, seqs=2) for p, r, x in
               (("p0", "p0", 0.5), ("p1", "p0", 0.5), ("p2", "p2", 0.7), ("p3", "p2", 0.7))]
     (out / "speed.jsonl").write_text("".join(dumps(x) + "\n" for x in lines))
-    md = write_report(out).read_text()
+    md = rebuild(out).read_text()
     assert without_speed(md) == plain  # the section is all that speed.jsonl adds
 
     def ci(xs):  # the t-interval over 4 (or 2) independent rollouts, computed here from its definition
@@ -128,9 +127,9 @@ def test_the_table_is_a_mean_with_its_interval_over_rollouts(tmp_path):
 
 def test_an_unreadable_speed_file_is_named_not_fatal(tmp_path):
     out = write_run(tmp_path / "run", synthetic_rows({"octopus@2": (0.1, 2.1, (0,))}))
-    plain = write_report(out).read_text(), (out / "report.html").read_text()
+    plain = rebuild(out).read_text(), (out / "report.html").read_text()
     (out / "speed.jsonl").write_text("not json\n" + dumps(_line("none", "p0", "p0", 1.0, None, None)) + "\n")
-    md = write_report(out).read_text()
+    md = rebuild(out).read_text()
     assert re.search(r"\*\*Speed and memory\*\* not shown: .*speed\.jsonl:1: not a JSON row", md)
     assert "## perplexity" in md and "### Speed and memory" not in md
     html = (out / "report.html").read_text()

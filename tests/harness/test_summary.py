@@ -8,12 +8,11 @@ import math
 
 import numpy as np
 import pytest
-from run_folder import synthetic_rows, write_run
+from run_folder import summary_of, synthetic_rows, write_run
 from scipy.stats import t as student_t
 from scipy.stats import ttest_1samp
 
 from harness.rows import dumps, read_rows
-from harness.summary import summarize
 from harness.tasks import get_task
 
 CONFIGS = {"octopus@2": (0.10, 2.1, (0, 1, 2)),   # randomized: three codec seeds
@@ -37,7 +36,7 @@ def by_hand_t(values: list[float]) -> tuple[float, float, float]:
 
 def test_summary_fields(tmp_path, headline_kl):
     out = write_run(tmp_path / "run", synthetic_rows(CONFIGS))
-    s = json.loads(dumps(summarize(out), indent=2))
+    s = json.loads(dumps(summary_of(out), indent=2))
     assert s["version"] == 4 and s["tasks"]["perplexity"]["against_deployed"] == []  # no engine preset in this run
     t = s["tasks"]["perplexity"]
     assert t["headline"] == "kl" and t["codec_seeds"] == [0, 1, 2] and t["prompts"] == ["p0", "p1", "p2", "p3"]
@@ -82,14 +81,14 @@ def test_summary_fields(tmp_path, headline_kl):
 def test_summary_is_byte_identical_when_built_twice(tmp_path):
     rows = synthetic_rows(CONFIGS)
     a, b = write_run(tmp_path / "a", rows), write_run(tmp_path / "b", rows)
-    assert dumps(summarize(a), indent=2) == dumps(summarize(b), indent=2) == dumps(summarize(a), indent=2)
+    assert dumps(summary_of(a), indent=2) == dumps(summary_of(b), indent=2) == dumps(summary_of(a), indent=2)
 
 
 def test_run_folder_from_before_codec_seeds(tmp_path):
     old = {k: (m, rate, (0,)) for k, (m, rate, _) in CONFIGS.items()}
     rows = synthetic_rows(old, with_seed=False)
     assert not any("codec_seed" in r for r in rows)
-    t = summarize(write_run(tmp_path / "old", rows))["tasks"]["perplexity"]
+    t = summary_of(write_run(tmp_path / "old", rows))["tasks"]["perplexity"]
     q = next(g for g in t["groups"] if g["label"] == "qjl@2")["metrics"]["perplexity"]
     _, lo, hi = by_hand_t([r["perplexity"] for r in rows if r["label"] == "qjl@2"])
     assert t["codec_seeds"] == [0] and q["codec_seeds"] == [0] and q["ci95"] == pytest.approx([lo, hi])
@@ -98,7 +97,7 @@ def test_run_folder_from_before_codec_seeds(tmp_path):
 def test_headline_falls_back_to_the_first_metric(tmp_path, monkeypatch):
     cls = get_task("perplexity")
     monkeypatch.setattr(cls, "headline", None, raising=False)
-    t = summarize(write_run(tmp_path / "run", synthetic_rows(CONFIGS)))["tasks"]["perplexity"]
+    t = summary_of(write_run(tmp_path / "run", synthetic_rows(CONFIGS)))["tasks"]["perplexity"]
     assert t["headline"] == cls.metrics[0]
     r2 = next(b for b in t["ranking"] if b["bits"] == 2)
     means = {g["label"]: g["metrics"][cls.metrics[0]]["mean"] for g in t["groups"]}
@@ -107,6 +106,6 @@ def test_headline_falls_back_to_the_first_metric(tmp_path, monkeypatch):
 
 def test_one_cell_has_no_interval(tmp_path):
     rows = [r for r in synthetic_rows(CONFIGS, prompts=("p0",)) if r.get("codec_seed", 0) == 0]
-    k = next(g for g in summarize(write_run(tmp_path / "one", rows))["tasks"]["perplexity"]["groups"]
+    k = next(g for g in summary_of(write_run(tmp_path / "one", rows))["tasks"]["perplexity"]["groups"]
              if g["label"] == "kivi@2")["metrics"]["kl"]
     assert (k["n"], k["ci95"], k["interval"], k["delta"]["word"]) == (1, None, "n = 1", None)

@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from run_folder import row, write_run
+from run_folder import rebuild, row, summary_of, write_run
 from scipy.stats import binomtest
 
-from harness.report import write_report
 from harness.rows import dumps
-from harness.summary import summarize
 
 PROMPTS = [f"p{i}" for i in range(20)]
 
@@ -35,7 +33,7 @@ def test_a_pass_fail_metric_is_compared_by_mcnemar(tmp_path):
     mixed = [0, 1] * 10  # ten discordant pairs, all against the codec
     out = write_run(tmp_path / "run", _rows({"none": base, "kivi@2": worse, "octopus@2": mixed},
                                             {"none": 0.0, "kivi@2": 0.02, "octopus@2": 0.021}))
-    t = summarize(out)["tasks"]["needle"]
+    t = summary_of(out)["tasks"]["needle"]
     g = {x["label"]: x for x in t["groups"]}
     d = g["kivi@2"]["metrics"]["exact_match"]["delta"]
     assert d["test"] == "mcnemar" and d["mean"] == pytest.approx(-6 / 20)
@@ -51,14 +49,14 @@ def test_margin_gives_a_non_inferiority_verdict_and_the_report_says_it(tmp_path)
     config = json.loads((out / "config.json").read_text())
     config["margin"] = 0.01  # KL within 0.01 nats of the baseline's
     (out / "config.json").write_text(dumps(config, indent=2) + "\n")
-    t = summarize(out)["tasks"]["needle"]
+    t = summary_of(out)["tasks"]["needle"]
     assert t["margin"] == 0.01
     g = {x["label"]: x for x in t["groups"]}
     head = t["headline"]
     ni = {lb: g[lb]["metrics"][head]["non_inferiority"] for lb in ("kivi@2", "octopus@2")}
     assert ni["kivi@2"]["verdict"] == "non-inferior" and ni["kivi@2"]["bound"] < 0.01
     assert ni["octopus@2"]["verdict"] == "not shown" and ni["octopus@2"]["bound"] > 0.01
-    write_report(out)
+    rebuild(out)
     md = (out / "report.md").read_text()
     assert "### Detectable differences from the baseline on" in md and "δ = 0.01 (`--margin`)" in md
     assert "| kivi@2 |" in md and "non-inferior (bound" in md and "Benjamini–Hochberg" in md

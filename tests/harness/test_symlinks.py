@@ -8,7 +8,7 @@ import os
 import pytest
 from tiny_lm import text_run_config, tiny_causal_lm
 
-from harness.report import write_report
+from harness.merge import report
 from harness.rows import UnsafePath, append_line, atomic_write, cut_torn_line, write_via
 from harness.runner import run
 
@@ -42,7 +42,7 @@ def test_a_report_never_writes_through_a_link(lm, tmp_path, name):
     outside = tmp_path / "outside.txt"
     outside.write_text("the user's own file")
     _plant(out / name, outside)
-    write_report(out)
+    report(out)
     assert outside.read_text() == "the user's own file"
     assert not (out / name).is_symlink() and (out / name).stat().st_size > 0  # the artifact, rewritten in place
 

@@ -9,7 +9,8 @@ from harness.tasks import TASKS, Task, get_task, list_tasks, register_task
 
 def test_duplicate_task_name_is_rejected():
     existing = get_task("perplexity")
-    with pytest.raises(ValueError, match=r"task 'perplexity' is already registered \(harness\.tasks\.perplexity\."):
+    with pytest.raises(ValueError, match=r"task 'perplexity' registered twice: by harness\.tasks\.perplexity\.\w+ "
+                                         r"and by .*test_duplicate_task_name_is_rejected\.<locals>\.Other$"):
         @register_task("perplexity")
         class Other(Task):
             modality = "text"

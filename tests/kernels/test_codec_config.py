@@ -1,25 +1,22 @@
-"""kernels/config.py: CodecConfig checks and JSON round trip, option types, command-line parsing."""
+"""kernels/config.py: CodecConfig checks and JSON round trip, a codec's options read once into its Options."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Literal
 
 import pytest
 
-from kernels import CodecConfig, make_codec, parse_codec_options
-from kernels.config import CODEC_CONFIG_VERSION, check_options, parse_options
+from kernels import CodecConfig, codec_class, make_codec
+from kernels.config import CODEC_CONFIG_VERSION, codec_options
 
 
 def test_json_round_trip_with_version():
     c = CodecConfig("polarquant", 4, 96, seed=3, layer=5, num_heads=4, value_bits=2, value_group=16,
                     backend="torch", options={"angle_bits": [4, 3, 2, 2]})
-    assert c.options == {"angle_bits": (4, 3, 2, 2)}  # lists (JSON) become tuples
+    # lists (JSON) become tuples; every option is present (the defaults filled in)
+    assert c.options == codec_class("polarquant").Options(levels=4, angle_bits=(4, 3, 2, 2))
     d = json.loads(json.dumps(c.to_json()))
-    assert d["version"] == CODEC_CONFIG_VERSION and d["options"] == {"angle_bits": [4, 3, 2, 2]}
+    assert d["version"] == CODEC_CONFIG_VERSION and d["options"] == {"levels": 4, "angle_bits": [4, 3, 2, 2]}
     assert CodecConfig.from_json(d) == c
-    r = c.resolved()
-    assert r.options == {"levels": 4, "angle_bits": (4, 3, 2, 2)} and CodecConfig.from_json(r.to_json()) == r
     with pytest.raises(ValueError, match="version"):
         CodecConfig.from_json({**d, "version": CODEC_CONFIG_VERSION + 1})
     with pytest.raises(ValueError, match=r"unknown CodecConfig field\(s\) \['bitz'\]"):
@@ -35,7 +32,7 @@ def test_json_round_trip_with_version():
     ({"head_dim": 1}, "head_dim must be >= 2"),
     ({"num_heads": 0}, "num_heads must be >= 1"),
     ({"backend": "cuda"}, "Unknown backend 'cuda'. Available: auto, lut, triton, torch"),
-    ({"options": {"rounding": "fastest"}}, r"option rounding must be one of \['local', 'full', 'nearest'\]"),
+    ({"options": {"rounding": "fastest"}}, r"codec option octopus\.rounding must be one of \['local', 'full', 'nearest'\]"),
 ])
 def test_config_rejects_bad_values_in_one_line(change, match):
     args = {"name": "octopus", "bits": 3, "head_dim": 64, **change}
@@ -44,49 +41,44 @@ def test_config_rejects_bad_values_in_one_line(change, match):
     assert "\n" not in str(e.value)
 
 
-@dataclass(frozen=True)
-class _Opts:
-    flag: bool = False
-    ratio: float = 0.5
-    sizes: tuple[int, ...] | None = None
-    pair: tuple[int, int] = (1, 2)
-    mode: Literal["a", "b"] = "a"
-    label: str = ""
-
-
-def test_parse_options_by_field_type():
-    raw = {"flag": "true", "ratio": "2", "sizes": "3,3,3", "pair": "4, 5", "mode": "b", "label": "x,y"}
-    assert parse_options("t", _Opts, raw) == {"flag": True, "ratio": 2.0, "sizes": (3, 3, 3), "pair": (4, 5),
-                                              "mode": "b", "label": "x,y"}
-    assert parse_options("t", _Opts, {"flag": "False", "sizes": "none"}) == {"flag": False, "sizes": None}
-    for raw, match in (({"flag": "maybe"}, "option flag: cannot read 'maybe'"),
-                       ({"pair": "1,2,3"}, "option pair: cannot read"),
-                       ({"sizes": "3,x"}, "option sizes: cannot read"),
-                       ({"mode": "c"}, r"option mode must be one of \['a', 'b'\]"),
-                       ({"nope": "1"}, r"unknown option\(s\) \['nope'\]; it takes \['flag', 'label', 'mode', 'pair'")):
-        with pytest.raises(ValueError, match=match):
-            parse_options("t", _Opts, raw)
-
-
-def test_check_options_types():
-    assert check_options("t", _Opts, {"sizes": [1, 2], "ratio": 1}) == {"sizes": (1, 2), "ratio": 1.0}
-    for given in ({"flag": 1}, {"ratio": True}, {"pair": (1,)}, {"sizes": (1, "2")}, {"label": 3}):
-        with pytest.raises(ValueError, match=f"option {next(iter(given))}"):
-            check_options("t", _Opts, given)
-
-
-def test_parse_codec_options_of_real_codecs():
-    assert parse_codec_options("octopus", {"split": "4,2", "rounding": "full"}) == {"split": (4, 2), "rounding": "full"}
-    assert parse_codec_options("qjl", {"m": "none"}) == {"m": None}
-    c = make_codec("octopus", 3, 64, **parse_codec_options("octopus", {"split": "4,2"}))
-    assert (c.stage.b_u, c.stage.b_r) == (4, 2)
+def test_codec_options_of_real_codecs():
+    octopus = codec_class("octopus").Options
+    assert codec_options("octopus", {"split": "4,2", "rounding": "full"}, strings=True) == octopus((4, 2), "full")
+    assert codec_options("qjl", {"m": "none"}, strings=True).m is None
+    assert codec_options("octopus", {"split": [4, 2]}) == octopus(split=(4, 2))  # JSON: typed, lists as tuples
+    with pytest.raises(ValueError, match="codec option octopus.split must be"):
+        codec_options("octopus", {"split": "4,2"})  # a string is not a command line's unless it says so
+    given = octopus(split=(4, 2))
+    assert codec_options("octopus", given) is given  # an instance is trusted: checked where it was made
+    with pytest.raises(ValueError, match="takes its options as a dict or a"):
+        codec_options("octopus", codec_class("kivi").Options())
+    c = make_codec(CodecConfig("octopus", 3, 64, options=codec_options("octopus", {"split": "4,2"}, strings=True)))
+    assert (c.stage.b_u, c.stage.b_r) == (4, 2) and c.opts is c.config.options
 
 
 def test_make_codec_from_a_config_takes_nothing_else():
     cfg = CodecConfig("kivi", 2, 64, options={"group_size": 8})
     c = make_codec(cfg, device="cpu")
-    assert c.token_block == 8 and c.config == cfg.resolved()
+    assert c.token_block == 8 and c.config == cfg
     with pytest.raises(TypeError, match="only device"):
         make_codec(cfg, 3)
     with pytest.raises(ValueError, match="cannot build codec"):
         type(c)(CodecConfig("quarot", 2, 64))
+
+
+def test_the_options_class_names_the_codec():
+    from kernels import CODECS, codec_for
+
+    classes = {name: cls.Options for name, cls in CODECS.items()}
+    assert len(set(classes.values())) == len(classes)  # each codec its own, those that declare none included
+    assert all(codec_for(opts()) is CODECS[name] for name, opts in classes.items())
+    octopus = classes["octopus"](split=(4, 2))
+    c = make_codec(octopus, 3, 64, seed=1, num_heads=2)  # the options instance is the dispatch key
+    assert type(c) is CODECS["octopus"] and c.config == CodecConfig("octopus", 3, 64, seed=1, num_heads=2,
+                                                                     options={"split": (4, 2)})
+    with pytest.raises(TypeError, match="takes the options in the instance"):
+        make_codec(octopus, 3, 64, rounding="full")
+    with pytest.raises(ValueError, match="is no codec's Options"):
+        codec_for(object())
+    with pytest.raises(ValueError, match="takes its options as a dict or a"):  # another codec's options
+        CodecConfig("kivi", 2, 64, options=octopus)

@@ -11,7 +11,9 @@ import pytest
 import torch
 from distortion_refs import SMALL_SAMPLE_MARGIN, distortion_bound
 
-from kernels import CODECS, CodecConfig, make_codec, parse_codec_options
+from kernels import CODECS, CodecConfig, make_codec
+from kernels.config import codec_options
+from kernels.options import options_json
 from kernels.qjl import GaussianSketch
 from kernels.rotation import Rotation, next_pow2
 
@@ -159,8 +161,8 @@ def test_options_are_declared_with_defaults_and_resolved(name):
     declared = [f.name for f in fields(cls.Options)]
     cls.Options()  # every option has a default
     c = make_codec(name, _bits(name)[0], 64)
-    assert list(c.config.options) == declared  # the config names every option the codec ran with
-    assert c.opts == cls.Options(**c.config.options)
+    assert list(options_json(c.config.options)) == declared  # the config names every option the codec ran with
+    assert c.opts is c.config.options and type(c.opts) is cls.Options
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -168,7 +170,7 @@ def test_unknown_option_rejected(name):
     declared = [f.name for f in fields(CODECS[name].Options)]
     for build in (lambda: make_codec(name, _bits(name)[0], 64, levls=3),
                   lambda: CodecConfig(name, _bits(name)[0], 64, options={"levls": 3}),
-                  lambda: parse_codec_options(name, {"levls": "3"})):
+                  lambda: codec_options(name, {"levls": "3"}, strings=True)):
         with pytest.raises(ValueError, match=r"unknown option\(s\) \['levls'\]") as e:
             build()
         msg = str(e.value)
@@ -178,7 +180,7 @@ def test_unknown_option_rejected(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_wrong_option_type_rejected(name):
     for f in fields(CODECS[name].Options):
-        with pytest.raises(ValueError, match=f"option {f.name}") as e:
+        with pytest.raises(ValueError, match=f"codec option {name}.{f.name} must be") as e:
             make_codec(name, _bits(name)[0], 64, **{f.name: {"not": "an option value"}})
         assert "\n" not in str(e.value)
 
@@ -190,4 +192,4 @@ def test_command_line_form_of_every_default_parses_back(name):
         value = getattr(opts, f.name)
         text = ("none" if value is None else ",".join(map(str, value)) if isinstance(value, tuple)
                 else str(value).lower() if isinstance(value, bool) else str(value))
-        assert parse_codec_options(name, {f.name: text}) == {f.name: value}
+        assert getattr(codec_options(name, {f.name: text}, strings=True), f.name) == value

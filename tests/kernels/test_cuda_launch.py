@@ -63,20 +63,22 @@ def test_pdl_attribute_bytes():
     assert raw[12:] == bytes(60)
 
 
-def test_parameters_land_in_their_slots(monkeypatch):
-    """launch() with the driver stubbed: each argument is packed into its own 8-byte slot with the
-    kernel's type, the pointer array the driver reads points at the slots in order, and the launch
-    config carries the grid, block, shared memory, stream and (only with pdl) the attribute."""
+def test_the_struct_is_the_single_parameter(monkeypatch):
+    """launch() with the driver stubbed: kernelParams holds one pointer, to the parameter struct, whose
+    bytes the driver reads at the call; the launch config carries the grid, block, shared memory,
+    stream and (only with pdl) the attribute. Anything but a ctypes Structure is refused."""
     from kernels.cuda import launch as L
+    from kernels.cuda.lut_params import LutQprepParams, qprep_params
 
-    args = (2**63 + 5, -3, 1.5, -7, 0x64006400, 0.25)
-    ctypes_types = (ctypes.c_uint64, ctypes.c_int32, ctypes.c_float, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double)
+    params = qprep_params(q=2**63 + 5, signs=16, sketch=0, qfrag=4096, qscale=1.5, sign_stride=128, Hkv=-7,
+                          sketch_stride=16384, qjl_scale=0.25)
     seen = []
 
     def fake_launch(cfg, func, ptrs, extra):  # what the driver would read, read at the call
         c = cfg._obj
-        seen.append(dict(values=[t.from_address(ptrs[i]).value for i, t in enumerate(ctypes_types)],
-                         steps=[ptrs[i] - ptrs[0] for i in range(len(args))], func=func,
+        got = LutQprepParams.from_buffer_copy(ctypes.string_at(ptrs[0], ctypes.sizeof(LutQprepParams)))
+        seen.append(dict(values=(got.q, got.signs, got.sketch, got.qfrag, got.qscale, got.sign_stride, got.Hkv,
+                                 got.sketch_stride, got.qjl_scale), func=func, extra=extra,
                          dims=(c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ),
                          smem=c.sharedMemBytes, stream=c.hStream, n_attrs=c.numAttrs,
                          attr=c.attrs.contents.id if c.numAttrs else None))
@@ -84,42 +86,13 @@ def test_parameters_land_in_their_slots(monkeypatch):
 
     monkeypatch.setattr(L, "_driver", lambda: (fake_launch, None))
     kernel = type("Fn", (), {"ptr": 12345})()
-    L.launch(kernel, (3, 2), (128,), "QifqId", args, stream=777, shared_mem=4096, pdl=True)
-    L.launch(kernel, (1,), (64,), "QifqId", args, stream=777, pdl=False)
-    assert [s["values"] for s in seen] == [list(args)] * 2
-    assert seen[0]["steps"] == [8 * i for i in range(len(args))]
-    assert seen[0]["func"] == 12345 and seen[0]["dims"] == (3, 2, 1, 128, 1, 1) and seen[0]["smem"] == 4096
+    L.launch(kernel, (3, 2), (128,), params, stream=777, shared_mem=4096, pdl=True)
+    L.launch(kernel, (1,), (64,), params, stream=777, pdl=False)
+    want = (2**63 + 5, 16, None, 4096, 1.5, 128, -7, 16384, 0.25)  # (ctypes reads a null c_void_p as None)
+    assert [s["values"] for s in seen] == [want] * 2
+    assert seen[0]["func"] == 12345 and seen[0]["extra"] is None
+    assert seen[0]["dims"] == (3, 2, 1, 128, 1, 1) and seen[0]["smem"] == 4096
     assert seen[0]["stream"] == 777 and (seen[0]["n_attrs"], seen[0]["attr"]) == (1, PROGRAMMATIC_STREAM_SERIALIZATION)
     assert seen[1]["dims"] == (1, 1, 1, 64, 1, 1) and (seen[1]["n_attrs"], seen[1]["attr"]) == (0, None)
-    with pytest.raises(ValueError, match="5 arguments for a signature of 6"):
-        L.launch(kernel, (1,), (64,), "QifqId", args[:5], stream=777)
-
-
-#: C parameter types of decode_lut.cu -> struct codes
-_C_TYPES = {"int": "i", "float": "f", "long long": "q", "u64": "Q", "u32": "I"}
-
-
-def _cu_signature(source: str, kernel: str) -> str:
-    """The struct codes of a kernel's parameters, read from the CUDA source (pointers: Q)."""
-    import re
-
-    head = source[source.index(f" {kernel}(") + len(kernel) + 2:]
-    params = head[:head.index(")")]
-    codes = []
-    for p in params.split(","):
-        p = re.sub(r"\b(const|__restrict__)\b", " ", p).strip()
-        if "*" in p:
-            codes.append("Q")
-        else:
-            codes.append(_C_TYPES[" ".join(p.split()[:-1])])
-    return "".join(codes)
-
-
-@pytest.mark.parametrize("kernel,sig", [("lut_split", "SPLIT_SIG"), ("lut_combine", "COMBINE_SIG"),
-                                        ("lut_qprep", "QPREP_SIG")])
-def test_launcher_signatures_match_the_kernels(kernel, sig):
-    """The launcher packs each kernel's arguments by a signature string: it must be the kernel's own
-    parameter list (a mismatch would pass garbage to the GPU, unseen on the CPU)."""
-    from kernels.cuda import decode_lut
-
-    assert _cu_signature(decode_lut.source(), kernel) == getattr(decode_lut, sig)
+    with pytest.raises(TypeError, match="parameter struct"):
+        L.launch(kernel, (1,), (64,), (1, 2, 3), stream=777)

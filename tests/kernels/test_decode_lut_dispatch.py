@@ -15,7 +15,7 @@ import torch
 from kernels import make_codec
 from kernels.attention import decode_attention, decode_attention_torch, decide_attention
 from kernels.backend import ATTENTION_PATHS, Decision, decide, fused_wanted, use_fused
-from decode_checks import LUT_GPU_SKIP as GPU_SKIP, lut_gpu as gpu
+from decode_checks import lut_gpu as gpu
 
 CUDA = torch.device("cuda")
 CPU = torch.device("cpu")

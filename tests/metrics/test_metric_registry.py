@@ -26,8 +26,12 @@ def test_every_metric_has_direction_scale_display_and_an_implementation():
 
 def test_duplicates_and_unknowns_are_rejected():
     list_metrics()
-    with pytest.raises(ValueError, match="metric 'kl' is already defined"):
+    with pytest.raises(ValueError, match=r"metric 'kl' registered twice: by metrics\.shared and by "
+                                         r"(\w+\.)*test_metric_registry$"):
         define_metric("kl", higher_is_better=False)
+    with pytest.raises(ValueError, match=r"metric 'lsd' registered twice: by metrics\.audio\.\w+ and by "
+                                         r".*test_duplicates_and_unknowns_are_rejected\.<locals>\.<lambda>$"):
+        register_metric("lsd", "text", higher_is_better=False)(lambda a, b: 0.0)
     with pytest.raises(ValueError, match="metric 'kl' already has a text implementation"):
         register_metric("kl", "text")(lambda a, b: 0.0)
     with pytest.raises(ValueError, match="metric 'bleu' is not defined"):

@@ -152,7 +152,7 @@ def test_rows_none_and_compressed(lm, tmp_path):
     chunks = []
     lm.teacher_force(ids + answer[:-1], [len(ids_ctx), n_q, len(answer) - 1], cfg, lambda s, lg: chunks.append(lg))
     comp = torch.cat([chunks[1][-1:], chunks[2]])
-    want = _kl_topk(native, comp, task.opt("topk"))
+    want = _kl_topk(native, comp, task.opts.topk)
     assert want > 1e-5
     assert got["kl"] == pytest.approx(want, rel=1e-3)
     assert got["top1_agree"] == float((native.argmax(-1) == comp.argmax(-1)).double().mean())

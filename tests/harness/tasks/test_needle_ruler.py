@@ -91,15 +91,17 @@ def test_without_ruler_the_task_is_unchanged(lm, tmp_path):
     row = task.evaluate(lm, p, CacheConfig(residual=8), 0, task.baseline(lm, p, seed=0), tmp_path)
     assert {"exact_match", "baseline_exact_match"} <= set(row) and not any("string_match" in k for k in row)
     # a report leaves out a declared metric that no row carries
-    from harness.summary import _task_metrics
+    from harness.run_data import describe_task
+    from harness.summary import task_metrics
 
-    assert _task_metrics("needle", [row]) == ["exact_match", "output_match", "length_ratio", "kl", "top1_agree"]
-    assert "string_match_all" in _task_metrics("needle", [row, {"string_match_all": 0.5}])
+    needle = describe_task(type(task))
+    assert task_metrics(needle, [row]) == ["exact_match", "output_match", "length_ratio", "kl", "top1_agree"]
+    assert "string_match_all" in task_metrics(needle, [row, {"string_match_all": 0.5}])
 
 
 def test_bad_ruler_value_and_the_preset():
-    with pytest.raises(ValueError, match="ruler='multi' is not a RULER niah form; use one of multikey, multivalue"):
-        get_task("needle")(ruler="multi").prompts()
+    with pytest.raises(ValueError, match="task option needle.ruler=multi: must be one of '', 'multikey', 'multivalue'"):
+        get_task("needle")(ruler="multi")
     from harness.config import RunConfig, with_preset
 
     cfg = RunConfig(**with_preset("ruler", {}))

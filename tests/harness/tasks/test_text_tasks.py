@@ -76,7 +76,7 @@ def test_perplexity_task(lm, textfile, tmp_path):
     lm.teacher_force(ids, [64] + [16] * 6, cfg, lambda start, lg: chunks.append(lg))
     comp = torch.cat(chunks).double()
     scored, targets = slice(64, 159), torch.tensor(ids[65:160])
-    want = _reference_scores(native[scored], comp[scored], targets, topk=task.opt("topk"))
+    want = _reference_scores(native[scored], comp[scored], targets, topk=task.opts.topk)
     assert want["kl"] > 1e-5  # the codec moved the distributions: a clamped or dropped KL would fail below
     assert row["kl"] == pytest.approx(want["kl"], rel=1e-3)
     assert row["top1_agree"] == want["top1_agree"]
@@ -139,7 +139,7 @@ def test_needle_task(lm, tmp_path):
     with torch.no_grad():
         native = lm.model(torch.tensor([ids + answer[:-1]])).logits[0, len(ids) - 1:].double()
     r = lm.greedy(ids, 5, cfg, force=answer)
-    want = _reference_scores(native, r["forced_logits"].double(), torch.tensor(answer), topk=task.opt("topk"))
+    want = _reference_scores(native, r["forced_logits"].double(), torch.tensor(answer), topk=task.opts.topk)
     assert want["kl"] > 1e-5
     assert row["kl"] == pytest.approx(want["kl"], rel=1e-3)
     assert row["top1_agree"] == want["top1_agree"]

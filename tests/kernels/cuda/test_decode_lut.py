@@ -3,9 +3,9 @@
 triplet codes and TurboQuant-MSE's scalar codes, each with and without a QJL residual (OCTOPUS-QJL,
 TurboQuant-prod: the sketch of the query, Sq = M q, against the stored sign bits).
 
-GPU (sm_90 and CuPy; skipped elsewhere): the kernel itself, at 1-5 bits, each lookup form (OCTOPUS fused and unfused tables, TurboQuant
-pairs and quads of codes), head dims 64/128, GQA groups 1-8, batches with per-sequence lengths (an
-empty one too), windows with per-sequence lengths, fp32/fp16/bf16 queries, many splits and a partial
+GPU (sm_90 and CuPy; skipped elsewhere): the kernel itself, at 1-5 bits, each lookup form (OCTOPUS fused and
+unfused tables, TurboQuant pairs and quads of codes), head dims 64/128, GQA groups 1-8, batches with per-sequence
+lengths (an empty one too), windows with per-sequence lengths, fp32/fp16/bf16 queries, many splits and a partial
 last tile. Tolerances as tests/kernels/triton/test_triton_decode_attention.py: fp16 tensor-core
 operands (keys, query features, probabilities, P * scale) put the fp32-query output within ~1e-3 of
 the fp32 reference; bf16/fp16 outputs add their own rounding. The CPU side (tables, index, launch
@@ -63,8 +63,8 @@ def test_bits_and_tables(bits, name, form, merge):
     codec, q, ks, vs, wk, wv = _case(bits, 128, B=2, Hkv=2, G=7, T=1000, W=24, seed=bits, dtype=torch.float32,
                                      name=name, value_bits=min(max(bits, 2), 4))  # (values of 2-4 bits)
     lengths = torch.tensor([1000, 613], dtype=torch.int32, device="cuda")
-    lk = lookup_for(codec.fused_layout(), default_config(codec) | form)
-    copies = default_config(codec)["copies"]
+    lk = lookup_for(codec.fused_layout(), default_config(codec).replace(**form))
+    copies = default_config(codec).copies
     while lk.entries * lk.entry_bytes * copies > 32 * 1024 and copies > 1:  # tables that need fewer copies
         copies //= 2
     if lk.entries * lk.entry_bytes > 64 * 1024:
@@ -244,10 +244,10 @@ def test_qprep_auto_rotates_in_the_ctas_where_warps_have_one_stage():
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
     for splits, qprep in ((3, 0), (1, 1)):  # 7 tiles per CTA of 8 warps; 19 tiles
         out = _lut(q, ks, vs, codec, wk, wv, num_splits=splits)
-        assert LAST_LAUNCH["defs"]["QPREP"] == qprep, splits
+        assert LAST_LAUNCH["defs"]["QUERY_PREP"] == qprep, splits
         assert _rel(out, ref) < OUT_TOL[torch.bfloat16]
     # a QJL residual: lut_qprep always (it makes the query's sketch)
     codec, q, ks, vs, wk, wv = _case(3, 128, B=1, Hkv=2, G=4, T=300, W=4, seed=3, name="turboquant-prod")
     out = _lut(q, ks, vs, codec, wk, wv, num_splits=3)
-    assert LAST_LAUNCH["defs"]["QPREP"] == 1 and LAST_LAUNCH["defs"]["QJ"] == 1
+    assert LAST_LAUNCH["defs"]["QUERY_PREP"] == 1 and LAST_LAUNCH["defs"]["HAS_QJL"] == 1
     assert _rel(out, decode_attention_torch(q, ks, vs, codec, wk, wv)) < OUT_TOL[torch.bfloat16]

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from kernels import make_codec
-from kernels.cuda.decode_lut import launch_defs, supports
+from kernels.cuda.decode_lut import launch_plan, supports
 from decode_checks import LUT_CODECS, LUT_QJL_CODECS
 
 CODECS, QJL = LUT_CODECS, LUT_QJL_CODECS
 
 
 def test_qjl_constants_and_refusals():
-    """A QJL residual compiles the kernel's QJL stage (QJ) and needs lut_qprep (it makes the query's
+    """A QJL residual compiles the kernel's QJL stage (HAS_QJL) and needs lut_qprep (it makes the query's
     sketch): qprep 'cta' is refused; so is OCTOPUS's unfused table without a length code (b_r = 0);
     a sketch of other than head_dim rows is refused by supports()."""
     import dataclasses
@@ -23,18 +23,19 @@ def test_qjl_constants_and_refusals():
     from kernels.cuda.decode_lut import _Plan
 
     for name in QJL:
-        cfg, _, defs = launch_defs(make_codec(name, 3, 128), torch.bfloat16, 7)
-        assert defs["QJ"] == 1 and defs["QPREP"] == 1 and cfg["qprep"] == "auto"
+        run = launch_plan(make_codec(name, 3, 128), torch.bfloat16, 7)
+        macros = run.constants.macros
+        assert macros["HAS_QJL"] == 1 and macros["QUERY_PREP"] == 1 and run.config.qprep == "auto"
         with pytest.raises(ValueError, match="qprep 'cta' cannot serve a QJL residual"):
-            launch_defs(make_codec(name, 3, 128), torch.bfloat16, 7, {"qprep": "cta"})
-    assert launch_defs(make_codec("octopus", 3, 128), torch.bfloat16, 7)[2]["QJ"] == 0
+            launch_plan(make_codec(name, 3, 128), torch.bfloat16, 7, {"qprep": "cta"})
+    assert launch_plan(make_codec("octopus", 3, 128), torch.bfloat16, 7).constants.macros["HAS_QJL"] == 0
     for name in CODECS:  # the launcher's per-codec plan builds on the CPU too (tables, signs, sketch)
         codec = make_codec(name, 3, 128, num_heads=2)
-        plan = _Plan(codec, "cpu", launch_defs(codec, torch.bfloat16, 7)[1])
+        plan = _Plan(codec, "cpu", launch_plan(codec, torch.bfloat16, 7).lookup)
         assert plan.skm.shape == ((2, 128, 128) if name in QJL else (1, 1, 1)), name
         assert (plan.qjl_fields is not None) == (name in QJL) and plan.skm_stride == (128 * 128 if name in QJL else 0)
     with pytest.raises(ValueError, match="needs a triplet-length code"):
-        launch_defs(make_codec("octopus", 1, 128), torch.bfloat16, 7, {"fused": False})
+        launch_plan(make_codec("octopus", 1, 128), torch.bfloat16, 7, {"fused": False})
     codec = make_codec("turboquant-prod", 3, 128)
     layout = codec.fused_layout()
     short = dataclasses.replace(layout, residual=dataclasses.replace(layout.residual, m=64))
@@ -71,19 +72,19 @@ def test_sketch_matrices_give_the_codecs_score(name, num_heads):
 def test_qjl_fragments_pair_each_sign_with_its_sketch_row(D, G):
     """The kernel's QJL product, emulated from its index arithmetic: lut_split's A registers from the
     stored sign row (thread c's word c at D = 128, half word c spread by __byte_perm(x, 0, 0x4140) at
-    D = 64; qjl_pm1(w, 15 - s) and qjl_pm1(w, 15 - KSQ - s): bit 15 and 31 -> the fp16 sign, bit 1 = +1)
+    D = 64; qjl_pm1(w, 15 - s) and qjl_pm1(w, 15 - QJL_KSTEPS - s): bit 15 and 31 -> the fp16 sign, bit 1 = +1)
     and lut_qprep's B registers (slot t of k-step s of lane 4 r + c holds row sk_coord(c, s, t)),
     multiplied in the mma.m16n8k16 fragment layout, give (2 bits - 1) . Sq^T for 16 real tokens."""
     from kernels.packing import BitField
 
     gen = torch.Generator().manual_seed(D + G)
-    KSQ = D // 16
+    QJL_KSTEPS = D // 16
     bits = torch.randint(0, 2, (16, D), generator=gen)
     rows = BitField(D, 1).pack(bits)  # the stored field, [16, D / 8] uint8
     sq = torch.randn(G, D, generator=gen, dtype=torch.float64)
 
     def sk_coord(c, s, t):
-        return 4 * KSQ * c + s + KSQ * (0, 2, 1, 3)[t]
+        return 4 * QJL_KSTEPS * c + s + QJL_KSTEPS * (0, 2, 1, 3)[t]
 
     def word(tok, c):
         b = [int(x) for x in rows[tok]]
@@ -98,9 +99,9 @@ def test_qjl_fragments_pair_each_sign_with_its_sketch_row(D, G):
     def f64(v):
         return torch.tensor(v, dtype=torch.float64)
 
-    assert sorted(sk_coord(c, s, t) for c in range(4) for s in range(KSQ) for t in range(4)) == list(range(D))
+    assert sorted(sk_coord(c, s, t) for c in range(4) for s in range(QJL_KSTEPS) for t in range(4)) == list(range(D))
     acc = torch.zeros(16, 8, dtype=torch.float64)
-    for s in range(KSQ):
+    for s in range(QJL_KSTEPS):
         A = torch.full((16, 16), float("nan"), dtype=torch.float64)
         Bm = torch.full((16, 8), float("nan"), dtype=torch.float64)
         for lane in range(32):
@@ -108,8 +109,8 @@ def test_qjl_fragments_pair_each_sign_with_its_sketch_row(D, G):
             w0, w1 = word(r, c), word(r + 8, c)
             A[r, 2 * c:2 * c + 2] = f64(pm1(w0, 15 - s))
             A[r + 8, 2 * c:2 * c + 2] = f64(pm1(w1, 15 - s))
-            A[r, 2 * c + 8:2 * c + 10] = f64(pm1(w0, 15 - KSQ - s))
-            A[r + 8, 2 * c + 8:2 * c + 10] = f64(pm1(w1, 15 - KSQ - s))
+            A[r, 2 * c + 8:2 * c + 10] = f64(pm1(w0, 15 - QJL_KSTEPS - s))
+            A[r + 8, 2 * c + 8:2 * c + 10] = f64(pm1(w1, 15 - QJL_KSTEPS - s))
             x = [float(sq[r, sk_coord(c, s, t)]) if r < G else 0.0 for t in range(4)]
             Bm[2 * c:2 * c + 2, r] = f64(x[:2])  # b0 = pack_h2(x, y)
             Bm[2 * c + 8:2 * c + 10, r] = f64(x[2:])  # b1 = pack_h2(z, w)

@@ -28,7 +28,7 @@ from kernels.registry import CODECS  # noqa: E402
 for _m in ("kernels.triton.combine", "kernels.triton.token_attention"):
     if _m in sys.modules and not CUDA:  # compiled before TRITON_INTERPRET was set
         importlib.reload(sys.modules[_m])
-from kernels.triton.token_attention import decode_attention_tokens, supports  # noqa: E402
+from kernels.triton.token_attention import decode_attention_fused, supports  # noqa: E402
 from decode_checks import ref_lse, rel_err  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
@@ -63,7 +63,7 @@ def test_preset_matches_reference(name):
     """Output and log-sum-exp (the scores) of every preset, with GQA, a native window and ragged lengths."""
     codec, q, ks, vs, wk, wv = _case(name, seed=len(name))
     lengths = torch.tensor([45, 30], dtype=torch.int32, device=DEV)
-    out, lse = decode_attention_tokens(q, ks, vs, codec, wk, wv, lengths, return_lse=True)
+    out, lse = decode_attention_fused(q, ks, vs, codec, wk, wv, lengths, return_lse=True)
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lengths)
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(out).all()
     assert rel_err(out, ref) < 2e-3
@@ -75,7 +75,7 @@ def test_preset_matches_reference(name):
 def test_per_tensor_scales(name):
     """Checkpoint scales multiply every key and value (a constant, not a field)."""
     codec, q, ks, vs, wk, wv = _case(name, W=0, k_scale=0.25, v_scale=3.0)
-    out = decode_attention_tokens(q, ks, vs, codec)
+    out = decode_attention_fused(q, ks, vs, codec)
     assert rel_err(out, decode_attention_torch(q, ks, vs, codec)) < 2e-3
 
 
@@ -83,7 +83,7 @@ def test_per_tensor_scales(name):
 @pytest.mark.parametrize("d, dtype", [(128, torch.bfloat16), (32, torch.float16)])
 def test_head_dims_and_dtypes(name, d, dtype):
     codec, q, ks, vs, wk, wv = _case(name, d=d, B=1, G=7, T=70, W=8, seed=d, dtype=dtype)
-    out = decode_attention_tokens(q, ks, vs, codec, wk, wv)
+    out = decode_attention_fused(q, ks, vs, codec, wk, wv)
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
     assert out.dtype == dtype and rel_err(out, ref) < 8e-3
 
@@ -91,8 +91,8 @@ def test_head_dims_and_dtypes(name, d, dtype):
 def test_splits_agree():
     """One split or many: the merge by log-sum-exp gives the same attention."""
     codec, q, ks, vs, wk, wv = _case("vllm-int8-per-token-head", B=1, T=200, W=0)
-    one = decode_attention_tokens(q, ks, vs, codec, num_splits=1)
-    many = decode_attention_tokens(q, ks, vs, codec, num_splits=4)
+    one = decode_attention_fused(q, ks, vs, codec, num_splits=1)
+    many = decode_attention_fused(q, ks, vs, codec, num_splits=4)
     assert rel_err(one, many) < 1e-3
 
 
@@ -103,5 +103,5 @@ def test_dispatch_sends_presets_to_the_token_kernel():
     decision = decide_attention(q, codec, 2, "auto", device="cuda")
     assert decision.path == "triton" and decision.reason("lut") is not None
     out = decode_attention(q, ks, vs, codec, backend="triton")
-    torch.testing.assert_close(out, decode_attention_tokens(q, ks, vs, codec), rtol=0, atol=0)
+    torch.testing.assert_close(out, decode_attention_fused(q, ks, vs, codec), rtol=0, atol=0)
     assert "no per-token fused kernel" in supports(make_codec("kivi", 2, 64))

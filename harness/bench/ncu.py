@@ -1,11 +1,12 @@
 """``harness bench --ncu``: warp instructions and DRAM bytes of the decode kernels, from Nsight Compute.
 
-Per benchmark row, one child process (``python -m harness.bench_ncu child SPEC``) builds the
+Per benchmark row, one child process (:data:`CHILD`: :func:`child` of the row's SPEC) builds the
 row's inputs (random states of the codec's exact layout, as the benchmark times them) and launches
 each decode path once ('lut': ``lut_qprep`` where it runs, ``lut_split``, ``lut_combine``; 'triton':
-``_split_kernel`` + ``_combine_kernel``) under ``ncu --csv``, which reads :data:`METRICS` of those kernels only
-(``--kernel-name``; clocks left as they are: ``--clock-control none``). The parent parses ncu's
-CSV (:func:`parse_csv`) and sums the kernels of each path (:func:`per_path`):
+``_split_kernel`` + ``_combine_kernel``, the launcher :func:`harness.bench.inputs.triton_path` gives)
+under ``ncu --csv``, which reads :data:`METRICS` of those kernels only (``--kernel-name``; clocks
+left as they are: ``--clock-control none``). The parent parses ncu's CSV (:func:`parse_csv`) and
+sums the kernels of each path (:func:`per_path`):
 
 - ``inst_per_token_head`` = warp instructions executed (``smsp__inst_executed.sum``) over
   batch x KV heads x context tokens;
@@ -29,13 +30,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .inputs import random_state, triton_path
+
 METRICS = ("smsp__inst_executed.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 #: the kernels of each decode path (names as ncu prints them); a kernel not named here is not read
 PATH_KERNELS = {"lut": ("lut_qprep", "lut_split", "lut_combine"), "triton": ("_split_kernel", "_combine_kernel")}
 NOT_PERMITTED = "ERR_NVGPUCTRPERM"
 _SCALE = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _TIME_NS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9}
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
+#: the program ncu runs, with the row's SPEC (JSON) as its one argument
+CHILD = "import json, sys; from harness.bench.ncu import child; sys.exit(child(json.loads(sys.argv[1])))"
 
 
 def find_ncu() -> str | None:
@@ -159,8 +164,7 @@ def failure_note(returncode: int, text: str) -> str:
 def command(ncu: str, spec: dict) -> list[str]:
     kernels = "|".join(n for names in PATH_KERNELS.values() for n in names)
     return [ncu, "--csv", "--print-units", "base", "--clock-control", "none", "--metrics", ",".join(METRICS),
-            "--kernel-name", f"regex:^({kernels})$", sys.executable, "-m", "harness.bench_ncu", "child",
-            json.dumps(spec)]
+            "--kernel-name", f"regex:^({kernels})$", sys.executable, "-c", CHILD, json.dumps(spec)]
 
 
 def measure(spec: dict, timeout: float = 300.0) -> dict:
@@ -193,7 +197,6 @@ def child(spec: dict) -> int:
     """Inside ncu: build the row's inputs and launch each path once (nothing else is profiled)."""
     import torch
 
-    from harness.bench import random_state
     from kernels import make_codec
 
     dev = torch.device("cuda")
@@ -214,16 +217,8 @@ def child(spec: dict) -> int:
             cfg = spec.get("lut_config")
             decode_attention_lut(q, ks, vs, codec, wk, wv, **({"config": cfg} if cfg else {}))
         elif path == "triton":
-            from kernels.triton.decode_attention import _launch
-
-            _launch(q, ks, vs, codec, wk, wv, **spec.get("triton_kw", {}))
+            triton_path(codec)[1](q, ks, vs, codec, wk, wv, **spec.get("triton_kw", {}))
         else:
             raise SystemExit(f"unknown path {path!r}")
         torch.cuda.synchronize()
     return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "child":
-        raise SystemExit(child(json.loads(sys.argv[2])))
-    raise SystemExit("usage: python -m harness.bench_ncu child SPEC_JSON (run by harness bench --ncu)")

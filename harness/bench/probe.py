@@ -20,7 +20,7 @@ import torch
 from kernels import list_codecs, make_codec, private_generator
 from metrics.probe import cosine, ip_error, needle_mass, unit_mse
 
-from .rows import atomic_write, write_via
+from ..rows import atomic_write, write_via
 
 DEFAULT_BITS = (1, 2, 3, 4)
 NEEDLE_KEYS = 4096
@@ -153,7 +153,8 @@ def write_report(out: Path, result: dict) -> None:
              "estimator; true bits per coordinate are counted from the bytes each codec stores "
              "(norms, scales and zero points included). Lower bound: 4^-b at the true rate.", "",
              "## At nominal bits", "",
-             "| codec | bits | true bits/coord | unit MSE | 4^-true | cosine | IP error | needle mass (fp32) | needle top-1 |",
+             "| codec | bits | true bits/coord | unit MSE | 4^-true | cosine | IP error | needle mass (fp32) "
+             "| needle top-1 |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(table, key=lambda r: (r["bits"], r["unit_mse"])):
         lines.append(f"| {r['codec']} | {r['bits']} | {r['true_bits']:.3f} | {_fmt(r['unit_mse'])} | "
@@ -294,6 +295,3 @@ def main(argv=None) -> int:
           file=sys.stderr)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,7 +18,7 @@ def _ncu(r: dict, path: str, key: str, fmt: str, scale: float = 1.0) -> str:
     return NO_NCU if not isinstance(fig, dict) or fig.get(key) is None else format(fig[key] * scale, fmt)
 
 
-def _cells(r: dict) -> list[str]:
+def cells(r: dict) -> list[str]:
     """One row's cells in HEADER's order; GB/s, 'of copy', 'inst/tok' and 'ncu MB' are the path 'auto'
     takes (LUT where it runs); 'tri inst/tok' is the Triton kernel's."""
     auto = r.get("auto_path", "triton")
@@ -45,8 +45,8 @@ def ncu_notes(res: dict) -> list[str]:
     return [f"{NO_NCU} in the ncu columns ({', '.join(rows)}): {err}" for err, rows in notes.items()]
 
 
-def _row_line(r: dict) -> str:
-    c = _cells(r)
+def row_line(r: dict) -> str:
+    c = cells(r)
     return f"{c[0]:<11} {c[1]:>2} {c[2]:>5} {c[3]:<15} {c[4]} " + " ".join(f"{x:>7}" for x in c[5:])
 
 
@@ -86,7 +86,8 @@ def to_markdown(res: dict) -> str:
              f"`{res['command']}`", "",
              f"torch {res['torch']}, triton {res['triton']}; copy bandwidth {res['copy_bandwidth_Bps'] / 1e9:.0f} GB/s "
              "(read + write). Latency per decode step (CUDA-graph replay, median); 'triton' = the fused Triton "
-             "kernel, 'lut' = the table-lookup CUDA kernel (OCTOPUS, TurboQuant-MSE and their QJL forms; what backend 'auto' runs where it applies); "
+             "kernel, 'lut' = the table-lookup CUDA kernel (OCTOPUS, TurboQuant-MSE and their QJL forms; what "
+             "backend 'auto' runs where it applies); "
              "'x sdpa' = that kernel / bf16 SDPA (flash) on the uncompressed cache; 'x deq' = the 'auto' path / "
              "(PyTorch decode + SDPA); MB/step = compulsory bytes (compressed states + native window + query); "
              "floor = MB/step / copy bandwidth; GB/s and 'of copy' = achieved bandwidth of the 'auto' path "
@@ -97,12 +98,13 @@ def to_markdown(res: dict) -> str:
              "workspace), next to the size a full-precision key tensor would take.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in res["rows"]:
-        lines.append("| " + " | ".join(_cells(r)) + " |")
+        lines.append("| " + " | ".join(cells(r)) + " |")
     lines += [""] + ncu_notes(res)
     fixed = fixed_costs(res["rows"])
     if fixed:
         lines += ["", "## Fixed cost (the time at the shortest context timed)", "",
-                  "| shape | B | ctx | codec | b | sdpa us | triton us | lut us | floor us |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| shape | B | ctx | codec | b | sdpa us | triton us | lut us | floor us |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in fixed:
             lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['codec']} | {r['bits']} | "
                          f"{r['sdpa_us']:.1f} | {_f(r['fused_us'], '.1f')} | {_f(r.get('lut_us'), '.1f')} | "
@@ -111,7 +113,8 @@ def to_markdown(res: dict) -> str:
     if tgt:
         lines += ["", "## Targets (OCTOPUS, context >= 32k, the path 'auto' takes): latency <= 0.5x SDPA at 2-3 "
                   "bits (0.7x at 4) and >= 60% of copy bandwidth at 2-3 bits", "",
-                  "| shape | B | ctx | bits | path | x sdpa | meets | of copy | meets |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| shape | B | ctx | bits | path | x sdpa | meets | of copy | meets |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in tgt:
             bw = "-" if "meets_bw" not in r else ("yes" if r["meets_bw"] else "no")
             lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['bits']} | "
@@ -119,21 +122,25 @@ def to_markdown(res: dict) -> str:
                          f"{'yes' if r['meets_ratio'] else 'no'} | {r['frac_of_copy_bw']:.2f} | {bw} |")
     rel = as_fast_as(res["rows"])
     if rel:
-        lines += ["", "## At least as fast as (same bits, the paths 'auto' takes): time / the other codec's time <= 1", "",
+        lines += ["", "## At least as fast as (same bits, the paths 'auto' takes): time / the other codec's time "
+                  "<= 1", "",
                   "| shape | B | ctx | bits | codec (path) | us | x sdpa | vs (path) | us | x sdpa | ratio | meets |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for x in rel:
-            lines.append(f"| {x['shape']} | {x['batch']} | {x['context'] // 1024}k | {x['bits']} | {x['codec']} ({x['path']}) | "
+            lines.append(f"| {x['shape']} | {x['batch']} | {x['context'] // 1024}k | {x['bits']} | "
+                         f"{x['codec']} ({x['path']}) | "
                          f"{x['us']:.1f} | {x['x_sdpa']:.3f} | {x['ref']} ({x['ref_path']}) | {x['ref_us']:.1f} | "
                          f"{x['ref_x_sdpa']:.3f} | {x['ratio']:.3f} | {'yes' if x['ratio'] <= 1 else 'no'} |")
     cmp_rows = [r for r in res["rows"] if r.get("lut_compare_us") is not None]
     if cmp_rows:
         lines += ["", f"## Table-lookup kernel against the variant {res['config'].get('lut_compare')} (same rows, "
                   "same process)", "",
-                  "| shape | B | ctx | codec | b | sdpa us | lut us | variant us | lut x sdpa | variant x sdpa | lut / variant |",
+                  "| shape | B | ctx | codec | b | sdpa us | lut us | variant us | lut x sdpa | variant x sdpa "
+                  "| lut / variant |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in cmp_rows:
-            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['codec']} | {r['bits']} | {r['sdpa_us']:.1f} | "
+            lines.append(f"| {r['shape']} | {r['batch']} | {r['context'] // 1024}k | {r['codec']} | {r['bits']} | "
+                         f"{r['sdpa_us']:.1f} | "
                          f"{r['lut_us']:.1f} | {r['lut_compare_us']:.1f} | {r['lut_ratio_vs_sdpa']:.3f} | "
                          f"{r['lut_compare_ratio_vs_sdpa']:.3f} | {r['lut_us'] / r['lut_compare_us']:.3f} |")
     if res.get("lut_refused"):
@@ -145,7 +152,8 @@ def to_markdown(res: dict) -> str:
                   f"{lut.get('smem')} B shared"]
     if res["encode"]:
         lines += ["", "## Encode throughput (4 KV heads, d=128, bf16 keys)", "",
-                  "| codec | bits | fused M vec/s | torch M vec/s | speedup | bytes equal |", "|---|---|---|---|---|---|"]
+                  "| codec | bits | fused M vec/s | torch M vec/s | speedup | bytes equal |",
+                  "|---|---|---|---|---|---|"]
         for e in res["encode"]:
             lines.append(f"| {e['codec']} | {e['bits']} | {e['fused_vec_per_s'] / 1e6:.1f} | "
                          f"{e['torch_vec_per_s'] / 1e6:.2f} | {e['speedup']:.0f}x | {e['bytes_equal_frac']} |")

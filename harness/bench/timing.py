@@ -29,9 +29,7 @@ def copy_bandwidth(dev, nbytes: int = 1 << 30, rep_ms: int = 200) -> float:
         return _host_copy_bandwidth(nbytes // 4)
     x = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).uniform_()
     y = torch.empty_like(x)
-    t = time_graph(lambda: y.copy_(x), rep_ms)
-    del x, y
-    return 2 * nbytes / t
+    return 2 * nbytes / time_graph(lambda: y.copy_(x), rep_ms)
 
 
 def _host_copy_bandwidth(nbytes: int, reps: int = 7) -> float:

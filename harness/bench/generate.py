@@ -2,7 +2,8 @@
 cache, beside the memory roofline. On CUDA the steps are replayed from a CUDA graph
 (:mod:`adapters.graphed_decode`) where the cache allows, as the harness's rollouts run them; the row's
 ``decode`` says 'graphed' or why they ran eagerly (``--graphs off``: ``model.generate``'s eager steps;
-``--graphs generate``: ``model.generate`` with its decode steps replayed, :class:`adapters.graphed_decode.GraphedForward`).
+``--graphs generate``: ``model.generate`` with its decode steps replayed,
+:class:`adapters.graphed_decode.GraphedForward`).
 
     harness bench --generate                                   # random Qwen2.5-7B shape, 32k context, CUDA
     harness bench --generate --contexts 32k,128k --batches 1,max
@@ -23,7 +24,7 @@ it takes at least (weight bytes + cache bytes) / copy bandwidth, and
 leave out an input embedding the output does not share (a lookup reads B of its rows); cache bytes
 per step are those the cache holds after the last step (what that step read: codec states, native
 window and layers); the copy bandwidth is a device-to-device copy of a large tensor measured in the
-same process (bytes read + written per second, :func:`harness.bench_timing.copy_bandwidth`).
+same process (bytes read + written per second, :func:`harness.bench.timing.copy_bandwidth`).
 """
 from __future__ import annotations
 
@@ -38,13 +39,16 @@ import torch
 from adapters.hf_compat import cache_kwargs
 from adapters.rollout_clock import wall
 
+from .inputs import parse_ctx
+from .timing import copy_bandwidth
+
 QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                  num_key_value_heads=4, vocab_size=152064, max_position_embeddings=131072, rope_theta=1e6)
 TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=1000, max_position_embeddings=4096)
 TINY_MAX_CONTEXT = 1024  # --tiny: contexts are cut to this
-HEADER = ("ctx", "B", "cache", "backend", "steps", "decode tok/s", "vs native", "cache MiB", "native MiB", "roofline tok/s",
-          "of roofline", "prefill s", "peak GiB")
+HEADER = ("ctx", "B", "cache", "backend", "steps", "decode tok/s", "vs native", "cache MiB", "native MiB",
+          "roofline tok/s", "of roofline", "prefill s", "peak GiB")
 
 
 class StepClock:
@@ -58,7 +62,8 @@ class StepClock:
         return scores
 
 
-def generate(model, ids, cache, n_new, **kw):
+def greedy_generate(model, ids, cache, n_new, **kw):
+    """``model.generate`` of exactly ``n_new`` greedy tokens after ``ids`` [B, T] through ``cache``."""
     # an explicit all-ones mask: generate would otherwise infer padding from pad_token_id, masking
     # every random id that happens to equal it (and a masked step cannot take the fused kernel)
     return model.generate(ids, attention_mask=torch.ones_like(ids), **cache_kwargs(model, cache), max_new_tokens=n_new,
@@ -72,7 +77,7 @@ def timed_generate(model, ids, cache, n_new, device, steps: list | None = None):
 
     clock = StepClock(device)
     t0 = wall(clock.devices)
-    out = generate(model, ids, cache, n_new, logits_processor=LogitsProcessorList([clock]))
+    out = greedy_generate(model, ids, cache, n_new, logits_processor=LogitsProcessorList([clock]))
     t = clock.times
     if steps is not None:
         steps[:] = [b - a for a, b in zip([t0] + t[:-1], t)]
@@ -116,7 +121,7 @@ def prefilled(model, ids, make_cache, batch: int, device):
     (the context plus its first generated token, per sequence). -> (cache, ids, prefill seconds)."""
     cache = make_cache()
     t0 = wall([device])
-    out = generate(model, ids, cache, 1)
+    out = greedy_generate(model, ids, cache, 1)
     prefill_s = wall([device]) - t0
     repeat_batch(cache, batch)
     return cache, out.repeat(batch, 1), prefill_s
@@ -223,14 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> dict:
     """-> {device, copy_bandwidth_Bps, weight_bytes, rows: one dict per (context, batch, cache)}."""
     from adapters.hf_cache import attach
-    from harness.bench import _parse_ctx
-    from harness.bench_timing import copy_bandwidth
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("harness bench --generate: no CUDA device here; pass --device cpu (with --tiny)")
     shape = TINY if args.tiny else QWEN25_7B
-    contexts = [_parse_ctx(c) for c in args.contexts.split(",") if c.strip()]
+    contexts = [parse_ctx(c) for c in args.contexts.split(",") if c.strip()]
     contexts = list(dict.fromkeys(min(c, TINY_MAX_CONTEXT) if args.tiny else c for c in contexts))
     if not contexts or min(contexts) < 1 or args.new_tokens < 2:
         raise ValueError("harness bench --generate: give contexts >= 1 token and --new-tokens >= 2 (the first "
@@ -252,7 +255,7 @@ def run(args) -> dict:
         for context in contexts:
             for batch in resolve_batches(args.batches, shape, context + args.new_tokens + 1, device, args.reserve_gib):
                 for label, backend, make in runs:
-                    row = _measure(model, ids[:, :context], make, batch, args.new_tokens, device, result, graphs)
+                    row = decode_row(model, ids[:, :context], make, batch, args.new_tokens, device, result, graphs)
                     row.update(cache=label, backend=backend)
                     result["rows"].append(row)
                     print(json.dumps(row), flush=True)
@@ -263,7 +266,7 @@ def run(args) -> dict:
     return result
 
 
-def _measure(model, ids, make, batch: int, new_tokens: int, device, result: dict, graphs: str = "off") -> dict:
+def decode_row(model, ids, make, batch: int, new_tokens: int, device, result: dict, graphs: str = "off") -> dict:
     """One (context, batch, cache): prefill, repeat, time the decode (graphed where ``graphs`` ('auto'
     or 'generate', ``--graphs``) and the cache allows: the row's 'decode' says which); its cache and roofline."""
     from adapters.graphed_decode import GraphedForward, why_not

@@ -1,0 +1,102 @@
+"""One registry for codecs, models, tasks and metrics, and the modalities they share.
+
+A :class:`Registry` maps names to entries (a codec class, a model's spec, a task class, a metric).
+The entries register themselves, by decorators in the modules of one package, which
+:meth:`Registry.discover` imports once before the first lookup: a new entry is a new module,
+never a line in a hand-kept list. A name registers once (the error names both definers); an
+unknown name is an error that lists what exists, and the modules that could not be imported for a
+missing optional dependency.
+
+This package imports nothing of ours: ``kernels``, ``adapters``, ``harness`` and ``metrics`` all
+use it, and it may depend on none of them.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Generic, TypeVar
+
+#: what a model generates and a task scores, in the order reports list them. 'probe' is a codec
+#: measured alone on synthetic vectors (``harness probe``): it has metrics, but no model has it.
+#: A task files its media under ``RUN/<its modality>/`` (harness.run_folder.RUN_DIRS).
+MODALITIES = ("text", "video", "audio", "probe")
+
+#: our own top-level packages: an ImportError that names one of them is a bug, never a missing
+#: optional dependency
+OURS = ("kernels", "adapters", "harness", "metrics", "registry")
+
+T = TypeVar("T")
+
+
+def definer(obj) -> str:
+    """``module.QualName`` of a class or function: who registered an entry."""
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def import_modules(package: str, unavailable: dict[str, str], subpackages: bool = True) -> None:
+    """Import every module of ``package`` not named ``_*`` (and its subpackages where ``subpackages``).
+    A module that fails for a missing third-party package is recorded in ``unavailable`` (module
+    name -> why) instead of breaking the others; one that fails on our own code raises."""
+    own = OURS + (package.split(".")[0],)
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        if info.name.startswith("_") or (info.ispkg and not subpackages):
+            continue
+        try:
+            importlib.import_module(f"{package}.{info.name}")
+        except ImportError as e:
+            missing = getattr(e, "name", None) or ""
+            if missing.split(".")[0] in own:
+                raise
+            unavailable[info.name] = f"needs '{missing or e}' ({e})"
+
+
+class Registry(Generic[T]):
+    """Entries of one ``kind`` ('codec', 'model', ...) by name.
+
+    ``package``: the package whose modules register the entries (None: registered by hand);
+    ``subpackages``: whether discovery imports its subpackages too. ``entries`` is a plain dict
+    (what ``CODECS``, ``MODELS``, ``TASKS`` and ``METRICS`` are); ``unavailable`` maps the modules
+    that could not be imported to why.
+    """
+
+    def __init__(self, kind: str, package: str | None = None, subpackages: bool = True):
+        self.kind, self.package, self.subpackages = kind, package, subpackages
+        self.entries: dict[str, T] = {}
+        self.unavailable: dict[str, str] = {}
+        self._by: dict[str, str] = {}  # name -> who registered it, for the duplicate error
+        self._discovered = False
+
+    def add(self, name: str, entry: T, by: str | None = None) -> T:
+        """Register ``entry`` as ``name``; ``by`` names the definer (default: ``entry``'s own
+        module and name). A second registration of ``name`` raises and changes nothing."""
+        by = by or definer(entry)
+        if name in self.entries:
+            raise ValueError(f"{self.kind} '{name}' registered twice: by {self._by.get(name, '?')} and by {by}")
+        self.entries[name] = entry
+        self._by[name] = by
+        return entry
+
+    def discover(self) -> None:
+        """Import the modules of ``package``, once (see :func:`import_modules`)."""
+        if self.package is None or self._discovered:
+            return
+        self._discovered = True  # first: a module being imported may look a name up
+        try:
+            import_modules(self.package, self.unavailable, self.subpackages)
+        except BaseException:
+            self._discovered = False  # a bug in a module: the next lookup raises it again
+            raise
+
+    def get(self, name: str) -> T:
+        """The entry ``name``; an unknown name raises "Unknown <kind> 'x'. Available: a, b"."""
+        self.discover()
+        if name not in self.entries:
+            extra = "".join(f"; '{m}' is unavailable: {why}" for m, why in sorted(self.unavailable.items()))
+            raise ValueError(f"Unknown {self.kind} '{name}'. Available: "
+                             f"{', '.join(sorted(self.entries)) or '(none)'}{extra}")
+        return self.entries[name]
+
+    def all(self) -> dict[str, T]:
+        """Every entry, sorted by name."""
+        self.discover()
+        return dict(sorted(self.entries.items()))
