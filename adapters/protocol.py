@@ -12,12 +12,10 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
-from registry import MODALITIES
+from registry import NO_MODEL
 
 from .kv_cache import CacheConfig
 
-#: a model's modality: any of :data:`registry.MODALITIES` but 'probe', a codec measured alone (no model)
-MODEL_MODALITIES = tuple(m for m in MODALITIES if m != "probe")
 WINDOW_UNITS = ("token", "append")
 
 
@@ -67,7 +65,8 @@ class CachePolicy:
 
 
 class ModelAdapter(ABC):
-    """The contract of a loaded model. Subclasses set ``modality`` (one of :data:`MODEL_MODALITIES`) and
+    """The contract of a loaded model. Subclasses set ``modality`` (one its metrics module declares:
+    :data:`registry.MODALITIES`, checked when a run resolves) and
     ``name`` (the registered name, an attribute or a property) and implement ``geometry``,
     ``describe`` and ``cache_policy``."""
 
@@ -76,9 +75,8 @@ class ModelAdapter(ABC):
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
-        if cls.modality and cls.modality not in MODEL_MODALITIES:
-            raise ValueError(f"{cls.__name__}: unknown modality '{cls.modality}'. "
-                             f"Available: {', '.join(MODEL_MODALITIES)}")
+        if cls.modality == NO_MODEL:
+            raise ValueError(f"{cls.__name__}: '{NO_MODEL}' measures a codec alone; a model generates something")
 
     @property
     @abstractmethod

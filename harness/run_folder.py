@@ -21,9 +21,6 @@ RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "report.html", "plotly.m
 RUN_PATTERNS = (r"(rows|speed|timings)\.shard-\d+-of-\d+\.jsonl",
                 "(" + "|".join(re.escape(f) for f in RUN_FILES) + r")\.\d+\.tmp",
                 r"\.[A-Za-z0-9._-]+\.\d+\.tmp\.(png|html|js|md)")  # rows.write_via's, for a plot or a page
-#: baselines, the tasks' media (a task files them under its modality's folder: video/, audio/) and
-#: submitit's files: folders only the harness writes into (its namespaces in a run folder)
-RUN_DIRS = ("baselines", *MODALITIES, "slurm")
 #: `harness launch`'s per-shard logs: only these files of logs/ are the harness's (the folder goes once empty)
 LOG_PATTERN = r"shard-\d+-of-\d+\.log"
 
@@ -132,6 +129,15 @@ def is_run_file(name: str, plots: set[str] | frozenset = frozenset()) -> bool:
     return name in RUN_FILES or name in plots or any(re.fullmatch(p, name) for p in RUN_PATTERNS)
 
 
+def run_dirs() -> tuple[str, ...]:
+    """The folders only the harness writes into (its namespaces in a run folder): baselines, the tasks' media
+    (a task files them under its modality's folder: video/, audio/) and submitit's files."""
+    from metrics import list_metrics
+
+    list_metrics()  # every metrics module imported: each declares its modality
+    return ("baselines", *sorted(MODALITIES), "slurm")
+
+
 def wipe(out: Path) -> None:
     """--fresh: delete the run files of ``out`` (claimed by ``claim_out``; live writers refused): the
     files the harness writes, by exact name or pattern, and its own folders; never another file."""
@@ -139,7 +145,7 @@ def wipe(out: Path) -> None:
     for p in out.iterdir():
         if (p.is_file() or p.is_symlink()) and is_run_file(p.name, plots):
             p.unlink(missing_ok=True)
-    for name in RUN_DIRS:
+    for name in run_dirs():
         if (out / name).is_symlink():  # a link is removed, never followed
             (out / name).unlink()
         else:

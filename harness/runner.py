@@ -70,6 +70,7 @@ def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
     for note in config.validate():
         log(note)
     spec = get_model(config.model)
+    check_modality(spec)
     if config.device_map and "device_map" not in inspect.signature(spec.load).parameters:
         raise RunError(f"--device-map {config.device_map}: model '{config.model}' ({spec.modality}) loads on one "
                        f"device; leave --device-map out")
@@ -369,3 +370,16 @@ def _baselines(task, name: str, model, batch: list, seed: int, out: Path) -> lis
         write_via(path, lambda p, b=baseline: task.save_baseline(b, p),
                   path.with_name(f"{path.name}.{os.getpid()}.tmp"))
     return baselines
+
+
+def check_modality(spec) -> None:
+    """A model's modality must be one a metrics module declares (registry.MODALITIES), and not the probe's."""
+    from metrics import list_metrics
+    from metrics.registry import REGISTRY as METRICS
+    from registry import MODALITIES, NO_MODEL
+
+    list_metrics()  # every metrics module imported: each declares its modality
+    if spec.modality not in MODALITIES or spec.modality == NO_MODEL:
+        missing = f"; metrics modules not importable here: {METRICS.unavailable}" if METRICS.unavailable else ""
+        raise RunError(f"model '{spec.name}' has modality '{spec.modality}', which no metrics module declares "
+                       f"(declared: {', '.join(sorted(set(MODALITIES) - {NO_MODEL}))}){missing}")

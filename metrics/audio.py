@@ -22,8 +22,12 @@ import math
 import numpy as np
 import torch
 
+from registry import declare_modality
+
 from . import shared  # noqa: F401  (defines kl, top1_agree and latent_cos, implemented here for audio)
 from .registry import register_metric
+
+MODALITY = declare_modality("audio")  # before any metric of it registers
 
 POWER_FLOOR = 1e-10
 MEL_FLOOR = 1e-5

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import torch
 
+from registry import declare_modality
+
 from .registry import register_metric
+
+MODALITY = declare_modality("probe")  # before any metric of it registers
 
 
 @register_metric("unit_mse", "probe", higher_is_better=False,

@@ -59,7 +59,8 @@ def register_metric(name: str, modality: str, **definition):
     keywords of :func:`define_metric`) it also declares the metric; without, the metric must
     already be defined (by :mod:`metrics.shared`). One implementation per (name, modality)."""
     if modality not in MODALITIES:
-        raise ValueError(f"metric '{name}': unknown modality '{modality}'. Allowed: {', '.join(MODALITIES)}")
+        raise ValueError(f"metric '{name}': unknown modality '{modality}'. Declared (by the metrics modules): "
+                         f"{', '.join(sorted(MODALITIES))}")
     if not definition and name not in METRICS:
         raise ValueError(f"metric '{name}' is not defined; pass higher_is_better=... (and scale, display) "
                          f"or define it in metrics/shared.py. Defined: {', '.join(sorted(METRICS))}")

@@ -15,8 +15,12 @@ import re
 
 import torch
 
+from registry import declare_modality
+
 from . import shared  # noqa: F401  (defines kl and top1_agree, implemented here for text)
 from .registry import register_metric
+
+MODALITY = declare_modality("text")  # before any metric of it registers
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from registry import declare_modality
+
 from . import shared  # noqa: F401  (defines latent_cos, implemented here for video)
 from .registry import register_metric
+
+MODALITY = declare_modality("video")  # before any metric of it registers
 
 DATA_RANGE = 2.0  # frames live in [-1, 1]
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"  # torchvision's AlexNet_Weights.IMAGENET1K_V1

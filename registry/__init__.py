@@ -16,16 +16,26 @@ import importlib
 import pkgutil
 from typing import Generic, TypeVar
 
-#: what a model generates and a task scores, in the order reports list them. 'probe' is a codec
-#: measured alone on synthetic vectors (``harness probe``): it has metrics, but no model has it.
-#: A task files its media under ``RUN/<its modality>/`` (harness.run_folder.RUN_DIRS).
-MODALITIES = ("text", "video", "audio", "probe")
+#: what a model generates and a task scores, each declared by its metrics module (``metrics/<modality>.py``
+#: calls :func:`declare_modality` before it registers a metric), so a new modality is its three files (model,
+#: task, metrics) and no list elsewhere. A task files its media under ``RUN/<its modality>/``
+#: (harness.run_folder.run_dirs). :data:`NO_MODEL` is a codec measured alone on synthetic vectors (``harness
+#: probe``): it has metrics, but no model has it.
+MODALITIES: list[str] = []
+NO_MODEL = "probe"
 
 #: our own top-level packages: an ImportError that names one of them is a bug, never a missing
 #: optional dependency
 OURS = ("kernels", "adapters", "harness", "metrics", "registry")
 
 T = TypeVar("T")
+
+
+def declare_modality(name: str) -> str:
+    """Add ``name`` to :data:`MODALITIES` (once): what a modality's metrics module does first."""
+    if name not in MODALITIES:
+        MODALITIES.append(name)
+    return name
 
 
 def definer(obj) -> str:

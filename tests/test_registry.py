@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import MODALITIES, OURS, Registry
+from registry import MODALITIES, NO_MODEL, OURS, Registry, declare_modality
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,16 +98,19 @@ def test_an_import_error_in_our_own_code_raises(toy_package, body):
     assert "buggy" not in r.unavailable
 
 
-def test_modalities_are_defined_once():
-    from adapters.protocol import MODEL_MODALITIES
-    from harness.run_folder import RUN_DIRS
+def test_modalities_are_declared_once_by_their_metrics_modules():
+    from adapters import list_models
+    from harness.run_folder import run_dirs
     from metrics.registry import REGISTRY as METRICS
 
-    assert MODALITIES == ("text", "video", "audio", "probe")
-    assert MODEL_MODALITIES == ("text", "video", "audio")  # a probe measures a codec alone: no model has it
-    assert set(MODALITIES) <= set(RUN_DIRS)  # a task files its media under its modality's folder
     modalities = {m for metric in METRICS.all().values() for m in metric.modalities}
-    assert modalities == set(MODALITIES)
+    assert sorted(MODALITIES) == sorted(modalities) == ["audio", "probe", "text", "video"]
+    assert len(MODALITIES) == len(set(MODALITIES))  # each once, whoever declares it again
+    assert set(MODALITIES) <= set(run_dirs())  # a task files its media under its modality's folder
+    assert {s.modality for s in list_models().values()} == set(MODALITIES) - {NO_MODEL}  # no model is a probe
+    import metrics.audio
+
+    assert metrics.audio.MODALITY == "audio" and declare_modality("audio") == "audio" and MODALITIES.count("audio") == 1
 
 
 def test_the_registry_imports_nothing_of_ours():

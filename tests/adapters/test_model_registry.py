@@ -61,9 +61,17 @@ def test_a_duplicate_name_is_rejected(empty_registry):
     assert empty_registry.REGISTRY.entries["twice"].load is first
 
 
-def test_an_unknown_modality_is_rejected(empty_registry):
-    with pytest.raises(ValueError, match=r"unknown modality 'smell'. Available: text, video, audio"):
-        empty_registry.register_model("nose", modality="smell")
+def test_a_model_of_the_probe_or_of_an_undeclared_modality_is_refused(empty_registry):
+    from harness.config import RunError
+    from harness.runner import check_modality
+
+    with pytest.raises(ValueError, match="'probe' measures a codec alone"):
+        empty_registry.register_model("prober", modality="probe")
+    empty_registry.register_model("nose", modality="smell")(lambda path=None, device="auto", dtype="auto": None)
+    # its modality is checked when a run resolves, once every metrics module has declared its own
+    with pytest.raises(RunError, match=r"model 'nose' has modality 'smell', which no metrics module declares "
+                                       r"\(declared: audio, text, video\)"):
+        check_modality(empty_registry.REGISTRY.entries["nose"])
 
 
 def test_cache_policy_applies_window_and_protection():

@@ -36,7 +36,8 @@ def test_duplicates_and_unknowns_are_rejected():
         register_metric("kl", "text")(lambda a, b: 0.0)
     with pytest.raises(ValueError, match="metric 'bleu' is not defined"):
         register_metric("bleu", "text")
-    with pytest.raises(ValueError, match="unknown modality 'image'. Allowed: text, video, audio, probe"):
+    with pytest.raises(ValueError, match=r"unknown modality 'image'. Declared \(by the metrics modules\): "
+                                         r"audio, probe, text, video"):
         register_metric("kl", "image")
     with pytest.raises(ValueError, match="unknown scale 'ln'. Allowed: linear, log, dB"):
         define_metric("test-ln", higher_is_better=True, scale="ln")
