@@ -1,6 +1,6 @@
 """``harness``: run codecs against the uncompressed baseline, compare runs, list what exists.
 
-  harness run                                   the default sweep: smollm2-135m, perplexity + needle,
+  harness run                                   the default sweep: smollm2-135m, perplexity (KL to the baseline),
                                                 8 codecs at 2, 3, 4 bits, plus the baseline
   harness run --model smollm2-135m --codec octopus --bits 2
   harness run --model hf --model-path DIR --codec octopus qjl --bits 3 4 --task perplexity --prompts wikitext2
