@@ -24,64 +24,15 @@ import importlib
 import os
 import sys
 import typing
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING
 
-from tyro.conf import Positional, arg
-
-from harness.config import PRESETS, RunConfig, with_preset
-from harness.flags import nest, parse
-
-Preset = Literal[tuple(PRESETS)]
-
-
-@dataclass
-class RunCommand:
-    """``harness run``: the run's configuration and where it goes."""
-
-    config: RunConfig
-    preset: Annotated[Preset, arg(
-        help="'default': the quick sweep (every codec; minutes on a CPU); 'full': the paper-sized sweep (perplexity "
-        "at 1,024 tokens and needles, 5 codec seeds; hours on a CPU); 'deployed': the KV caches engines deploy, "
-        "beside OCTOPUS and TurboQuant-MSE; 'ruler': the needle task with RULER's niah defaults (4 needles, 128 "
-        "answer tokens, string_match_all). Flags given replace the preset's values")] = "default"
-    out: Annotated[Path | None, arg(
-        help="run folder (default reports/<model>-<config hash>; reruns resume)", metavar="DIR")] = None
-    fresh: Annotated[bool, arg(help="discard what --out holds and start over")] = False
-    quiet: Annotated[bool, arg(help="no progress bars")] = False
-    shard: Annotated[str | None, arg(
-        help="run shard I of N (0-based) of the run's prompts, in the same --out as the other shards; the last to "
-        "end merges (default: from RANK/WORLD_SIZE or SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT where set, else "
-        "the whole run)", metavar="I/N")] = None
-
-
-def parse_run(argv: list[str], prog: str = "harness run") -> RunCommand:
-    """``harness run``'s arguments: the preset's values under the flags given (task and codec options merge per
-    option; the preset's options of a task the flags leave out of the run go)."""
-    preset = _preset(argv)
-    base = RunConfig(**with_preset(preset, {}))
-    cmd = parse(RunCommand, argv, prog=prog, description=RunCommand.__doc__,
-                default=RunCommand(config=base, preset=preset))
-    c = cmd.config
-    c.task_options, given_tasks = nest(c.task_options)
-    c.codec_options, _ = nest(c.codec_options)
-    if c.tasks != base.tasks:  # tasks given: a preset's options of a task left out go
-        c.task_options = {t: o for t, o in c.task_options.items() if t in c.tasks or t in given_tasks}
-    return cmd
-
-
-def _preset(argv: list[str]) -> str:
-    """``--preset``'s value (checked by the parse proper), read first: it gives every other flag's default."""
-    for i, a in enumerate(argv):
-        if a == "--preset" and i + 1 < len(argv):
-            return argv[i + 1] if argv[i + 1] in PRESETS else "default"
-        if a.startswith("--preset="):
-            return a.partition("=")[2] if a.partition("=")[2] in PRESETS else "default"
-    return "default"
+if TYPE_CHECKING:
+    from harness.commands import CompareCommand, ListCommand, ReportCommand
 
 
 def cmd_run(argv: list[str]) -> int:
+    from harness.commands import parse_run
     from harness.runner import run
     from harness.shard import Shard, pin_local_gpu
 
@@ -91,30 +42,6 @@ def cmd_run(argv: list[str]) -> int:
     out = run(cmd.config, out=cmd.out, fresh=cmd.fresh, progress=not cmd.quiet, shard=shard)
     print(f"report: {out / 'report.md'} and {out / 'report.html'}")
     return 0
-
-
-@dataclass
-class CompareCommand:
-    """``harness compare``: later runs against the first, paired per configuration (refused for other models or
-    prompts), and per-prompt tables."""
-
-    runs: Annotated[list[Path], Positional, arg(metavar="RUN")]
-    out: Annotated[Path | None, arg(help="write the markdown here instead of stdout", metavar="FILE")] = None
-    html: Annotated[Path | None, arg(
-        help="also write the comparison as an HTML page (plotly.min.js beside it; links to each run's report.html)",
-        metavar="PAGE")] = None
-
-
-@dataclass
-class ReportCommand:
-    """``harness report``: rebuild summary.json, report.md and report.html of a run (merging its shards' rows)."""
-
-    run: Annotated[Path, Positional, arg(metavar="RUN")]
-
-
-@dataclass
-class ListCommand:
-    """``harness list``: models, codecs (with bits and options), tasks (with options), metrics."""
 
 
 def cmd_compare(a: CompareCommand) -> int:
@@ -224,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0
+    from harness.commands import COMMANDS  # tyro and the configurations: only once a command needs them
+    from harness.flags import parse
+
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"harness: error: unknown command '{name}'; use one of {', '.join(COMMANDS)} (harness --help)",
@@ -239,8 +169,6 @@ def main(argv: list[str] | None = None) -> int:
         return error(name, e)
 
 
-#: the commands parsed here, each from its dataclass
-COMMANDS = {"run": RunCommand, "compare": CompareCommand, "report": ReportCommand, "list": ListCommand}
 #: the commands whose module parses its own arguments: the benchmarks and the probe, launch (its options, then
 #: ``--`` and the run's), lm-eval (its own command line, with the kvcodec model registered) and the lm-eval sweep
 DELEGATED = {"probe": "harness.bench.probe", "bench": "harness.bench", "launch": "harness.launch",

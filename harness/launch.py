@@ -25,7 +25,7 @@ from typing import Annotated
 
 from tyro.conf import arg, create_mutex_group
 
-from .cli import RunCommand, parse_run
+from .commands import RunCommand, parse_run
 from .config import RunConfig, RunError
 from .flags import parse
 from .lock import RunLock

@@ -8,7 +8,6 @@ import re
 import shutil
 from pathlib import Path
 
-from registry import MODALITIES
 
 from .config import RunConfig, RunError
 from .lock import LOCK_NAME, holder
@@ -132,10 +131,9 @@ def is_run_file(name: str, plots: set[str] | frozenset = frozenset()) -> bool:
 def run_dirs() -> tuple[str, ...]:
     """The folders only the harness writes into (its namespaces in a run folder): baselines, the tasks' media
     (a task files them under its modality's folder: video/, audio/) and submitit's files."""
-    from metrics import list_metrics
+    from metrics import modalities
 
-    list_metrics()  # every metrics module imported: each declares its modality
-    return ("baselines", *sorted(MODALITIES), "slurm")
+    return ("baselines", *modalities(), "slurm")
 
 
 def wipe(out: Path) -> None:

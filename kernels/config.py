@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from .base import Codec
 
 CODEC_CONFIG_VERSION = 1
+#: rows.jsonl's order of a codec config's fields (its base's fields come first in the dataclass)
+_JSON_ORDER = ("name", "bits", "head_dim", "seed", "layer", "num_heads", "value_bits", "value_group", "backend",
+               "options")
 
 
 def codec_options(name: str, given: Any = None, strings: bool = False):
@@ -84,8 +87,7 @@ class CodecConfig(CodecChoice):
 
     def to_json(self) -> dict:
         """Every field in the order rows.jsonl has always carried it, every option named."""
-        head = {k: getattr(self, k) for k in ("name", "bits", "head_dim", "seed", "layer", "num_heads", "value_bits",
-                                              "value_group", "backend")}
+        head = {k: getattr(self, k) for k in _JSON_ORDER if k != "options"}
         return {"version": CODEC_CONFIG_VERSION, **head, "options": options_json(self.options)}
 
     @classmethod

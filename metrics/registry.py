@@ -82,3 +82,9 @@ def get_metric(name: str) -> Metric:
 
 def list_metrics() -> dict[str, Metric]:
     return REGISTRY.all()
+
+
+def modalities() -> list[str]:
+    """Every modality, sorted: each is declared by its metrics module, so every module is imported first."""
+    REGISTRY.all()
+    return sorted(MODALITIES)

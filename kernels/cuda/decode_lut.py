@@ -284,13 +284,15 @@ def decode_attention_lut(q, key_state, value_state, codec, window_k=None, window
     return (out, lse) if return_lse else out
 
 
+_NO_WINDOW = window_params(k=0, v=0, lengths=0, k_stride=(0, 0, 0), v_stride=(0, 0, 0), has_lengths=0, tokens=0)
+
+
 def _window(window_k, window_v, window_lengths, dtype, B: int, dev):
     """The native window's :class:`kernels.cuda.lut_params.LutWindow` (keys and values in the query's
     dtype, last stride 1), or an empty one; and the tensors it points to, which the caller keeps until the
     kernels are launched (copies made here would otherwise go back to the allocator first)."""
     if window_k is None or window_k.shape[-2] == 0:
-        empty = window_params(k=0, v=0, lengths=0, k_stride=(0, 0, 0), v_stride=(0, 0, 0), has_lengths=0, tokens=0)
-        return empty, ()
+        return _NO_WINDOW, ()
     wk, wv = window_k, window_v
     if wk.dtype != dtype:
         wk = wk.to(dtype)

@@ -67,3 +67,11 @@ def test_json_field_names_unchanged():
     assert list(d) == ["version", "codec", "bits", "residual", "residual_unit", "protect", "value_bits",
                        "value_group", "seed", "attend", "backend", "options", "memo_decoded"]
     assert CacheConfig.from_json(d) == cc
+
+
+def test_the_json_names_every_field_once():
+    from dataclasses import fields
+
+    from adapters.cache_config import _JSON_ORDER, CacheConfig
+
+    assert sorted(_JSON_ORDER) == sorted(f.name for f in fields(CacheConfig))  # a new field cannot miss the JSON

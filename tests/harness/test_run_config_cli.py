@@ -9,7 +9,8 @@ from dataclasses import fields
 import pytest
 
 from adapters.kv_cache import CacheConfig
-from harness.cli import main, parse_run
+from harness.cli import main
+from harness.commands import parse_run
 from harness.config import DEFAULT_BITS, DEFAULT_CODECS, RunConfig, RunError
 
 

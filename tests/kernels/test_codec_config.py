@@ -82,3 +82,11 @@ def test_the_options_class_names_the_codec():
         codec_for(object())
     with pytest.raises(ValueError, match="takes its options as a dict or a"):  # another codec's options
         CodecConfig("kivi", 2, 64, options=octopus)
+
+
+def test_the_json_names_every_field_once():
+    from dataclasses import fields
+
+    from kernels.config import _JSON_ORDER, CodecConfig
+
+    assert sorted(_JSON_ORDER) == sorted(f.name for f in fields(CodecConfig))  # a new field cannot miss the JSON
