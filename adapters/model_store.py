@@ -111,7 +111,7 @@ def prepare_gguf(gguf: Path, dest: Path, progress: bool = True) -> Path:
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = dest.with_name(dest.name + ".partial")
+    tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")  # processes preparing it at once write their own
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     steps = ["tokenizer", "weights (de-quantize GGUF)", "save safetensors"]
@@ -130,6 +130,9 @@ def prepare_gguf(gguf: Path, dest: Path, progress: bool = True) -> Path:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         bar.update(1)
+    if is_prepared(dest):  # another process finished first: its preparation has the same bytes
+        shutil.rmtree(tmp, ignore_errors=True)
+        return dest
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)

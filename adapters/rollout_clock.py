@@ -20,7 +20,7 @@ keeps it out of rows.jsonl (timings differ from run to run).
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -29,20 +29,21 @@ def _cuda(devices: Iterable[torch.device]) -> list[torch.device]:
     return [d for d in devices if d.type == "cuda"]
 
 
-def wall(devices: Iterable[torch.device]) -> float:
-    """Seconds on the wall clock once the work queued on ``devices`` has ended (a sync per GPU)."""
+def wall(devices: Iterable[torch.device], clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds on the wall clock (``clock``) once the work queued on ``devices`` has ended (a sync per GPU)."""
     for d in _cuda(devices):
         torch.cuda.synchronize(d)
-    return time.perf_counter()
+    return clock()
 
 
 class RolloutClock:
     """Times one rollout. ``device``: where it runs; ``unit``: what its decode generates (a text
-    token, a latent frame, ...), for the rate's name."""
+    token, a latent frame, ...), for the rate's name; ``clock``: what reads the seconds (tests pass a fake)."""
 
-    def __init__(self, device, unit: str = "token"):
+    def __init__(self, device, unit: str = "token", clock: Callable[[], float] = time.perf_counter):
         self.devices = [torch.device(device)]
         self.unit = unit
+        self.clock = clock
         self.sequences = 1
         self.prefill_s: float | None = None
         self.prefill_shared = False
@@ -59,22 +60,22 @@ class RolloutClock:
             self.devices = list(dict.fromkeys(torch.device(d) for d in devices))
         for d in _cuda(self.devices):
             torch.cuda.reset_peak_memory_stats(d)
-        self._t0 = wall(self.devices)
+        self._t0 = wall(self.devices, self.clock)
 
     def prefill_done(self, shared_s: float | None = None) -> None:
         """After the prefill. ``shared_s``: where the prefill's forward ran once for several
         rollouts and was replayed into this cache, the seconds that forward took (measured, synced,
         when it ran): the prefill is then that forward plus this rollout's replay and encode."""
-        self.prefill_s = wall(self.devices) - self._t0 + (shared_s or 0.0)
+        self.prefill_s = wall(self.devices, self.clock) - self._t0 + (shared_s or 0.0)
         self.prefill_shared = shared_s is not None
 
     def decode_start(self) -> None:
-        self._t_decode = wall(self.devices)
+        self._t_decode = wall(self.devices, self.clock)
 
     def decode_done(self, units: int) -> None:
         """After the last decode step; ``units``: what the decode generated (every sequence's,
         the first token, which the prefill's logits give, not counted)."""
-        self.decode_s = wall(self.devices) - self._t_decode
+        self.decode_s = wall(self.devices, self.clock) - self._t_decode
         self.decode_units = int(units)
 
     def stop(self) -> None:

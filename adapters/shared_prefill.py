@@ -16,6 +16,7 @@ took to its own prefill (:meth:`adapters.rollout_clock.RolloutClock.prefill_done
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable, TypeVar
 
 import torch
@@ -36,10 +37,11 @@ def same_key(a, b) -> bool:
 
 
 class SharedPrefill:
-    """The last first step computed, with its key and the seconds it took."""
+    """The last first step computed, with its key and the seconds it took (read from ``clock``)."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self._entry: tuple[tuple, object, float] | None = None
+        self._clock = clock
 
     def get(self, key: tuple, compute: Callable[[], T], devices: Iterable[torch.device]) -> tuple[T, float | None]:
         """(value, shared_s): the value stored under ``key``, else ``compute()``'s (the last entry
@@ -49,9 +51,9 @@ class SharedPrefill:
             return self._entry[1], self._entry[2]
         self.release()
         devices = list(devices)
-        t0 = wall(devices)
+        t0 = wall(devices, self._clock)
         value = compute()
-        self._entry = (key, value, wall(devices) - t0)
+        self._entry = (key, value, wall(devices, self._clock) - t0)
         return value, None
 
     def release(self) -> None:

@@ -28,6 +28,16 @@ HEARTBEAT_S = 30.0
 STALE_S = 600.0
 
 
+def _pause(seconds: float) -> None:
+    """How :meth:`RunLock.acquire` waits between tries (tests inject one that acts instead of sleeping)."""
+    time.sleep(seconds)
+
+
+def _next_beat(stop: threading.Event, seconds: float) -> bool:
+    """Wait for the next heartbeat; True once the lock is released (tests inject one driven by events)."""
+    return stop.wait(seconds)
+
+
 class RunLocked(ValueError):
     """Another live process writes this run folder."""
 
@@ -113,7 +123,7 @@ class RunLock:
                 return
             if who[2] not in BRIEF_ROLES or time.monotonic() >= deadline:
                 break
-            time.sleep(0.05)
+            _pause(0.05)
         raise RunLocked(f"{self.path.parent} is being written by {describe(who)} (lock "
                         f"{self.path}); wait for it to finish or pass another --out (delete the lock only if "
                         f"that process is gone)")
@@ -123,7 +133,7 @@ class RunLock:
         self._stop = stop = threading.Event()
 
         def beat():
-            while not stop.wait(HEARTBEAT_S):
+            while not _next_beat(stop, HEARTBEAT_S):
                 try:
                     os.utime(self.path)
                 except OSError:

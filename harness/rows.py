@@ -135,7 +135,7 @@ def _open_file(path: Path, flags: int) -> int:
     something users copy and share, and a link planted in one must not make the harness write outside it."""
     try:
         return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
-    except OSError as e:
+    except OSError:
         if Path(path).is_symlink():
             raise UnsafePath(f"{path} is a symbolic link; the harness writes only regular files in a run "
                              f"folder: delete the link (or put the file it names in its place)") from None

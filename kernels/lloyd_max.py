@@ -153,7 +153,7 @@ def _codebook_cached(kind: str, d: int, bits: int) -> tuple[float, ...]:
         return tuple(json.loads(path.read_text()))
     c = train(kind, d, bits).tolist()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # processes training it at once write their own
     tmp.write_text(json.dumps(c))
     tmp.replace(path)
     return tuple(c)

@@ -38,7 +38,7 @@ from .joint_rounding import decode_triplets, encode_triplets, local_full_agreeme
 from .lloyd_max import codebook
 from .packing import BitField
 from .registry import register_codec
-from .rotation import Rotation, next_pow2
+from .rotation import Rotation
 
 Rounding = Literal["local", "full", "nearest"]
 ROUNDINGS = get_args(Rounding)

@@ -7,6 +7,14 @@ import sys
 # tiny_lm.py sit here, at the top, for every folder's tests to import.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# Under pytest-xdist each worker gets its share of the cores as threads (scripts/gpu-test does the same): two
+# workers of two threads on two cores ran the tiny models 5-30x slower (OpenMP's spinning workers fight). Set
+# before torch starts its thread pool, and inherited by the processes a test starts, whose rows are compared
+# byte for byte with this process's. An OMP_NUM_THREADS given by the caller wins.
+_workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+if _workers:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(_workers))))
+
 try:
     import torch
 
@@ -36,3 +44,13 @@ def _engine_presets_compress_every_layer(request, monkeypatch):
     from kernels.vllm_turboquant import _VllmTurboQuant
 
     monkeypatch.setattr(_VllmTurboQuant, "engine_skipped_layers", classmethod(lambda cls, n, options=None: set()))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quanto_unpacks_in_torch():
+    """optimum-quanto's pure-PyTorch unpacking for every test, not its C++ extension, which it builds on first
+    use (a minute on two cores, paid by whichever test first reads a quanto tensor back: tests/quanto_cpu.py)."""
+    from quanto_cpu import quanto_unpacks_in_torch
+
+    with quanto_unpacks_in_torch():
+        yield

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tolerances import U16, UNIT_ROUNDOFF, gamma
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -24,6 +25,49 @@ def ref_lse(q, ks, codec, wk, lengths, scale) -> torch.Tensor:
     if wk is not None:
         s = torch.cat([s, qg.float() @ wk.float().transpose(-1, -2)], -1)
     return torch.logsumexp(s * scale, -1).reshape(B, Hq)
+
+
+def out_rtol(dtype: torch.dtype, fp16_roundings: int = 5) -> float:
+    """rel_err tolerance of a fused decode attention's output against the reference, to first order: a
+    term p_j v_j of the output passes through ``fp16_roundings`` roundings to fp16 (U16 relative each:
+    table and split kernels round the rotated query, the rotated key, the probability, the value and
+    the split's normalised partial output; the per-token kernel's keys are exact codes, but its values
+    may be rotated back in fp16), and both outputs are rounded to their ``dtype`` once."""
+    return fp16_roundings * U16 + 2 * UNIT_ROUNDOFF[dtype]
+
+
+def lse_atol(q, keys, scale, window_k=None, fp16_roundings: int = 2) -> torch.Tensor:
+    """Bound on |lse - ref_lse| per query row [B, Hq]: a log-sum-exp moves by at most its largest score's
+    move, and a score ``scale * q.k`` from fp16-rounded q and k summed in float32 (by both sides) by at
+    most ``(2 U16 + 2 gamma_d) scale sum_i |q_i k_i| <= ... ||q|| ||k||`` (Cauchy-Schwarz: the bound holds in
+    whichever rotated frame the kernel takes the product). ``keys``: [B, Hkv, T, d], each key's largest
+    contribution (a QJL codec's: its MSE stage's norm plus the correction's); ``window_k`` native keys;
+    ``fp16_roundings``: of a score's two factors (a table-lookup kernel's unfused OCTOPUS key takes two)."""
+    B, Hq, _, d = q.shape
+    kn = keys.float().norm(dim=-1)  # [B, Hkv, T]
+    if window_k is not None:
+        kn = torch.cat([kn, window_k.float().norm(dim=-1)], -1)
+    kmax = kn.amax(-1).repeat_interleave(Hq // kn.shape[1], 1)  # [B, Hq]
+    return (fp16_roundings * U16 + 2 * gamma(d)) * scale * q.float().reshape(B, Hq, d).norm(dim=-1) * kmax
+
+
+def score_atol(q: torch.Tensor, k_hat: torch.Tensor, n: int) -> torch.Tensor:
+    """Bound on |codec.score(q, state) - q @ k_hat^T| [..., Tq, T], k_hat = codec.decode(state): two float32
+    computations of the same inner product (``n`` rounding steps the longer takes: its d-term dot products,
+    the rotations' butterflies, a QJL sketch's sum), each within gamma(n) sum_i |q_i k_i| of it, and
+    sum_i |q_i k_i| <= ||q|| ||k_hat|| in whichever rotated frame a codec scores (Cauchy-Schwarz)."""
+    return 2 * gamma(n) * q.float().norm(dim=-1, keepdim=True) * k_hat.float().norm(dim=-1).unsqueeze(-2)
+
+
+def score_keys(codec, ks) -> torch.Tensor:
+    """Keys whose norms bound the scores' magnitudes term by term (lse_atol): the reconstruction, or for a
+    codec with a QJL residual its MSE stage's reconstruction and the residual's, norms added."""
+    k_hat = codec.decode(ks).float()
+    stage = getattr(codec, "stage", None)
+    if stage is None:
+        return k_hat
+    k_mse = stage.decode(ks.tensors).float()
+    return k_mse * (1 + (k_hat - k_mse).norm(dim=-1, keepdim=True) / k_mse.norm(dim=-1, keepdim=True).clamp_min(1e-30))
 
 
 def _lut_gpu_missing() -> str | None:

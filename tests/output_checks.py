@@ -9,9 +9,11 @@ from __future__ import annotations
 import torch
 
 # A codec's footprint as a share of the reference's, for a KL: above FLOOR (a codec bypassed, i.e. exact keys
-# and values read back, leaves float rounding: measured < 1e-12 of it) and below CEILING; for a norm, their
-# square roots (a KL is quadratic in a small perturbation). Measured at 2-3 bits (1 for the codecs that start
-# there): 1-5% of the KL (1e-4 with one layer of three compressed), 3-15% of the video latents' change.
+# and values read back, leaves float rounding: logits moved by ~1e3 U32 ~ 1e-4 of their size give a KL of
+# ~1e-8, which against a lost context's KL of 1e-2..1 is under 1e-6; measured < 1e-12 of it) and below CEILING
+# (a behaviour bound, not a rounding: what a 2-3-bit cache may cost); for a norm, their square roots (a KL is
+# quadratic in a small perturbation). Measured at 2-3 bits (1 for the codecs that start there): 1-5% of the KL
+# (1e-4 with one layer of three compressed), 3-15% of the video latents' change.
 FLOOR, CEILING = 1e-6, 0.1
 
 

@@ -43,7 +43,9 @@ def test_generate_takes_its_decode_steps_in_the_static_layout(cfg, kw):
     static, cs, fw = _generate(lm, ids, cfg, "static", **kw)
     assert fw.replayed == NEW - 1 and fw.calls == NEW - 1  # every decode step, none left to the model
     assert torch.equal(static.sequences, eager.sequences)
-    for a, b in zip(eager.scores, static.scores):  # float rounding only (a longer, masked read)
+    for a, b in zip(eager.scores, static.scores):  # float rounding only (a longer, masked read): another order and
+        # length of each attention row's float32 sums (U32 of their terms each), through the tiny model to its
+        # scaled-up logits (O(10), _lively): ~10^3 U32 of them
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
     assert _layer_state(cs) == _layer_state(ce) and cs.stats() == ce.stats()
     assert "forward" not in vars(lm.model)  # the class's forward again

@@ -4,7 +4,6 @@ CUDA (no GPU here: the counters are stand-ins)."""
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 import torch
@@ -33,7 +32,7 @@ def test_greedy_records_prefill_and_decode_and_changes_nothing(lm):
     units = sum(len(r["tokens"]) - 1 for r in timed)
     assert units > 0 and rec["decode_units"] == units and rec["sequences"] == 2 and rec["decode_unit"] == "token"
     assert rec["prefill_s"] > 0 and rec["decode_s"] > 0
-    assert rec["decode_per_s"] == pytest.approx(units / rec["decode_s"]) and math.isfinite(rec["decode_per_s"])
+    assert rec["decode_per_s"] == units / rec["decode_s"] and math.isfinite(rec["decode_per_s"])  # the same division
     assert rec["prefill_shared"]  # the first greedy computed the shared prefill; this one replayed it
     assert rec["peak_bytes"] is None  # the CPU has no allocator counter
 
@@ -51,16 +50,30 @@ def test_teacher_forcing_decodes_nothing(lm):
     assert rec["decode_units"] == 0 and rec["decode_s"] is None and rec["decode_per_s"] is None
 
 
+class FakeClock:
+    """A clock that moves only when told: ``advance(s)``. Binary fractions keep every sum exact."""
+
+    def __init__(self, t: float = 100.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
+
+
 def test_a_shared_prefill_counts_the_forward_it_replays():
-    clock = RolloutClock("cpu")
+    fake = FakeClock()
+    clock = RolloutClock("cpu", clock=fake)
     clock.start()
-    time.sleep(0.01)
+    fake.advance(0.125)  # this rollout's replay and encode
     clock.prefill_done(shared_s=0.5)
-    assert 0.51 <= clock.prefill_s < 0.6 and clock.prefill_shared
+    assert clock.prefill_s == 0.625 and clock.prefill_shared  # exact: binary fractions
     clock.decode_start()
-    time.sleep(0.01)
+    fake.advance(0.25)
     clock.decode_done(3)
-    assert clock.decode_s >= 0.01 and clock.decode_per_s == pytest.approx(3 / clock.decode_s)
+    assert clock.decode_s == 0.25 and clock.decode_per_s == 12.0
 
 
 def test_on_cuda_one_sync_per_boundary_and_the_peak_over_every_gpu(monkeypatch):

@@ -1,8 +1,6 @@
 """adapters/shared_prefill: one entry, keyed by tensor contents, released before the next is computed."""
 from __future__ import annotations
 
-import time
-
 import torch
 
 from adapters.shared_prefill import SharedPrefill, same_key
@@ -18,18 +16,19 @@ def test_keys_compare_tensors_by_contents():
 
 
 def test_one_entry_computed_once_per_key_and_timed():
-    memo, calls = SharedPrefill(), []
+    now = [100.0]  # a fake clock: only a compute moves it
+    memo, calls = SharedPrefill(clock=lambda: now[0]), []
 
     def compute(tag):
         def run():
             calls.append(tag)
-            time.sleep(0.02)
+            now[0] += 0.25
             return {"tag": tag}
         return run
 
     first, s0 = memo.get(("x", torch.ones(2)), compute("x"), [torch.device("cpu")])
     again, s1 = memo.get(("x", torch.ones(2)), compute("x"), [torch.device("cpu")])
-    assert calls == ["x"] and again is first and s0 is None and 0.02 <= s1 < 0.5  # its compute's seconds
+    assert calls == ["x"] and again is first and s0 is None and s1 == 0.25  # its compute's seconds, exact
     other, s2 = memo.get(("y",), compute("y"), [torch.device("cpu")])
     assert calls == ["x", "y"] and s2 is None and other["tag"] == "y"
     back, _ = memo.get(("x", torch.ones(2)), compute("x"), [torch.device("cpu")])

@@ -239,28 +239,64 @@ def test_lm_eval_model_args_are_checked_before_the_checkpoint_loads(model_args, 
 
 
 THROUGH_THE_CLI = ("no-pretrained", "batch-size-auto", "no-such-device", "protect-a-layer-it-lacks")
+LM_EVAL_LOG = r"\d{4}-\d\d-\d\d:\d\d:\d\d:\d\d (INFO|WARNING) "  # lm-eval's own log lines on stderr
+
+
+def _lm_eval_argv(model_args: str, extra: list[str], weightless: Path, tmp_path: Path) -> list[str]:
+    """`harness lm-eval` over one local task (the case fails before any request is made)."""
+    (tmp_path / "t.yaml").write_text("task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+                                     f"    test: {tmp_path / 't.jsonl'}\ntest_split: test\noutput_type: loglikelihood\n"
+                                     "doc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n")
+    (tmp_path / "t.jsonl").write_text('{"q": "a", "a": " b"}\n')
+    return ["lm-eval", "--model", "kvcodec", "--model_args", model_args.format(ck=weightless), "--tasks", "t",
+            "--include_path", str(tmp_path), *extra]
+
+
+@pytest.fixture
+def lm_eval_unlogged(monkeypatch):
+    """lm-eval logs through a handler it installs once, on the sys.stderr of that moment (a test's capsys
+    stream, closed after it): in process its log goes nowhere, so no test's stderr holds it, nor a later
+    test's a logging error about that closed stream, whatever the order."""
+    import logging
+
+    pytest.importorskip("lm_eval")
+    import lm_eval.utils
+
+    monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", True)
+    monkeypatch.setattr(logging.getLogger("lm_eval"), "handlers", [logging.NullHandler()])
 
 
 @pytest.mark.parametrize("model_args, extra, says", [c[1:] for c in LM_EVAL_CASES if c[0] in THROUGH_THE_CLI],
                          ids=THROUGH_THE_CLI)
-def test_lm_eval_model_args_get_one_line(model_args, extra, says, weightless, tmp_path):
-    """Through the command a user types (lm-eval logs its own INFO lines to stderr; those aside, one line)."""
+def test_lm_eval_model_args_get_one_line(model_args, extra, says, weightless, tmp_path, capsys, monkeypatch,
+                                         lm_eval_unlogged):
+    """Through the command a user types, in process: one line on stderr, exit code 2 (the subprocess below
+    shows the same from a shell, lm-eval's own log lines aside)."""
+    import functools
+
+    import lm_eval.tasks
+
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    # only the test's task is indexed (lm-eval's thousands of built-in tasks take ~10 s to index)
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(lm_eval.tasks.TaskManager,
+                                                                        include_defaults=False))
+    line = _one_line(capsys, _lm_eval_argv(model_args, extra, weightless, tmp_path))
+    assert line.startswith("harness lm-eval: error: ") and says in line, line
+
+
+def test_lm_eval_model_args_get_one_line_from_a_shell(weightless, tmp_path):
+    """One case as a user runs it, `python -m harness.cli lm-eval ...`: one line on stderr, exit code 2."""
     import os
     import re
     import subprocess
     import sys
 
     pytest.importorskip("lm_eval")
-    (tmp_path / "t.yaml").write_text("task: t\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
-                                     f"    test: {tmp_path / 't.jsonl'}\ntest_split: test\noutput_type: loglikelihood\n"
-                                     "doc_to_text: '{{q}}'\ndoc_to_target: '{{a}}'\n")
-    (tmp_path / "t.jsonl").write_text('{"q": "a", "a": " b"}\n')
+    model_args, extra, says = next(c[1:] for c in LM_EVAL_CASES if c[0] == "no-pretrained")
     env = {k: v for k, v in os.environ.items() if k != "HARNESS_DEBUG"}
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "lm-eval", "--model", "kvcodec", "--model_args",
-                        model_args.format(ck=weightless), "--tasks", "t", "--include_path", str(tmp_path), *extra],
+    r = subprocess.run([sys.executable, "-m", "harness.cli", *_lm_eval_argv(model_args, extra, weightless, tmp_path)],
                        capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[2], timeout=300)
-    lines = [line for line in r.stderr.splitlines()
-             if line.strip() and not re.match(r"\d{4}-\d\d-\d\d:\d\d:\d\d:\d\d (INFO|WARNING) ", line)]
+    lines = [line for line in r.stderr.splitlines() if line.strip() and not re.match(LM_EVAL_LOG, line)]
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith("harness lm-eval: error: ") and says in lines[0], lines[0]
 

@@ -1,5 +1,8 @@
 """``harness bench``'s relative target (issue #16: TurboQuant-MSE at least as fast as OCTOPUS at the
 same bits): rows are paired by (shape, batch, context, bits) and compared in the 'auto' path's time."""
+import pytest
+from tolerances import U64, gamma
+
 from harness.bench.report import AS_FAST_AS, as_fast_as, to_markdown
 
 
@@ -18,7 +21,9 @@ def test_pairs_rows_by_bits_and_compares_times():
             _row("turboquant-mse", 2, 0.1, ctx=4096)]  # no OCTOPUS row at 4k: not paired
     got = {x["bits"]: x for x in as_fast_as(rows)}
     assert sorted(got) == [2, 3]
-    assert abs(got[2]["ratio"] - 0.8) < 1e-12 and abs(got[3]["ratio"] - 1.1) < 1e-12
+    # (r x 40) / (r' x 40) against the literal r / r': the five literals, two products and a quotient each round once
+    assert got[2]["ratio"] == pytest.approx(0.8, rel=gamma(8, U64), abs=0)
+    assert got[3]["ratio"] == pytest.approx(1.1, rel=gamma(8, U64), abs=0)
     assert got[2]["us"] == 0.4 * 40 and got[2]["ref_us"] == 0.5 * 40
     md = to_markdown({"device": "d", "command": "c", "torch": "2", "triton": "3", "copy_bandwidth_Bps": 2e12,
                       "rows": rows, "encode": [], "correctness": {}, "lut_refused": {}, "config": {}, "ncu": None})

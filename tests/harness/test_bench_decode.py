@@ -37,6 +37,7 @@ def test_latency_row_columns_and_figures():
     assert list(row) == COLUMNS
     step = 10_000_000 + 2 * c.wk.numel() * 2 + c.q.numel() * 2 * 2  # states + window (K and V) + query, bf16
     assert row["bytes_per_step"] == step and row["sdpa_bytes_per_step"] == c.kv_bytes
+    # below: float64 products and quotients of the timings given (a few roundings): approx's default rel is far above
     assert row["auto_path"] == "lut" and row["lut_us"] == pytest.approx(20) and row["fused_us"] == pytest.approx(50)
     assert row["best_ratio_vs_sdpa"] == pytest.approx(0.5) and row["ratio_vs_sdpa"] == pytest.approx(1.25)
     assert row["ratio_vs_dequant"] == pytest.approx(20 / 400)
@@ -51,7 +52,7 @@ def test_latency_row_columns_and_figures():
 def test_latency_row_without_the_lut_kernel_takes_triton():
     row = latency_row(context(), "kivi", 2, timings(lut=None), 2.0e12)
     assert row["auto_path"] == "triton" and row["lut_us"] is None and row["lut_ratio_vs_sdpa"] is None
-    assert row["best_ratio_vs_sdpa"] == pytest.approx(1.25) and row["dequant_sdpa_us"] is None
+    assert row["best_ratio_vs_sdpa"] == pytest.approx(1.25) and row["dequant_sdpa_us"] is None  # float64 quotient
     assert row["ratio_vs_dequant"] is None
 
 

@@ -48,7 +48,7 @@ def test_pair_values_pairs_as_pair_cells_does(seeds_a, seeds_b, broadcast):
     a = {(f"p{i}", s): float(rng.normal()) for i in range(4) for s in seeds_a}
     b = {(f"p{i}", s): float(rng.normal()) for i in range(1, 5) for s in seeds_b}  # p0 and p4 unpaired
     got = {k: x - y for k, (x, y) in pair_values(a, b, broadcast).items()}
-    assert got == pytest.approx(pair_cells(a, b, broadcast)) and got
+    assert got == pytest.approx(pair_cells(a, b, broadcast)) and got  # one float64 subtraction each: default rel
 
 
 def test_single_seed_baseline_is_broadcast_across_a_three_seed_codec():
@@ -58,7 +58,7 @@ def test_single_seed_baseline_is_broadcast_across_a_three_seed_codec():
              ("p2", 0): 1.0, ("p2", 1): 0.0, ("p2", 2): 0.0,   # p2: one win against a fail
              ("p3", 0): 0.0, ("p3", 1): 0.0, ("p3", 2): 0.0}   # p3: three ties
     r = mcnemar(codec, base, higher_is_better=True)
-    assert (r.n, r.n10, r.n01) == (12, 1, 2) and r.diff == pytest.approx(-1 / 12)
+    assert (r.n, r.n10, r.n01) == (12, 1, 2) and r.diff == pytest.approx(-1 / 12)  # one float64 division: default rel
     flipped = mcnemar(base, codec, higher_is_better=True)
     assert (flipped.n, flipped.n10, flipped.n01) == (12, 2, 1)
     assert mcnemar(codec, base, True, broadcast=False).n == 4  # only seed 0 pairs
@@ -71,11 +71,14 @@ def test_mcnemar_p_is_the_exact_binomial_test(n10, n01):
     r = mcnemar(a, b, higher_is_better=True)
     expected = 1.0 if n10 + n01 == 0 else binomtest(min(n10, n01), n10 + n01, 0.5).pvalue
     assert (r.n10, r.n01, r.n) == (n10, n01, 11 + n10 + n01)
+    # rel 1e-9: two float64 routes to one binomial tail (binom.cdf's incomplete beta; binomtest's cdf + sf of
+    # the mirrored tail), each good to a few 1e-15 (Boost's ibeta): 1e-9 is far above, a wrong tail far below
     assert r.p == pytest.approx(expected, rel=1e-9) and r.p <= 1.0
 
 
 def test_mcnemar_p_by_hand():
-    # 1 vs 6 discordant: 2 (C(7,0) + C(7,1)) / 2^7 = 16/128; 0 vs 5: 2 / 2^5
+    # 1 vs 6 discordant: 2 (C(7,0) + C(7,1)) / 2^7 = 16/128; 0 vs 5: 2 / 2^5 (scipy's float64 binomial tail:
+    # approx's default rel 1e-6 is far above its ~1e-14 error)
     assert mcnemar_p(1, 6) == pytest.approx(16 / 128) and mcnemar_p(6, 1) == pytest.approx(16 / 128)
     assert mcnemar_p(0, 5) == pytest.approx(2 / 32)
     assert mcnemar_p(4, 4) == 1.0 and mcnemar_p(0, 0) == 1.0  # 2 P[X <= 4] > 1: capped
@@ -131,6 +134,8 @@ def test_newcombe_interval_against_the_formula_evaluated_here(table, level):
     p1, p2 = first.mean(), second.mean()
     l1, u1 = wilson_by_roots(a + b, n, z)
     l2, u2 = wilson_by_roots(a + c, n, z)
+    # abs 1e-12: the closed form against numpy's companion-matrix roots of a quadratic with coefficients <= 3,
+    # both float64 (an eigenvalue solver's backward error is a small multiple of U64 times the coefficients)
     assert wilson(a + b, n, level) == pytest.approx((l1, u1), abs=1e-12)
     if first.std() == 0 or second.std() == 0:
         phi = 0.0
@@ -140,6 +145,8 @@ def test_newcombe_interval_against_the_formula_evaluated_here(table, level):
         phi = max(phi - n / 2 / scale, 0.0) if a * d > b * c else phi
     lo = p1 - p2 - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2))
     hi = p1 - p2 + math.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1))
+    # abs 1e-10: the limits above (to 1e-12 each) through a square root whose argument may be as small as
+    # ~1e-3 here (d sqrt(x) = dx / 2 sqrt(x)), and numpy's corrcoef against the closed-form phi, all float64
     assert newcombe_paired(a, b, c, d, level) == pytest.approx((lo, hi), abs=1e-10)
     assert lo <= p1 - p2 <= hi
 
@@ -153,7 +160,7 @@ def test_newcombe_interval_covers_at_about_its_level(n, p11, p10, p01):
     pmf = np.exp(gammaln(n + 1) - gammaln(tables + 1).sum(axis=1) + (tables * np.log(probs)).sum(axis=1))
     theta = p10 - p01
     covered = np.array([lo <= theta <= hi for lo, hi in (newcombe_paired(*map(int, t)) for t in tables)])
-    assert pmf.sum() == pytest.approx(1.0)
+    assert pmf.sum() == pytest.approx(1.0)  # float64 lgamma, exp and a 12k-term sum: ~1e-12, default rel
     assert 0.935 <= float(pmf[covered].sum()) <= 0.975
 
 
@@ -163,7 +170,7 @@ def test_benjamini_hochberg_matches_scipy():
     p = np.concatenate([rng.uniform(0, 1, 30), rng.uniform(0, 0.01, 10), [0.02, 0.02, 0.02, 1.0, 0.0]])
     rng.shuffle(p)
     q = benjamini_hochberg(list(p))
-    assert q == pytest.approx(list(false_discovery_control(p)), rel=1e-12)
+    assert q == pytest.approx(list(false_discovery_control(p)), rel=1e-12)  # m p / rank: two float64 roundings each
     order = np.argsort(p)
     assert all(np.diff(np.array(q)[order]) >= 0) and max(q) <= 1.0 and all(qi >= pi for qi, pi in zip(q, p))
 
@@ -172,7 +179,7 @@ def test_benjamini_hochberg_passes_missing_entries_through():
     p = [0.01, None, 0.04, float("nan"), 0.03]
     q = benjamini_hochberg(p)
     assert q[1] is None and q[3] is None
-    assert [q[0], q[2], q[4]] == pytest.approx(list(false_discovery_control([0.01, 0.04, 0.03])))
+    assert [q[0], q[2], q[4]] == pytest.approx(list(false_discovery_control([0.01, 0.04, 0.03])))  # float64: default
     assert benjamini_hochberg([]) == [] and benjamini_hochberg([None]) == [None]
     with pytest.raises(ValueError):
         benjamini_hochberg([0.5, 1.5])
@@ -197,15 +204,17 @@ def test_non_inferiority_bound_is_the_end_of_the_90_percent_interval(P, S):
     for given in (d, comparison, comparison.diff):  # cells, Comparison and Interval routes agree
         up = non_inferiority(given, margin=0.5, higher_is_better=True)
         down = non_inferiority(given, margin=0.5, higher_is_better=False)
+        # rel 1e-9: one float64 interval reached by three routes (an SE recovered from the interval's width and
+        # rescaled: a few roundings and a t quantile evaluated twice, scipy's ppf converging to ~1e-12)
         assert up.bound == pytest.approx(lo90, rel=1e-9) and down.bound == pytest.approx(hi90, rel=1e-9)
-        assert up.mean == pytest.approx(comparison.diff.mean)
+        assert up.mean == pytest.approx(comparison.diff.mean)  # the same float64 mean: default rel
     # the verdict turns exactly where the margin meets the bound
     assert non_inferiority(d, -lo90 + 1e-6, True).verdict == "non-inferior"
     assert non_inferiority(d, -lo90 - 1e-6, True).verdict == "not shown"
     assert non_inferiority(d, hi90 + 1e-6, False).verdict == "non-inferior"
     assert non_inferiority(d, hi90 - 1e-6, False).verdict == "not shown"
     lo80 = interval(d, level=0.80).ci95[0]
-    assert non_inferiority(d, 0.5, True, level=0.90).bound == pytest.approx(lo80)
+    assert non_inferiority(d, 0.5, True, level=0.90).bound == pytest.approx(lo80)  # float64, as above: default rel
 
 
 def test_non_inferiority_without_an_interval_is_not_shown():
@@ -223,7 +232,7 @@ def test_continuous_mdd_by_formula_and_simulated_power():
     pilot = {(f"p{i}", 0): float(v) for i, v in enumerate((z - z.mean()) / z.std(ddof=1) * sigma)}  # SD sigma
     mdd = minimum_detectable_difference(pilot)
     se = sigma / math.sqrt(P)
-    assert mdd == pytest.approx((student_t.ppf(0.975, P - 1) + student_t.ppf(0.8, P - 1)) * se)
+    assert mdd == pytest.approx((student_t.ppf(0.975, P - 1) + student_t.ppf(0.8, P - 1)) * se)  # float64: default rel
     # a true difference of mdd, with that SD, is found (95% interval above 0) about 80% of the time
     rng = np.random.default_rng(2024)
     found = 0
@@ -239,6 +248,7 @@ def test_continuous_mdd_uses_the_interval_of_a_crossed_grid():
     iv = interval(d)
     se = (iv.ci95[1] - iv.ci95[0]) / 2 / student_t.ppf(0.975, iv.df)  # the SE behind the 95% interval
     expected = (student_t.ppf(0.975, iv.df) + student_t.ppf(0.9, iv.df)) * se
+    # float64 quantiles and a few products: approx's default rel 1e-6 is far above their rounding
     assert minimum_detectable_difference(d, power=0.9) == pytest.approx(expected)
     assert minimum_detectable_difference(iv, power=0.9) == pytest.approx(expected)
     assert minimum_detectable_difference({("p", 0): 1.0}) is None  # one cell
@@ -249,6 +259,7 @@ def test_continuous_mdd_uses_the_interval_of_a_crossed_grid():
 def test_binary_mdd_solves_connors_formula_and_has_its_power(n, psi):
     delta = minimum_detectable_difference(n=n, discordance=psi)
     za, zb = norm.ppf(0.975), norm.ppf(0.8)
+    # float64 closed-form root put back into the equation (a few roundings, amplified by 1/delta^2 ~ 50): default rel
     assert (za * math.sqrt(psi) + zb * math.sqrt(psi - delta ** 2)) ** 2 / delta ** 2 == pytest.approx(n)
     # simulated: pairs discordant at rate psi, split (psi ± delta)/2; McNemar's z-test (Connor's) rejects ~80%
     rng = np.random.default_rng(99)

@@ -40,9 +40,10 @@ def test_the_deployed_preset_runs_every_preset_at_its_bits(tmp_path):
     assert presets <= labels and {"octopus@2", "turboquant-mse@4", "none"} <= labels
     assert "vllm-fp8@2" not in labels  # a preset runs at its own bits only
     int4 = next(r for r in read_rows(out / "rows.jsonl") if r["label"] == "vllm-int4-per-token-head@4")
-    assert int4["bits_per_coord"] == pytest.approx(4 + 32 / 64)  # d/2 bytes + a float32 scale per 64 coordinates
+    # d/2 bytes + a float32 scale per 64 coordinates (the row's float64 ratio of byte counts: default rel)
+    assert int4["bits_per_coord"] == pytest.approx(4 + 32 / 64)
     quanto = next(r for r in read_rows(out / "rows.jsonl") if r["label"] == "hf-quanto@4")
-    assert quanto["bits_per_coord"] == pytest.approx(4 + 2 * 32 / 64)  # + float32 scale and shift per group of 64
+    assert quanto["bits_per_coord"] == pytest.approx(4 + 2 * 32 / 64)  # + float32 scale and shift per 64; as above
     # the report answers the question directly: every research codec against every deployed cache, paired
     t = json.loads((out / "summary.json").read_text())["tasks"]["perplexity"]
     research = {"octopus@2", "octopus@3", "octopus@4", "turboquant-mse@2", "turboquant-mse@3", "turboquant-mse@4"}

@@ -42,7 +42,7 @@ def test_pairs_the_common_cells(tmp_path, rows):
     cell = {(r["prompt"], r["codec_seed"]): r["kl"] for r in read_rows(a / "rows.jsonl") if r["label"] == "octopus@2"}
     diffs = np.array([r["kl"] - cell[(r["prompt"], r["codec_seed"])] for r in read_rows(b / "rows.jsonl")
                       if r["label"] == "octopus@2"])
-    assert d["n"] == 9 == diffs.size and d["mean"] == pytest.approx(diffs.mean())
+    assert d["n"] == 9 == diffs.size and d["mean"] == pytest.approx(diffs.mean())  # float64 of stored rows: default rel
     assert d["ci95"][0] > 0.005 and d["ci95"][1] < 0.015 and d["word"] == "worse"  # KL: higher is worse
     same = pairs[("kivi@2", "kl")]["diff"]
     assert (same["mean"], same["ci95"], same["word"], same["n"]) == (0.0, (0.0, 0.0), "indistinguishable", 3)
@@ -61,7 +61,7 @@ def test_one_seed_each_pairs_by_prompt(tmp_path, rows):
     ra, rb = read_rows(a / "rows.jsonl"), read_rows(b / "rows.jsonl")  # as stored: 7 significant digits
     x = np.array([y["kl"] - x["kl"] for x, y in zip(ra, rb) if x["label"] == "kivi@2"])
     half = student_t.ppf(0.975, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size)
-    assert d["ci95"] == pytest.approx((x.mean() - half, x.mean() + half))
+    assert d["ci95"] == pytest.approx((x.mean() - half, x.mean() + half))  # float64, a few roundings: default rel
 
 
 def test_refuses_other_models(tmp_path, rows, capsys):

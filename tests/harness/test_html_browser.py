@@ -54,6 +54,14 @@ def _not_blank(png: bytes) -> float:
     return 1.0 - counts.max() / counts.sum()
 
 
+def _until(b: Browser, condition: str, seconds: float = 20.0):
+    """Wait for the page's JavaScript ``condition`` to hold, polled every 50 ms up to a generous deadline
+    (within the browser's 30 s per command; the events that arrive meanwhile are kept): its last value."""
+    return b.eval(f"""new Promise(done => {{ const t0 = performance.now(); (function poll() {{
+        const v = ({condition}); if (v || performance.now() - t0 > {seconds * 1000}) done(v);
+        else setTimeout(poll, 50); }})(); }})""", await_promise=True)
+
+
 @pytest.fixture
 def b():
     with Browser(1280, 900) as browser:
@@ -67,11 +75,11 @@ def _load(b: Browser, out, tmp_path) -> Page:
     for src in page.media_sources() + page.references():  # every file the page points at is there
         assert page.local_file(src) is not None and page.local_file(src).is_file(), src
     b.open(out / "report.html")
-    b.settle(1.0)
+    # every plot drawn: plotly gave each div its SVG (waited for, not slept on)
+    drawn = "Array.from(document.querySelectorAll('.plotly-graph-div')).filter(d => d.querySelector('svg.main-svg')).length"
+    _until(b, f"{drawn} >= {len(page.plot_ids())}")
     assert b.errors == []
-    # every plot drawn: plotly gave each div its SVG
-    drawn = b.eval("Array.from(document.querySelectorAll('.plotly-graph-div')).filter(d => d.querySelector('svg.main-svg')).length")
-    assert drawn == len(page.plot_ids()) > 0
+    assert b.eval(drawn) == len(page.plot_ids()) > 0
     # every media element loaded: metadata read, no decode or network error
     states = b.eval("""new Promise(done => { const t0 = performance.now(); (function poll() {
         const m = Array.from(document.querySelectorAll('video, audio'));
@@ -102,23 +110,27 @@ def test_video_page_in_a_browser(video_run, b, tmp_path):
                                                                         "turboquant-mse-2.seed0.mp4"]
     group = "document.querySelector('.sync-group')"
     videos = f"Array.from({group}.querySelectorAll('video'))"
-    # play: every player plays; pause: every player stops, at one time
+    # play: every player plays; pause: every player stops, at one time. Waited for: the lead past 0.3 s of play,
+    # so at least one timeupdate (every <= 250 ms) has brought each follower within half a frame of it
     b.eval(f"{group}.querySelector('.sync-play').click()")
-    b.settle(0.5)
+    _until(b, f"{videos}.every(v => !v.paused) && {videos}[0].currentTime >= 0.3 || {videos}[0].ended")
     assert b.eval(f"{videos}.map(v => !v.paused)") == [True] * 3
     b.eval(f"{group}.querySelector('.sync-play').click()")
-    b.settle(0.2)
+    _until(b, f"{videos}.every(v => v.paused)")
     times = b.eval(f"{videos}.map(v => v.paused ? v.currentTime : -1)")
+    # each follower within half a frame (1/32 s at 16 fps) of the lead at its last timeupdate: 1/16 s apart at most;
+    # 0.1 s allows what the players moved apart since (no clean bound: their decoders run on their own)
     assert min(times) >= 0 and max(times) - min(times) < 0.1
     # seek to the middle: every player there, the drift plot's cursor with them
     b.eval(f"(() => {{ const s = {group}.querySelector('.sync-seek'); s.value = 500; s.dispatchEvent(new Event('input')); }})()")
-    b.settle(0.3)
+    _until(b, f"{videos}.every(v => !v.seeking)")
     times, duration = b.eval(f"{videos}.map(v => v.currentTime)"), b.eval(f"{videos}[0].duration")
-    assert all(abs(t - duration / 2) < 0.01 for t in times), (times, duration)
+    # the seek sets duration x 500 / 1000; Chromium keeps media times in whole microseconds (base::TimeDelta)
+    assert all(abs(t - duration / 2) <= 1e-6 for t in times), (times, duration)
     cursor = b.eval(f"document.getElementById({group}.dataset.plot).layout.shapes.map(s => s.x0)")
     assert len(cursor) == 3 and cursor[0] == 10  # frame 10 of 21 pixel frames; latent frames likewise
     # one frame on: every player on the next frame
     b.eval(f"{group}.querySelector('.sync-step[data-step=\"1\"]').click()")
-    b.settle(0.3)
+    _until(b, f"{videos}.every(v => !v.seeking) && {group}.querySelector('.sync-time').textContent !== 'frame 10 / 20'")
     assert b.eval(f"{group}.querySelector('.sync-time').textContent") == "frame 11 / 20"
     assert b.errors == []

@@ -1,8 +1,8 @@
-"""harness/lock.py with real processes: a second writer on a run folder stops with one line and
-exit code 2; a lock left by a killed process is taken over; the lock goes on exit, errors included."""
+"""harness/lock.py with a real process holding the lock: a second writer on its run folder stops with one
+line and exit code 2; the lock left by the holder, killed, is taken over; the lock goes on exit, errors
+included. The writers run in process (``harness.cli.main``): the lock's subject is the other process."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +11,7 @@ import pytest
 from checkout_env import checkout_env
 from tiny_lm import save_tiny_checkpoint
 
+from harness.cli import main
 from harness.lock import LOCK_NAME, RunLock, RunLocked
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,12 +23,6 @@ def ckpt(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
 
 
-def _cli(*args) -> subprocess.CompletedProcess:
-    env = checkout_env()
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
 def _run_args(ckpt, text, out):
     return ["run", "--model", "hf", "--model-path", str(ckpt), "--codec", "octopus", "--bits", "2", "--task",
             "perplexity", "--prompts", str(text), "--limit", "1", "--residual", "8", "--quiet", "--task-opt",
@@ -35,7 +30,8 @@ def _run_args(ckpt, text, out):
             "--out", str(out)]
 
 
-def test_second_writer_is_refused_and_a_stale_lock_taken_over(ckpt, tmp_path):
+def test_second_writer_is_refused_and_a_stale_lock_taken_over(ckpt, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
     text = tmp_path / "t.txt"
     text.write_text("The cat sat on the mat and looked at the dog. " * 30)
     out = tmp_path / "run"
@@ -44,17 +40,16 @@ def test_second_writer_is_refused_and_a_stale_lock_taken_over(ckpt, tmp_path):
                               stdout=subprocess.PIPE, text=True, env=checkout_env())
     try:
         assert holder.stdout.readline().strip() == "held"
-        second = _cli(*_run_args(ckpt, text, out))
-        assert second.returncode == 2, second.stderr
-        lines = second.stderr.strip().splitlines()
-        assert len(lines) == 1 and f"is being written by process {holder.pid}" in lines[0], second.stderr
+        capsys.readouterr()
+        assert main(_run_args(ckpt, text, out)) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and f"is being written by process {holder.pid}" in lines[0], lines
         assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written by the second
     finally:
         holder.kill()  # killed: its lock stays behind, stale
         holder.wait()
     assert (out / LOCK_NAME).read_text().split()[0] == str(holder.pid)
-    third = _cli(*_run_args(ckpt, text, out))
-    assert third.returncode == 0, third.stderr
+    assert main(_run_args(ckpt, text, out)) == 0, capsys.readouterr().err
     assert len((out / "rows.jsonl").read_text().splitlines()) == 2 and not (out / LOCK_NAME).exists()
 
 

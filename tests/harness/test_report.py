@@ -54,6 +54,7 @@ def test_error_bars_are_the_intervals(tmp_path, monkeypatch):
     g = next(g for g in stored["tasks"]["perplexity"]["groups"] if g["label"] == "qjl@2")["metrics"]["kl"]
     title = next(t for t in drawn if t[0].startswith("perplexity: KL") and t[1] == "qjl")
     x, y, (below, above) = drawn[title]
+    # the plot's points are summary.json's numbers, one float64 subtraction at most: approx's default rel
     assert y == [pytest.approx(g["mean"])]
     assert below == [pytest.approx(g["mean"] - g["ci95"][0])] and above == [pytest.approx(g["ci95"][1] - g["mean"])]
     assert below[0] > 0 and len(drawn) == 3 * 3  # three metrics x three codecs, every point with its bar

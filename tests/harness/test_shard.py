@@ -180,7 +180,7 @@ def _hold(path, text, age=0.0):
         os.utime(path, (time.time() - age, time.time() - age))
 
 
-def test_locks_between_shards_and_single_runs(lm, textfile, tmp_path):
+def test_locks_between_shards_and_single_runs(lm, textfile, tmp_path, monkeypatch):
     out = tmp_path / "run"
     out.mkdir()
     cfg = _config(textfile, tasks=["perplexity"], limit=1)
@@ -203,26 +203,45 @@ def test_locks_between_shards_and_single_runs(lm, textfile, tmp_path):
     with pytest.raises(RunLocked, match="process 4242 on elsewhere"):
         run(cfg, out=out, model=lm, shard=Shard(0, 3), **QUIET)
     _hold(out / Shard(0, 3).lock_name, "4242 elsewhere shard\n", age=STALE_S + 60)
-    # a brief hold of the folder's lock (another shard starting, a merge) is waited for
+    # a brief hold of the folder's lock (another shard starting, a merge) is waited for: the shard's first
+    # pause between tries ends the hold (an injected pause, not a clock), and the shard then runs
+    import harness.lock as lock
+
     brief = RunLock(out, role="merge")
     brief.acquire()
-    threading.Timer(0.5, brief.release).start()
-    t0 = time.monotonic()
+    pauses = []
+    monkeypatch.setattr(lock, "_pause", lambda s: pauses.append(s) or brief.release())
     run(cfg, out=out, model=lm, shard=Shard(0, 3), **QUIET)
-    assert time.monotonic() - t0 > 0.5
+    assert pauses == [0.05]  # waited (once) while the hold lasted, then ran
     assert not (out / Shard(0, 3).lock_name).exists()
 
 
 def test_the_held_lock_beats(tmp_path, monkeypatch):
+    """The heartbeat thread refreshes the lock's time each HEARTBEAT_S while held and stops on release;
+    its waits are injected (events), so nothing here depends on how fast the thread runs."""
     import harness.lock as lock
 
-    monkeypatch.setattr(lock, "HEARTBEAT_S", 0.05)
+    due, beaten, waits = threading.Event(), threading.Event(), []
+    real = lock._next_beat
+
+    def next_beat(stop, seconds):
+        if threading.current_thread().name != "heartbeat x":  # another lock's heartbeat: as it was
+            return real(stop, seconds)
+        waits.append(seconds)
+        if len(waits) == 1:
+            return not due.wait(60)  # the first beat falls due when the test says so
+        beaten.set()  # the first beat is done: hold until released, as the real wait does
+        return stop.wait()
+
+    monkeypatch.setattr(lock, "_next_beat", next_beat)
     with RunLock(tmp_path, "x", role="shard"):
         old = time.time() - 1000
         os.utime(tmp_path / "x", (old, old))
-        time.sleep(0.3)
+        due.set()
+        assert beaten.wait(60)
         assert (tmp_path / "x").stat().st_mtime > old + 900
         assert lock.owner(tmp_path / "x") == (os.getpid(), socket.gethostname(), "shard")
+    assert waits == [lock.HEARTBEAT_S] * 2 and not (tmp_path / "x").exists()
 
 
 def test_where_a_shard_comes_from():

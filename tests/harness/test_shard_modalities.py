@@ -47,7 +47,11 @@ def _artifacts(out):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("modality", ["video", "audio"])
-def test_shards_merge_to_the_single_process_bytes(modality, tmp_path):
+def test_shards_merge_to_the_single_process_bytes(modality, tmp_path, monkeypatch):
+    import harness.tasks.video as video
+
+    # a drift plot (matplotlib, a few tenths of a second a row) is compared by its name only: an empty file
+    monkeypatch.setattr(video, "write_drift_plot", lambda path, *a, **k: path.write_bytes(b""))
     model = _model(modality)
     single = run(_config(modality), out=tmp_path / "single", model=model, **QUIET)
     for count in (2, 3):

@@ -113,7 +113,11 @@ def wan():
     return build_random(tiny_spec(CAUSVID, num_frames=6), seed=3)  # 2 blocks of 3 latent frames
 
 
-def test_video(wan, tmp_path):
+def test_video(wan, tmp_path, monkeypatch):
+    import harness.tasks.video as video
+
+    # the drift plots (matplotlib, a few tenths of a second a row) are not what is compared here: empty files
+    monkeypatch.setattr(video, "write_drift_plot", lambda path, *a, **k: path.write_bytes(b""))
     calls, forward = [], wan.transformer.forward
 
     def counted(*args, **kw):  # a forward of block 0: its self-attention reads an empty cache

@@ -68,7 +68,7 @@ def test_a_local_array_with_a_preempted_task_merges_to_the_single_process(tmp_pa
          "--out", str(out)])))
     launcher.start()
     victim = Shard(1, 2)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 300  # a condition polled, with a generous deadline
     while not read_rows(out / victim.rows_name):  # the task has stored a row: preempt it
         assert launcher.is_alive() and time.monotonic() < deadline
         time.sleep(0.05)

@@ -36,6 +36,7 @@ def test_crossed_interval_by_hand():
     half = student_t.ppf(0.975, df) * math.sqrt(combo / (P * S))
     iv = interval(as_cells(y))
     assert iv.method == "crossed" and iv.n == 12 and iv.prompts == 4 and iv.seeds == (0, 1, 2)
+    # float64 sums of squares of 12 cells by two routes (a few 1e-16 each): approx's default rel 1e-6 is far above
     assert iv.mean == pytest.approx(g) and iv.df == pytest.approx(df)
     assert iv.ci95 == pytest.approx((g - half, g + half))
 
@@ -49,7 +50,7 @@ def test_clamped_when_the_residual_exceeds_an_effect():
     assert y.mean(axis=0).std() == 0  # MS_seed = 0
     half = student_t.ppf(0.975, P - 1) * math.sqrt(ms_p / (P * S))  # prompts' mean square, its own df
     iv = interval(as_cells(y))
-    assert iv.df == pytest.approx(P - 1) and iv.ci95 == pytest.approx((y.mean() - half, y.mean() + half))
+    assert iv.df == pytest.approx(P - 1) and iv.ci95 == pytest.approx((y.mean() - half, y.mean() + half))  # float64
 
 
 @pytest.mark.parametrize("shape", [(5, 1), (1, 4)])
@@ -60,7 +61,7 @@ def test_one_seed_or_one_prompt_is_the_ordinary_t_interval(shape):
     half = student_t.ppf(0.975, n - 1) * x.std(ddof=1) / math.sqrt(n)
     iv = interval(as_cells(y))
     assert iv.method == ("prompts" if shape[1] == 1 else "seeds") and iv.df == n - 1
-    assert iv.ci95 == pytest.approx((x.mean() - half, x.mean() + half))
+    assert iv.ci95 == pytest.approx((x.mean() - half, x.mean() + half))  # float64, a few roundings: default rel
 
 
 def test_one_cell_has_no_interval_and_missing_cells_fall_back_to_prompt_means():
@@ -70,7 +71,7 @@ def test_one_cell_has_no_interval_and_missing_cells_fall_back_to_prompt_means():
     means = np.array([1.0, 2.2, 0.5])  # each prompt over the seeds it has
     half = student_t.ppf(0.975, 2) * means.std(ddof=1) / math.sqrt(3)
     iv = interval(as_cells(y))
-    assert iv.method == "prompt means" and iv.n == 7
+    assert iv.method == "prompt means" and iv.n == 7  # below: float64, a few roundings, approx's default rel
     assert iv.mean == pytest.approx(means.mean()) and iv.ci95 == pytest.approx((means.mean() - half, means.mean() + half))
     assert interval({("p", 0): float("inf"), ("q", 0): 1.0}).ci95 is None  # not finite: no interval
     assert interval({("p", 0): float("nan"), ("q", 0): 1.0}).n == 1  # NaN is a missing cell
@@ -146,6 +147,7 @@ def test_pairing_cancels_a_shared_prompt_effect(shared):
     ia, ib = interval(as_cells(a)), interval(as_cells(b))
     # alone, each mean's interval is wide (the prompt effect) and they overlap; the difference's is not
     assert ia.ci95[1] - ia.ci95[0] > 5 and ib.ci95[0] < ia.ci95[1]
+    # the mean: float64 differences of values ~20 (rounding ~4e-15, against a mean of 0.1): approx's default rel
     assert d.mean == pytest.approx(float((b - a).mean())) and d.ci95[1] - d.ci95[0] < 0.05 and d.ci95[0] > 0
 
 
@@ -157,7 +159,7 @@ def test_identical_configs_are_indistinguishable(shared):
 
 def test_single_seed_side_is_broadcast_and_seeds_match_by_value():
     det = {("p", 0): 1.0, ("q", 0): 2.0}  # a deterministic codec: one seed
-    rnd = {(p, s): v + s / 10 for (p, _), v in det.items() for s in (0, 1, 2)}
+    rnd = {(p, s): v + s / 10 for (p, _), v in det.items() for s in (0, 1, 2)}  # (v + s/10) - v: ~1e-16 off s/10
     assert pair_cells(rnd, det) == pytest.approx({(p, s): s / 10 for p in "pq" for s in (0, 1, 2)})
     assert pair_cells(det, rnd) == pytest.approx({(p, s): -s / 10 for p in "pq" for s in (0, 1, 2)})
     other = {(p, s): 0.0 for p in "pq" for s in (1, 2, 3)}

@@ -36,6 +36,7 @@ def test_a_pass_fail_metric_is_compared_by_mcnemar(tmp_path):
     t = summary_of(out)["tasks"]["needle"]
     g = {x["label"]: x for x in t["groups"]}
     d = g["kivi@2"]["metrics"]["exact_match"]["delta"]
+    # float64 (summary_of is not rounded): one division; p scipy's binomial tail by two routes (~1e-15): default rel
     assert d["test"] == "mcnemar" and d["mean"] == pytest.approx(-6 / 20)
     assert d["p"] == pytest.approx(binomtest(0, 6, 0.5).pvalue) and d["word"] == "worse"  # 2 / 64 < 0.05
     d2 = g["octopus@2"]["metrics"]["exact_match"]["delta"]
@@ -70,7 +71,7 @@ def test_mcnemar_counts_a_prompt_once_whatever_the_codec_seeds():
     base = {(p, 0): 1.0 for p in PROMPTS}
     agree = {(p, s): 0.0 if i < 6 else 1.0 for i, p in enumerate(PROMPTS) for s in (0, 1, 2)}
     d = compare(agree, base, True)
-    assert (d.test, d.n) == ("mcnemar", 20) and d.p == pytest.approx(binomtest(0, 6, 0.5).pvalue)
+    assert (d.test, d.n) == ("mcnemar", 20) and d.p == pytest.approx(binomtest(0, 6, 0.5).pvalue)  # as above
     split = {(p, s): float(s == 0 and i < 6) for i, p in enumerate(PROMPTS) for s in (0, 1, 2)}
     assert compare(split, base, True).test == "t"
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from tolerances import U32, attention_atol
 
 from adapters.kv_cache import CacheConfig, LayerKV
 from kernels import make_codec
@@ -62,6 +63,20 @@ def naive(q, parts, mask=None, causal=False, scale=None, softcap=None):
     return out
 
 
+def atol(q, parts, mask=None, scale=None, softcap=None, n=D):
+    """attention_atol of the float32 core against the float64 naive one over ``parts`` [(k, v, lengths)]:
+    ``n`` rounding steps a score takes (D for a dot product; a codec's score also rotates the query), an
+    additive mask's addition and a soft cap's division, tanh and product (4 roundings of at most the cap)."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    k = torch.cat([p[0] for p in parts], -2)
+    v = torch.cat([p[1] for p in parts], -2)
+    qn, kn = float(q.norm(dim=-1).max()), float(k.norm(dim=-1).max())
+    extra = U32 * (scale * qn * kn + (float(mask.abs().max()) if mask is not None and mask.dtype != torch.bool else 0))
+    if softcap is not None:
+        extra += 4 * U32 * softcap
+    return attention_atol(qn, kn, float(v.abs().max()), scale, n, k.shape[-2], score_extra=extra)
+
+
 CASES = [  # (G, Tq, W, t_new, lengths, window_lengths, mask kind, causal)
     (1, 1, 0, 0, None, None, None, False),
     (3, 1, 5, 0, [9, 4], [5, 2], None, False),
@@ -95,7 +110,7 @@ def test_core_matches_naive(G, Tq, W, t_new, lengths, wlens, mask_kind, causal):
     parts = [(k, v, lengths)] + ([(wk, wv, wlens)] if W else []) + ([(kn, vn, None)] if t_new else [])
     ref = naive(q, parts, mask, causal, scale=0.3)
     assert out.shape == q.shape and out.dtype == q.dtype
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=atol(q, parts, mask, scale=0.3))  # float32 core
 
 
 def test_nothing_to_attend_gives_zeros():
@@ -115,8 +130,10 @@ def test_core_scores_through_the_codec():
     wk, wv = _kv(2, 2, 3, g)
     q = torch.randn(2, 6, 2, D, generator=g)
     out = attend(q, codec, ks, vs, window_k=wk, window_v=wv, lengths=[11, 5], causal=True)
-    ref = naive(q, [(codec.decode(ks), codec.decode_values(vs), [11, 5]), (wk, wv, None)], causal=True)
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    parts = [(codec.decode(ks), codec.decode_values(vs), [11, 5]), (wk, wv, None)]
+    ref = naive(q, parts, causal=True)
+    # codec.score rotates the query (log2 D butterfly stages and the scaling) before its D-term dot
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=atol(q, parts, n=2 * D + 4))
 
 
 def test_nothing_to_attend_is_zero():
@@ -148,8 +165,9 @@ def test_layer_attend_is_the_core(codec, attend_mode):
     assert torch.equal(got, want)
     if "decoded" in prefix:  # and it is attention: the naive computation over the same keys
         dk, dv = prefix["decoded"]
-        ref = naive(q, [(dk, dv, None), (layer.window_k, layer.window_v, None), (kn, vn, None)], mask, True)
-        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+        parts = [(dk, dv, None), (layer.window_k, layer.window_v, None), (kn, vn, None)]
+        ref = naive(q, parts, mask, True)
+        torch.testing.assert_close(got.double(), ref, rtol=0, atol=atol(q, parts, mask))
 
 
 def test_decode_attention_torch_is_the_core():
@@ -198,12 +216,13 @@ def test_softcap_matches_naive_and_matters(softcap, Tq, mask_kind):
     got = attend(q, codec, ks, vs, window_k=wk, window_v=wv, mask=mask, causal=True, scale=0.5, softcap=softcap)
     parts = [(codec.decode(ks), codec.decode_values(vs), None), (wk, wv, None)]
     ref = naive(q, parts, mask, True, scale=0.5, softcap=softcap)
-    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    tol = atol(q, parts, mask, scale=0.5, softcap=softcap, n=2 * D + 4)  # codec.score rotates the query
+    torch.testing.assert_close(got.double(), ref, rtol=0, atol=tol)
     uncapped = naive(q, parts, mask, True, scale=0.5)
     assert (uncapped - ref).abs().max() > 0.1  # the cap matters here
     if Tq == 1:  # the decode entry applies it too, on the PyTorch path
         dec = decode_attention(q, ks, vs, codec, wk, wv, scale=0.5, backend="auto", softcap=softcap)
-        torch.testing.assert_close(dec.double(), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dec.double(), ref, rtol=0, atol=tol)
 
 
 def test_softcap_keeps_decode_off_the_fused_kernels():
@@ -232,7 +251,8 @@ def test_softcap_keeps_per_sequence_lengths():
                  scale=0.5, softcap=2.0)
     parts = [(codec.decode(ks), codec.decode_values(vs), lengths), (wk, wv, window_lengths)]
     ref = naive(q, parts, scale=0.5, softcap=2.0)
-    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    tol = atol(q, parts, scale=0.5, softcap=2.0, n=2 * D + 4)  # codec.score rotates the query
+    torch.testing.assert_close(got.double(), ref, rtol=0, atol=tol)
     dec = decode_attention(q, ks, vs, codec, wk, wv, lengths=lengths, window_lengths=window_lengths, scale=0.5,
                            backend="torch", softcap=2.0)
-    torch.testing.assert_close(dec.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dec.double(), ref, rtol=0, atol=tol)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hostile import save_hostile
 from tiny_lm import tiny_causal_lm
+from tolerances import U32, coarse_kl_abs, logsoftmax_abs
 
 from adapters.hf_causal_lm import CausalLM
 from adapters.kv_cache import CacheConfig
@@ -115,13 +116,17 @@ def _prompt(task, row, folder):
     return task.prompts(str(_jsonl(folder / "one_row.jsonl", [row])))[0]
 
 
-def _kl_topk(native: torch.Tensor, comp: torch.Tensor, k: int) -> float:
-    """Mean KL(native || comp) on {native's top-k tokens, the rest}, float64 from the definition."""
+def _kl_topk(native: torch.Tensor, comp: torch.Tensor, k: int) -> tuple[float, float]:
+    """Mean KL(native || comp) on {native's top-k tokens, the rest}, float64 from the definition, and the bound on
+    what the task's float32 log-softmaxes of the same logits may move it by (tests/tolerances.py; the task also
+    rounds each position's KL to float32)."""
     p, q = torch.softmax(native.double(), -1), torch.softmax(comp.double(), -1)
     top = p.topk(k, -1).indices
     pb = torch.cat([p.gather(-1, top), 1 - p.gather(-1, top).sum(-1, keepdim=True)], -1)
     qb = torch.cat([q.gather(-1, top), 1 - q.gather(-1, top).sum(-1, keepdim=True)], -1)
-    return float(torch.where(pb > 0, pb * (pb.log() - qb.log()), torch.zeros_like(pb)).sum(-1).mean())
+    kl = torch.where(pb > 0, pb * (pb.log() - qb.log()), torch.zeros_like(pb)).sum(-1)
+    spread = float(max((x.amax(-1) - x.amin(-1)).max() for x in (native, comp)))
+    return float(kl.mean()), coarse_kl_abs(pb, qb, *logsoftmax_abs(native.shape[-1], spread)) + U32 * float(kl.max())
 
 
 def test_rows_none_and_compressed(lm, tmp_path):
@@ -137,7 +142,7 @@ def test_rows_none_and_compressed(lm, tmp_path):
     assert base["answer"] == said
     none = task.evaluate(lm, prompt, CacheConfig(residual=8), 0, base, tmp_path)
     assert none["kl"] == 0.0 and none["top1_agree"] == 1.0 and none["output_match"] == 1.0
-    assert none["kvpress_score"] == none["baseline_kvpress_score"] == pytest.approx(2 / 3)
+    assert none["kvpress_score"] == none["baseline_kvpress_score"] == pytest.approx(2 / 3)  # float64 2/3: default rel
     assert none["scorer"] == "string_match_all" and none["tokens"] == len(ids) and none["context_tokens"] == len(ids_ctx)
 
     cfg = CacheConfig(codec=CODEC, bits=2, residual=8)
@@ -152,19 +157,22 @@ def test_rows_none_and_compressed(lm, tmp_path):
     chunks = []
     lm.teacher_force(ids + answer[:-1], [len(ids_ctx), n_q, len(answer) - 1], cfg, lambda s, lg: chunks.append(lg))
     comp = torch.cat([chunks[1][-1:], chunks[2]])
-    want = _kl_topk(native, comp, task.opts.topk)
-    assert want > 1e-5
-    assert got["kl"] == pytest.approx(want, rel=1e-3)
+    want, tol = _kl_topk(native, comp, task.opts.topk)
+    assert want > 5 * tol  # the codec moved the distributions far beyond rounding
+    # the logits: one forward of prompt + answer against the cache's chunks, float32 rounding apart (no clean bound)
+    assert abs(got["kl"] - want) <= tol
     assert got["top1_agree"] == float((native.argmax(-1) == comp.argmax(-1)).double().mean())
     expect = sum(r.lower() in re.sub(r"[\x00-\x1f]", "", got["answer"]).lower() for r in refs) / 3
-    assert got["kvpress_score"] == pytest.approx(expect)
+    assert got["kvpress_score"] == pytest.approx(expect)  # a float64 mean of three 0/1: default rel
     r = lm.greedy(ids, 6, cfg, force=answer, prefill=len(ids_ctx))
-    assert torch.allclose(r["forced_logits"], comp, atol=1e-5)
+    # the same forwards through the same cache by two routes (greedy's steps, teacher forcing's chunks): float32
+    # rounding of logits ~1 with no clean bound (measured one unit in the last place, 1.2e-7); atol 1e-5 allows ~80
+    assert torch.allclose(r["forced_logits"], comp, rtol=0, atol=1e-5)
     # every token but the last generated one went through the cache; all but the 8-token window are committed
     assert got["committed_tokens"] == len(ids) + len(r["tokens"]) - 1 - 8
     # the question really read the compressed context: prefilling it with the context gives other logits
     whole = lm.greedy(ids, 6, cfg, force=answer)["forced_logits"]
-    assert not torch.allclose(whole, comp, atol=1e-3)
+    assert not torch.allclose(whole, comp, rtol=0, atol=1e-3)  # the codec's effect (5e-2 measured), not rounding
 
 
 def test_too_long_rows_are_refused_or_cut(lm, tmp_path):

@@ -6,9 +6,10 @@ TurboQuant-prod: the sketch of the query, Sq = M q, against the stored sign bits
 GPU (sm_90 and CuPy; skipped elsewhere): the kernel itself, at 1-5 bits, each lookup form (OCTOPUS fused and
 unfused tables, TurboQuant pairs and quads of codes), head dims 64/128, GQA groups 1-8, batches with per-sequence
 lengths (an empty one too), windows with per-sequence lengths, fp32/fp16/bf16 queries, many splits and a partial
-last tile. Tolerances as tests/kernels/triton/test_triton_decode_attention.py: fp16 tensor-core
-operands (keys, query features, probabilities, P * scale) put the fp32-query output within ~1e-3 of
-the fp32 reference; bf16/fp16 outputs add their own rounding. The CPU side (tables, index, launch
+last tile. Tolerances as tests/kernels/triton/test_triton_decode_attention.py (tests/decode_checks.py):
+fp16 tensor-core operands (keys from fp16 tables, one rounding or two for OCTOPUS's unfused ones, query
+features, probabilities, P * scale) and fp16 partial outputs, six roundings of a term to first order;
+bf16/fp16 outputs add their own rounding. The CPU side (tables, index, launch
 constants, support): test_lut_tables.py; the QJL stage's: test_decode_lut_qjl.py.
 """
 from __future__ import annotations
@@ -23,8 +24,11 @@ from kernels.attention import decode_attention_torch
 from kernels.cuda.decode_lut import default_config, lookup_for
 from decode_checks import LUT_CODECS, LUT_GPU_FORMS as GPU_FORMS, LUT_QJL_CODECS, lut_gpu as gpu, ref_lse as _ref_lse
 from decode_checks import lut_form_unsupported as _form_unsupported, rel_err as _rel
+from decode_checks import lse_atol, out_rtol, score_keys
+from tolerances import UBF16, U32, sum_rel
 
-OUT_TOL = {torch.float32: 2e-3, torch.float16: 3e-3, torch.bfloat16: 8e-3}
+# six fp16 roundings of a term (the module docstring) and both outputs' own: 2.9e-3, 3.9e-3, 1.1e-2
+OUT_TOL = {dtype: out_rtol(dtype, fp16_roundings=6) for dtype in (torch.float32, torch.float16, torch.bfloat16)}
 CODECS, QJL = LUT_CODECS, LUT_QJL_CODECS
 
 
@@ -75,7 +79,9 @@ def test_bits_and_tables(bits, name, form, merge):
     assert torch.isfinite(out).all()
     assert _rel(out, ref) < OUT_TOL[torch.float32], _rel(out, ref)
     ref_lse = _ref_lse(q, ks, codec, wk, lengths, 1 / math.sqrt(128))
-    assert (lse - ref_lse).abs().max() < 2e-3 * ref_lse.abs().max().clamp_min(1)
+    # a score's fp16 query feature and table key (two roundings for OCTOPUS's unfused tables): lse_atol
+    roundings = 3 if name == "octopus" and form.get("fused") is False else 2
+    assert ((lse - ref_lse).abs() <= lse_atol(q, score_keys(codec, ks), 1 / math.sqrt(128), wk, roundings)).all()
 
 
 @gpu
@@ -201,7 +207,11 @@ def test_launch_paths_agree(name, bits):
     outs = [_lut(q, ks, vs, codec, wk, wv, lengths, wlen, return_lse=True, config=cfg) for cfg in launches]
     for (o, l), cfg in zip(outs, launches):
         if cfg.get("merge") == "kernel":
-            assert _rel(o, outs[0][0]) < 2e-3 and (l - outs[0][1]).abs().max() < 1e-3, cfg
+            # the same float32 arithmetic up to the order of the merge's sums over the splits (200 tiles at most):
+            # the lse within that sum's bound and its log's rounding; the bf16 outputs each rounded once more
+            splits = -(-(16 * 200) // 16)
+            lse_tol = sum_rel(splits) + 4 * U32 * outs[0][1].abs().max()
+            assert _rel(o, outs[0][0]) < 2 * UBF16 + sum_rel(splits) and (l - outs[0][1]).abs().max() <= lse_tol, cfg
         else:
             assert torch.equal(o, outs[0][0]) and torch.equal(l, outs[0][1]), cfg
         assert _rel(o, ref) < OUT_TOL[torch.bfloat16], (cfg, _rel(o, ref))

@@ -3,8 +3,9 @@ against the PyTorch reference (kernels.attention.decode_attention_torch: the pre
 then float32 attention).
 
 Runs on CUDA when present, else on the CPU under TRITON_INTERPRET=1 (small shapes). The kernel scores
-exact fp16 codes on tensor cores and rounds each value to fp16 once, so outputs agree to ~1e-3
-(relative Frobenius) with fp32 queries.
+exact fp16 codes on tensor cores and rounds each value to fp16 once, so outputs agree to five fp16
+roundings of a term, to first order (tests/decode_checks.py: ``out_rtol``), and log-sum-exps to the
+bound of their largest score's rounding (``lse_atol``).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ for _m in ("kernels.triton.combine", "kernels.triton.token_attention"):
     if _m in sys.modules and not CUDA:  # compiled before TRITON_INTERPRET was set
         importlib.reload(sys.modules[_m])
 from kernels.triton.token_attention import decode_attention_fused, supports  # noqa: E402
-from decode_checks import ref_lse, rel_err  # noqa: E402
+from decode_checks import lse_atol, out_rtol, ref_lse, rel_err  # noqa: E402
+from tolerances import U16, sum_rel  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 ENGINE = sorted(n for n, cls in CODECS.items() if getattr(cls, "engine_preset", False))
@@ -66,9 +68,9 @@ def test_preset_matches_reference(name):
     out, lse = decode_attention_fused(q, ks, vs, codec, wk, wv, lengths, return_lse=True)
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv, lengths)
     assert out.shape == q.shape and out.dtype == q.dtype and torch.isfinite(out).all()
-    assert rel_err(out, ref) < 2e-3
+    assert rel_err(out, ref) < out_rtol(torch.float32)
     want = ref_lse(q, ks, codec, wk, lengths, 1 / math.sqrt(64))
-    assert (lse - want).abs().max() < 2e-3 * want.abs().max().clamp_min(1)
+    assert ((lse - want).abs() <= lse_atol(q, codec.decode(ks), 1 / math.sqrt(64), wk)).all()
 
 
 @pytest.mark.parametrize("name", ["vllm-fp8", "sglang-fp8-e5m2"])
@@ -76,7 +78,7 @@ def test_per_tensor_scales(name):
     """Checkpoint scales multiply every key and value (a constant, not a field)."""
     codec, q, ks, vs, wk, wv = _case(name, W=0, k_scale=0.25, v_scale=3.0)
     out = decode_attention_fused(q, ks, vs, codec)
-    assert rel_err(out, decode_attention_torch(q, ks, vs, codec)) < 2e-3
+    assert rel_err(out, decode_attention_torch(q, ks, vs, codec)) < out_rtol(torch.float32)
 
 
 @pytest.mark.parametrize("name", ["vllm-int4-per-token-head", "vllm-turboquant-3bit-nc"])
@@ -85,7 +87,7 @@ def test_head_dims_and_dtypes(name, d, dtype):
     codec, q, ks, vs, wk, wv = _case(name, d=d, B=1, G=7, T=70, W=8, seed=d, dtype=dtype)
     out = decode_attention_fused(q, ks, vs, codec, wk, wv)
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
-    assert out.dtype == dtype and rel_err(out, ref) < 8e-3
+    assert out.dtype == dtype and rel_err(out, ref) < out_rtol(dtype)
 
 
 def test_splits_agree():
@@ -93,7 +95,8 @@ def test_splits_agree():
     codec, q, ks, vs, wk, wv = _case("vllm-int8-per-token-head", B=1, T=200, W=0)
     one = decode_attention_fused(q, ks, vs, codec, num_splits=1)
     many = decode_attention_fused(q, ks, vs, codec, num_splits=4)
-    assert rel_err(one, many) < 1e-3
+    # each side's partial outputs rounded to fp16 once, its fp32 softmax sums over 200 tokens in another order
+    assert rel_err(one, many) < 2 * U16 + sum_rel(200)
 
 
 def test_dispatch_sends_presets_to_the_token_kernel():

@@ -2,9 +2,11 @@
 (kernels.attention.decode_attention_torch, i.e. codec.score + codec.decode_values).
 
 Runs on CUDA when present, else on the CPU under TRITON_INTERPRET=1 (small shapes).
-Tolerances: the kernel feeds fp16 tensor-core dots (rotated query, reconstructed keys,
-probabilities, values), so with fp32 queries the output is within ~1e-3 (relative Frobenius)
-of the fp32 reference; bf16/fp16 outputs add their own rounding (2^-9 / 2^-11 per element).
+Tolerances (tests/decode_checks.py): the kernel feeds fp16 tensor-core dots (rotated query,
+reconstructed keys, probabilities, values) and stores each split's partial output in fp16, so the
+output is within five fp16 roundings of a term, to first order, of the reference's, plus each
+side's rounding to the output dtype (``out_rtol``);
+the log-sum-exp within the bound of its largest score's fp16 rounding (``lse_atol``).
 """
 from __future__ import annotations
 
@@ -30,11 +32,11 @@ for _m in ("kernels.triton._common", "kernels.triton._unpack", "kernels.triton.c
     if _m in sys.modules and not CUDA:
         importlib.reload(sys.modules[_m])
 from kernels.triton.decode_attention import decode_attention_fused  # noqa: E402
-from decode_checks import ref_lse as _ref_lse, rel_err as _rel  # noqa: E402
+from decode_checks import lse_atol, out_rtol, ref_lse as _ref_lse, rel_err as _rel, score_keys  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 FUSED = ("octopus", "octopus-qjl", "turboquant-mse", "turboquant-prod")
-OUT_TOL = {torch.float32: 2e-3, torch.float16: 3e-3, torch.bfloat16: 8e-3}
+OUT_TOL = {dtype: out_rtol(dtype) for dtype in (torch.float32, torch.float16, torch.bfloat16)}  # 2.4e-3, 3.4e-3, 1.0e-2
 
 
 def _gen(seed):
@@ -68,7 +70,7 @@ def test_codecs_bits(name, bits):
     assert torch.isfinite(out).all()
     assert _rel(out, ref) < OUT_TOL[torch.float32]
     ref_lse = _ref_lse(q, ks, codec, wk, lengths.to(DEV), 1 / math.sqrt(64))
-    assert (lse - ref_lse).abs().max() < 2e-3 * ref_lse.abs().max().clamp_min(1)
+    assert ((lse - ref_lse).abs() <= lse_atol(q, score_keys(codec, ks), 1 / math.sqrt(64), wk)).all()
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -111,11 +113,11 @@ def test_no_window_and_nothing_to_attend():
 
 
 def test_many_splits_and_shared_rotation():
-    """More splits than one combine pass (16), a last block cut short, and a codec built with
-    num_heads=1 (every head shares the rotation)."""
-    codec, q, ks, vs, wk, wv = _case("octopus", 3, 64, B=1, Hkv=1, G=2, T=64 * 70 - 5, W=4, seed=11,
+    """More splits than one combine pass (a full pass of 8 and a partial one), a last block cut short,
+    and a codec built with num_heads=1 (every head shares the rotation)."""
+    codec, q, ks, vs, wk, wv = _case("octopus", 3, 64, B=1, Hkv=1, G=2, T=64 * 12 - 5, W=4, seed=11,
                                      dtype=torch.float32, num_heads=1)
-    out = decode_attention_fused(q, ks, vs, codec, wk, wv, num_splits=70, combine_block=16)
+    out = decode_attention_fused(q, ks, vs, codec, wk, wv, num_splits=12, combine_block=8)
     ref = decode_attention_torch(q, ks, vs, codec, wk, wv)
     assert _rel(out, ref) < OUT_TOL[torch.float32]
     with pytest.raises(ValueError, match="multiple of 64"):
@@ -170,7 +172,7 @@ def test_octopus_splits_and_value_layouts(split, value_bits, value_group):
     ref = decode_attention_torch(q, ks, vs, codec, lengths=[T, 33])
     assert _rel(out, ref) < OUT_TOL[torch.float32]
     ref_lse = _ref_lse(q, ks, codec, None, [T, 33], 1 / math.sqrt(d))
-    assert (lse - ref_lse).abs().max() < 2e-3 * ref_lse.abs().max().clamp_min(1)
+    assert ((lse - ref_lse).abs() <= lse_atol(q, score_keys(codec, ks), 1 / math.sqrt(d))).all()
 
 
 def test_value_group_smaller_than_a_word_falls_back():

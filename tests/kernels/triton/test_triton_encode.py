@@ -2,11 +2,18 @@
 codecs' ``encode``, and the fused value encoder (kernels/triton/value_encode.py) against
 ``ValueQuantizer.encode`` (byte for byte: same operations, same order).
 
-Stated tolerance: packed codes byte-identical to the reference except where a value lies within
-float rounding of a decision boundary (the kernel sums the key norm and the 3-term dot products
-in another order than torch); we allow at most 1 differing byte in 1000 (`harness bench` on
-an H200 saw up to 5 in 10^6) and require norms to agree to 4 ulp (rtol 5e-7). Runs on CUDA,
-else on the CPU under TRITON_INTERPRET=1.
+Stated tolerance, derived: the kernels sum the key norm by a fixed pairwise tree, torch in its own
+order; everything after the norm is the reference's operations in the reference's order (IEEE
+division and square root, the same butterfly, no multiply-add contraction). So norms agree to the
+bound of two orders of a d-term sum of squares, halved by the square root, plus each side's
+rounding of the root and the division (``norm_rtol``); a row whose norm the kernel computed bit for
+bit gets the reference's bytes exactly, and only a row whose norm moved may differ, in one code at
+most (a move of a few ulps carries a value across a decision boundary with a chance of ~1e-6 a code,
+two in one row ~1e-10: `harness bench` on an H200 saw 5 bytes in 10^6), i.e. in the bytes one code
+spans. Runs
+on CUDA, else on the CPU under TRITON_INTERPRET=1, where the interpreter runs the programs one by
+one: the tests that compare with the reference take a prefill's 16 rows a program (``BLOCK_T``),
+and test_a_row_encodes_to_the_same_bytes_in_any_block_of_rows shows a row's bytes do not depend on it.
 """
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
+from tolerances import U32, sum_rel  # noqa: E402
+
 from kernels import make_codec  # noqa: E402
 
 for _m in ("kernels.triton._common", "kernels.triton.octopus_encode", "kernels.triton.turboquant_encode",
@@ -34,7 +43,13 @@ from kernels.triton.value_encode import value_encode, value_encoder_unsupported 
 from kernels.values import ValueQuantizer  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
-MAX_BYTE_MISMATCH = 1e-3
+BLOCK_T = 16  # rows_per_program's prefill block: 8x fewer programs than a decode step's 2 rows each
+
+
+def norm_rtol(d: int) -> float:
+    """Two orders of summing d squares (nonnegative: relative to the sum itself), halved by the square
+    root, plus the rounding of each side's root and of the division by it."""
+    return sum_rel(d) / 2 + 2 * U32
 
 
 @pytest.fixture(autouse=True)
@@ -51,16 +66,26 @@ def _keys(shape, seed, dtype=torch.float32):
     return k.to(dtype).to(DEV)
 
 
-def _check(out, ref, fields):
+def _check(out, ref, fields, codec):
+    """Norms within the bound of their summation orders (norm_rtol), bytes identical in every row
+    whose norm came out bit for bit the same, and in a row whose norm moved, different in at most the
+    bytes one code spans (the module docstring)."""
+    bits = codec.fused_layout().bits  # (b,) scalar codes; (b_u, b_r) a triplet's fused u | v | r code
+    width = bits[0] if len(bits) == 1 else 2 * bits[0] + bits[1]
+    one_code = (width + 7) // 8 + 1  # bytes a code of that many bits can touch
     assert set(fields) <= set(out.tensors)
+    norm = next(f for f in fields if out.tensors[f].dtype != torch.uint8)
+    a, b = out.tensors[norm], ref.tensors[norm]
+    assert a.shape == b.shape and a.dtype == b.dtype, norm
+    torch.testing.assert_close(a, b, rtol=norm_rtol(ref.shape[-1]), atol=0)  # norm_rtol: two summation orders
+    moved = (a != b).any(-1)
     for f in fields:
         a, b = out.tensors[f], ref.tensors[f]
         assert a.shape == b.shape and a.dtype == b.dtype, f
         if a.dtype == torch.uint8:
-            frac = float((a != b).float().mean()) if a.numel() else 0.0
-            assert frac <= MAX_BYTE_MISMATCH, f"{f}: {frac:.2e} of bytes differ"
-        else:
-            torch.testing.assert_close(a, b, rtol=5e-7, atol=0)
+            differs = (a != b).any(-1)
+            assert not (differs & ~moved).any(), f"{f}: {int((differs & ~moved).sum())} rows differ with the same norm"
+            assert int((a != b).sum(-1).max()) <= one_code, f"{f}: a row differs in more than one code"
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
@@ -68,23 +93,23 @@ def _check(out, ref, fields):
 def test_octopus_encode_matches_reference(bits, d):
     codec = make_codec("octopus", bits, d, seed=bits, layer=2, num_heads=2, device=DEV)
     k = _keys((2, 2, 37, d), seed=d + bits)
-    _check(octopus_encode(codec, k), codec.encode(k), ("norm", "u"))
+    _check(octopus_encode(codec, k, block_t=BLOCK_T), codec.encode(k), ("norm", "u"), codec)
 
 
 @pytest.mark.parametrize("split", [(2, 2), (5, 3), (3, 0)])
 def test_octopus_encode_splits_and_bf16(split):
     codec = make_codec("octopus", 3, 128, seed=1, num_heads=1, split=split, device=DEV)
     k = _keys((3, 29, 128), seed=7, dtype=torch.bfloat16)
-    _check(octopus_encode(codec, k), codec.encode(k), ("norm", "u"))
+    _check(octopus_encode(codec, k, block_t=BLOCK_T), codec.encode(k), ("norm", "u"), codec)
 
 
 def test_octopus_encode_nearest_rounding_and_qjl_stage():
     codec = make_codec("octopus", 2, 64, seed=4, num_heads=1, rounding="nearest", device=DEV)
     k = _keys((50, 64), seed=3)
-    _check(octopus_encode(codec, k), codec.encode(k), ("norm", "u"))
+    _check(octopus_encode(codec, k, block_t=BLOCK_T), codec.encode(k), ("norm", "u"), codec)
     qjl = make_codec("octopus-qjl", 3, 64, seed=4, num_heads=2, device=DEV)  # its (b-1)-bit OCTOPUS stage
     k = _keys((2, 21, 64), seed=5)
-    _check(octopus_encode(qjl, k), qjl.encode(k), ("norm", "u"))
+    _check(octopus_encode(qjl, k, block_t=BLOCK_T), qjl.encode(k), ("norm", "u"), qjl)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
@@ -92,13 +117,13 @@ def test_octopus_encode_nearest_rounding_and_qjl_stage():
 def test_turboquant_encode_matches_reference(bits, d):
     codec = make_codec("turboquant-mse", bits, d, seed=bits, layer=1, num_heads=2, device=DEV)
     k = _keys((1, 2, 41, d), seed=bits * d)
-    _check(turboquant_mse_encode(codec, k), codec.encode(k), ("norm", "codes"))
+    _check(turboquant_mse_encode(codec, k, block_t=BLOCK_T), codec.encode(k), ("norm", "codes"), codec)
 
 
 def test_turboquant_prod_mse_stage_and_bf16():
     codec = make_codec("turboquant-prod", 3, 128, seed=9, num_heads=1, device=DEV)
     k = _keys((33, 128), seed=1, dtype=torch.bfloat16)
-    _check(turboquant_mse_encode(codec, k), codec.encode(k), ("norm", "codes"))
+    _check(turboquant_mse_encode(codec, k, block_t=BLOCK_T), codec.encode(k), ("norm", "codes"), codec)
 
 
 def test_unsupported_codec_is_refused():
@@ -115,12 +140,12 @@ def test_codec_encode_dispatches_to_the_fused_encoder():
     from kernels import make_codec
 
     g = torch.Generator().manual_seed(5)
-    k = torch.randn(2, 2, 24, 64, generator=g).to(DEV)
+    k = torch.randn(2, 2, 6, 64, generator=g).to(DEV)  # 24 rows: a decode step's blocks of 2, 12 programs
     for name in ("octopus", "turboquant-mse"):
         fused = make_codec(name, 3, 64, seed=1, num_heads=2, backend="triton", device=DEV)
         ref = make_codec(name, 3, 64, seed=1, num_heads=2, backend="torch", device=DEV)
         assert fused._fused_encode_fn(k) is not None and ref._fused_encode_fn(k) is None
-        _check(fused.encode(k), ref.encode(k), ref.encode(k).tensors)
+        _check(fused.encode(k), ref.encode(k), ref.encode(k).tensors, ref)
 
 
 def test_triton_backend_fails_loudly_where_no_fused_encoder_exists():
@@ -156,7 +181,7 @@ def test_value_encode_matches_reference_byte_for_byte(bits, d, group):
         v[0, 0, 0] = 0.75  # one value per group: scale 0
         v[0, 0, 1] = torch.round(v[0, 0, 1] * 8) / 8  # coarse values: ties and exact hits
         v = v.to(dtype).to(DEV)
-        _same_bytes(value_encode(vq, v), vq.encode(v))
+        _same_bytes(value_encode(vq, v, block_t=BLOCK_T), vq.encode(v))
 
 
 def test_value_encode_rounds_ties_to_even():
@@ -170,7 +195,7 @@ def test_value_encode_rounds_ties_to_even():
 
 def test_value_encode_empty_and_strided_input():
     vq = ValueQuantizer(3, 64)
-    v = torch.randn(2, 4, 10, 64).to(DEV)
+    v = torch.randn(2, 4, 10, 64, generator=torch.Generator().manual_seed(0)).to(DEV)
     _same_bytes(value_encode(vq, v[:, :, 3:7]), vq.encode(v[:, :, 3:7]))  # not contiguous
     empty = value_encode(vq, v[:, :, :0])
     assert empty.tensors["codes"].shape == (2, 4, 0, vq.field.nbytes) and empty.num_tokens == 0
@@ -191,7 +216,7 @@ def test_codec_encode_values_dispatches_to_the_fused_encoder(monkeypatch):
     calls = []
     real = ve.value_encode
     monkeypatch.setattr(ve, "value_encode", lambda *a, **k: calls.append(1) or real(*a, **k))
-    v = torch.randn(2, 2, 24, 64, generator=torch.Generator().manual_seed(3)).to(DEV)
+    v = torch.randn(2, 2, 6, 64, generator=torch.Generator().manual_seed(3)).to(DEV)
     for name in ("octopus", "turboquant-mse", "kivi"):
         fused = make_codec(name, 2, 64, seed=1, num_heads=2, backend="triton", device=DEV)
         ref = make_codec(name, 2, 64, seed=1, num_heads=2, backend="torch", device=DEV)
@@ -209,7 +234,7 @@ def test_a_row_encodes_to_the_same_bytes_in_any_block_of_rows(name):
     """A decode step encodes its few rows two to a program, a prefill sixteen: a token's bytes must
     not depend on which (the key norm is summed by a fixed tree, not by the compiler's reduction)."""
     codec = make_codec("octopus" if name == "values" else name, 3, 128, num_heads=2, seed=1, device=DEV)
-    keys = _keys((1, 2, 24, 128), seed=5)
+    keys = _keys((1, 2, 12, 128), seed=5)  # 24 rows: a full block of 16 and a partial one
     if name == "values":
         outs = [value_encode(codec.value_quantizer, keys, block_t=bt) for bt in (16, 2, 1)]
     else:
