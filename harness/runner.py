@@ -5,9 +5,9 @@ otherwise):
 
 - ``config.json``   the exact :class:`RunConfig` (JSON round trip; a resumed run must match it)
 - ``model.json``    what was loaded (architecture, dtype, device) and the environment (packages,
-                    device name, CUDA, git commit: :mod:`harness.environment`)
+                    device name, CUDA, git commit: :mod:`harness.run.environment`)
 - ``registry.json`` what the registries declare of the run's tasks, metrics and codecs, for the
-                    summary and reports (:mod:`harness.run_data`)
+                    summary and reports (:mod:`harness.report.run_data`)
 - ``rows.jsonl``    one line per (task, prompt, cache configuration, codec seed), appended and
                     fsync'ed as each finishes; a rerun skips the keys already there, so an
                     interrupted run resumes without losing or repeating a row
@@ -15,23 +15,23 @@ otherwise):
                     by every codec and codec seed and by a resumed run
 - ``summary.json``  per task and cache configuration: n, mean, min, max and 95% interval of every
                     metric, its paired difference from the baseline, the ranking per bit width
-                    and the rate-matched front (see :mod:`harness.summary`, :mod:`harness.stats`)
-- ``report.md``     tables and plots (see :mod:`harness.report`); ``report.html`` the same as
+                    and the rate-matched front (see :mod:`harness.report.summary`, :mod:`harness.stats.intervals`)
+- ``report.md``     tables and plots (see :mod:`harness.report.markdown`); ``report.html`` the same as
                     one page with interactive plots and the rollouts' media side by side
 - ``speed.jsonl``   per row, its rollout's prefill seconds, decode rate and peak device memory
-                    (:mod:`harness.speed`); measured, so it differs between identical runs
+                    (:mod:`harness.report.speed`); measured, so it differs between identical runs
 - ``timings.jsonl`` wall seconds per batch and configuration (measured, as speed.jsonl is)
 - ``plan.json``     the batches and cache configurations in the order one process runs them
 
-A run may be split over processes (``shard``; :mod:`harness.shard`): shard I of N runs its share of
+A run may be split over processes (``shard``; :mod:`harness.scale.shard`): shard I of N runs its share of
 the batches and appends to ``rows.shard-I-of-N.jsonl``, ``speed.shard-I-of-N.jsonl`` and
 ``timings.shard-I-of-N.jsonl``; the last
-to end merges the rows into rows.jsonl in plan order (:mod:`harness.merge`), byte-identical to one
+to end merges the rows into rows.jsonl in plan order (:mod:`harness.scale.merge`), byte-identical to one
 process's.
 
 Rows and summary hold no timestamps, and floats are written with 7 significant digits, so the
 same command gives byte-identical rows.jsonl and summary.json. The configuration is in
-:mod:`harness.config`, row I/O in :mod:`harness.rows`, the summary in :mod:`harness.summary`.
+:mod:`harness.run.config`, row I/O in :mod:`harness.run.rows`, the summary in :mod:`harness.report.summary`.
 """
 from __future__ import annotations
 
@@ -43,19 +43,19 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from adapters.kv_cache import CacheConfig
+from adapters.cache.config import CacheConfig
 from adapters.protocol import ModelAdapter
 
-from .config import RunConfig, RunError, seeded
-from .environment import environment, environment_diff
-from .lock import RunLock, RunLocked, describe
-from .merge import MERGE_WAIT_S, complete, finish, stored_rows
-from .rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name, write_via
-from .run_checks import check_limits, task_options
-from .run_data import write_registry
-from .run_folder import claim_out, make_out, refuse_live_shards, start_out, write_config
-from .shard import ROWS_NAME, Plan, Shard, adopt_plan, write_plan
-from .speed import SPEED_NAME, speed_line
+from harness.run.config import RunConfig, RunError, seeded
+from harness.run.environment import environment, environment_diff
+from harness.run.lock import RunLock, RunLocked, describe
+from harness.scale.merge import MERGE_WAIT_S, complete, finish, stored_rows
+from harness.run.rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name, write_via
+from harness.run.checks import check_limits, task_options
+from harness.report.run_data import write_registry
+from harness.run.folder import claim_out, make_out, refuse_live_shards, start_out, write_config
+from harness.scale.shard import ROWS_NAME, Plan, Shard, adopt_plan, write_plan
+from harness.report.speed import SPEED_NAME, speed_line
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -132,16 +132,16 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
         shard: Shard | None = None) -> Path:
     """Run (or resume) ``config``; returns the run folder. ``model``: an already loaded model
     (tests); ``on_row(row)`` is called after each row is stored; ``shard``: run only that shard's
-    batches (:mod:`harness.shard`; None or a count of 1: the whole run in this process).
+    batches (:mod:`harness.scale.shard`; None or a count of 1: the whole run in this process).
 
     Every argument is checked before the folder is touched or the model loads; the folder is
-    locked (:class:`harness.lock.RunLock`) and claimed (``claim_out``); nothing in it changes
+    locked (:class:`harness.run.lock.RunLock`) and claimed (``claim_out``); nothing in it changes
     until the model has loaded and passed its checks (a shard writes config.json as it claims the
     folder, so that shards of another configuration cannot start beside it). A folder this call
     created is removed again if it fails before then (not by a shard: others may be using it)."""
     config, spec = resolve(config, log)
     if spec.modality == "text" and model is None:  # the limits its config file declares, before it loads
-        from adapters.hf_models import declared_limits
+        from adapters.hf.models import declared_limits
 
         check_limits(config, *declared_limits(config.model_path), f"{config.model_path}/config.json")
     work = plan(config, log)
@@ -214,7 +214,7 @@ def _load(config: RunConfig, spec, model, log) -> tuple[ModelAdapter, list[Cache
     if not isinstance(model, ModelAdapter) or model.modality != spec.modality:
         raise RunError(f"model '{config.model}' must be a {spec.modality} adapters.protocol.ModelAdapter, "
                        f"got {type(model).__name__} ({getattr(model, 'modality', '?')})")
-    from adapters.hf_models import max_positions
+    from adapters.hf.models import max_positions
 
     check_limits(config, model.geometry.layers, max_positions(model), f"model '{config.model}'")
     cache_configs, skipped = check_pairs(config.cache_configs(), model.geometry)

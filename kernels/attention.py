@@ -3,7 +3,7 @@
 :func:`attend` is the one PyTorch attention of the project: queries (many tokens, GQA) against,
 in token order, a codec-compressed prefix, a native window of recent tokens and native tokens in
 flight, with masks, causal order and per-sequence lengths, in one float32 softmax. The cache
-(:meth:`adapters.kv_cache.LayerKV.attend`) and the decode-step reference
+(:meth:`adapters.cache.kv_cache.LayerKV.attend`) and the decode-step reference
 (:func:`decode_attention_torch`) both call it.
 
 :func:`decode_attention` attends one query token per sequence: on CUDA the table-lookup CUDA
@@ -19,8 +19,8 @@ import math
 
 import torch
 
-from .backend import ATTENTION_PATHS, Decision, decide, resolve_backend, triton_unavailable
-from .base import Codec, Encoded
+from kernels.backend import ATTENTION_PATHS, Decision, decide, resolve_backend, triton_unavailable
+from kernels.base import Codec, Encoded
 
 
 def _lengths_mask(lengths, B: int, T: int, device) -> torch.Tensor | None:
@@ -116,10 +116,10 @@ def triton_kernel(codec: Codec):
     (looked up at each call: tests wrap the launchers). Each has ``supports(codec, q_dtype)`` and the launcher
     ``decode_attention_fused``."""
     if codec.token_layout() is not None:
-        from .triton import token_attention
+        from kernels.triton import token_attention
 
         return token_attention
-    from .triton import decode_attention
+    from kernels.triton import decode_attention
 
     return decode_attention
 
@@ -140,7 +140,7 @@ def lut_unsupported(q: torch.Tensor, codec: Codec, num_kv_heads: int, device=Non
     (``device`` defaults to q's; CuPy is imported only here, when asked)."""
     if q.shape[-2] != 1:
         return f"the table-lookup kernel takes one query token per step, got {q.shape[-2]}"
-    from .cuda.decode_lut import supports
+    from kernels.cuda.decode_lut import supports
 
     G = q.shape[1] // num_kv_heads
     return supports(codec, q.dtype, G, q.device if device is None else device, num_kv_heads)
@@ -187,7 +187,7 @@ def decode_attention(q: torch.Tensor, key_state: Encoded | None, value_state: En
     if path is None:
         path = decide_attention(q, codec, key_state.shape[-3], backend, softcap=softcap).path if has_prefix else "torch"
     if path == "lut":
-        from .cuda import decode_lut
+        from kernels.cuda import decode_lut
 
         return decode_lut.decode_attention_lut(q, key_state, value_state, codec, window_k, window_v, lengths,
                                                window_lengths, scale)

@@ -2,7 +2,7 @@
 
 Every user of the fused kernels asks here: :meth:`kernels.base.Codec.encode` (fused key encoders:
 one path, 'triton') and the attention dispatch (:func:`kernels.attention.decode_attention`, and
-through it :meth:`adapters.kv_cache.LayerKV.attend`: paths 'lut', the table-lookup CUDA kernel,
+through it :meth:`adapters.cache.kv_cache.LayerKV.attend`: paths 'lut', the table-lookup CUDA kernel,
 then 'triton'). :meth:`kernels.base.Codec.encode_values` asks :func:`fused_wanted` and runs the
 fused value encoder (:mod:`kernels.triton.value_encode`) where it covers the quantizer, else the
 reference (never an error: its bytes are the reference's). Each operation lists its fused paths
@@ -115,7 +115,7 @@ def triton_unavailable(device: torch.device) -> str | None:
         import triton  # noqa: F401
     except ImportError as e:
         return f"triton is not importable ({e})"
-    from .triton import available
+    from kernels.triton import available
 
     if not available(device):
         return f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1), got {device}"

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from .backend import fused_wanted, resolve_backend, triton_unavailable, use_fused
-from .encoded import Encoded
-from .packing import BitField
-from .triton.encoders import encoder_unsupported, fused_encoder
-from .values import ValueQuantizer
+from kernels.backend import fused_wanted, resolve_backend, triton_unavailable, use_fused
+from kernels.encoded import Encoded
+from kernels.packing import BitField
+from kernels.triton.encoders import encoder_unsupported, fused_encoder
+from kernels.values import ValueQuantizer
 
 if TYPE_CHECKING:
-    from .config import CodecConfig
+    from kernels.config import CodecConfig
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -122,7 +122,7 @@ class Codec:
     #: a run then repeats it for every codec seed; a deterministic codec runs once (tests check
     #: that this matches what the seed really changes)
     randomized: ClassVar[bool] = False
-    #: True where the codec reproduces an inference engine's KV-cache format (kernels/vllm_kv.py): values in the
+    #: True where the codec reproduces an inference engine's KV-cache format (kernels/engines/vllm_kv.py): values in the
     #: keys' format (``value_bits`` other than ``bits`` refused, ``value_group`` does not apply) and the engine's
     #: own arithmetic, which may round through the input's dtype
     engine_preset: ClassVar[bool] = False
@@ -203,7 +203,7 @@ class Codec:
         (:mod:`kernels.triton.value_encode`), else the PyTorch reference. ``defer`` as :meth:`encode`."""
         check_input(values, self.head_dim, "values", defer)
         if fused_wanted(self._backend_arg, values.device) and triton_unavailable(values.device) is None:
-            from .triton.value_encode import value_encode, value_encoder_unsupported
+            from kernels.triton.value_encode import value_encode, value_encoder_unsupported
 
             if value_encoder_unsupported(self.value_quantizer, values.device) is None:
                 return value_encode(self.value_quantizer, values)

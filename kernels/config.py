@@ -1,6 +1,6 @@
 """What builds a codec: :class:`CodecConfig` (one layer's codec), on :class:`CodecChoice` (what a user
 chooses of a codec, shared with the rollout's cache config), and :func:`codec_options`, where a codec's
-options enter: a codec declares them as a frozen dataclass ``Options`` (:mod:`kernels.options`), and
+options enter: a codec declares them as a frozen dataclass ``Options`` (:mod:`registry.options`), and
 every config holds an instance of it, read once from strings or JSON and trusted after that. The
 instance's class names its codec: ``make_codec`` dispatches on it (as torchao's configs do).
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from .backend import BACKENDS
-from .options import check_fields, options_json, read_options
-from .registry import codec_class, codec_for
+from kernels.backend import BACKENDS
+from registry.options import check_fields, options_json, read_options
+from kernels.registry import codec_class, codec_for
 
 if TYPE_CHECKING:
-    from .base import Codec
+    from kernels.base import Codec
 
 CODEC_CONFIG_VERSION = 1
 #: rows.jsonl's order of a codec config's fields (its base's fields come first in the dataclass)
@@ -42,7 +42,7 @@ def codec_options(name: str, given: Any = None, strings: bool = False):
 @dataclass(frozen=True, kw_only=True)
 class CodecChoice:
     """What a user chooses of a codec besides its name and key bit width: declared once, shared by a
-    rollout's cache (:class:`adapters.cache_config.CacheConfig`) and each layer's codec (:class:`CodecConfig`).
+    rollout's cache (:class:`adapters.cache.config.CacheConfig`) and each layer's codec (:class:`CodecConfig`).
 
     ``value_bits`` None means the key bit width; ``options`` is the codec's ``Options`` instance (a dict
     given here is read into one).

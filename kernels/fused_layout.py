@@ -43,8 +43,8 @@ from enum import Enum
 
 import torch
 
-from .packing import BitField
-from .rotation import Rotation
+from kernels.packing import BitField
+from kernels.rotation import Rotation
 
 
 class KeyCodes(str, Enum):

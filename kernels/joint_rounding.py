@@ -17,8 +17,8 @@ from functools import lru_cache
 
 import torch
 
-from .lloyd_max import codebook, quantize
-from .octahedral import octa_decode, octa_encode
+from kernels.lloyd_max import codebook, quantize
+from kernels.octahedral import octa_decode, octa_encode
 
 #: 3x3 neighbourhood offsets (du, dv), the centre first so that ties keep the nearest pair.
 _OFFSETS = ((0, 0), (-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1))

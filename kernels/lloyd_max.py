@@ -103,7 +103,7 @@ def density(kind: str, d: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def octa_samples(n: int = 1 << 21, seed: int = 1234) -> torch.Tensor:
     """u-coordinates of the octahedral fold of n directions uniform on S^2 (both coordinates pooled)."""
-    from .octahedral import octa_encode
+    from kernels.octahedral import octa_encode
 
     g = torch.Generator().manual_seed(seed)
     s = torch.randn(n, 3, generator=g, dtype=torch.float64)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from registry import Registry
 
 if TYPE_CHECKING:
-    from .base import Codec
+    from kernels.base import Codec
 
 #: the codecs of the package's modules (subpackages such as triton hold kernels, not codecs)
 REGISTRY: Registry[type[Codec]] = Registry("codec", "kernels", subpackages=False)

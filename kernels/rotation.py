@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .seeding import private_generator
+from kernels.seeding import private_generator
 
 
 def next_pow2(d: int) -> int:

@@ -1,6 +1,6 @@
 """What the fused per-token decode kernel (:mod:`kernels.triton.token_attention`) needs from a codec
 whose keys and values are scalar codes with per-token side information: the engines' KV-cache
-presets (:mod:`kernels.engine_preset`), declared by the codec as data (``Codec.token_layout()``).
+presets (:mod:`kernels.engines.preset`), declared by the codec as data (``Codec.token_layout()``).
 
 One token of one head, ``d`` coordinates, is read back as
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .encoded import Encoded
-from .packing import BitField
+from kernels.encoded import Encoded
+from kernels.packing import BitField
 
 SIDE_DTYPE = torch.float16
 

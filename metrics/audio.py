@@ -24,8 +24,8 @@ import torch
 
 from registry import declare_modality
 
-from . import shared  # noqa: F401  (defines kl, top1_agree and latent_cos, implemented here for audio)
-from .registry import register_metric
+from metrics import shared  # noqa: F401  (defines kl, top1_agree and latent_cos, implemented here for audio)
+from metrics.registry import register_metric
 
 MODALITY = declare_modality("audio")  # before any metric of it registers
 

@@ -25,8 +25,8 @@ from collections import Counter
 from difflib import SequenceMatcher
 from typing import Callable, Sequence
 
-from .text import MODALITY as TEXT  # noqa: F401  (the text modality: declared before its metrics here register)
-from .registry import register_metric
+from metrics.text import MODALITY as TEXT  # noqa: F401  (the text modality: declared before its metrics here register)
+from metrics.registry import register_metric
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 

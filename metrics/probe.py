@@ -9,7 +9,7 @@ import torch
 
 from registry import declare_modality
 
-from .registry import register_metric
+from metrics.registry import register_metric
 
 MODALITY = declare_modality("probe")  # before any metric of it registers
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .kvpress_scores import SCORERS, scorer_for
-from .registry import register_metric
+from metrics.kvpress_scores import SCORERS, scorer_for
+from metrics.registry import register_metric
 
 
 @register_metric("ruler_score", "text", higher_is_better=True, display="RULER score",

@@ -2,7 +2,7 @@
 each modality's module registers its own implementation with ``@register_metric(name, modality)``."""
 from __future__ import annotations
 
-from .registry import define_metric
+from metrics.registry import define_metric
 
 define_metric("kl", higher_is_better=False, scale="log", display="KL (nats)",
               description="mean KL(baseline || compressed) of next-token distributions, nats (text: the scored "

@@ -17,8 +17,8 @@ import torch
 
 from registry import declare_modality
 
-from . import shared  # noqa: F401  (defines kl and top1_agree, implemented here for text)
-from .registry import register_metric
+from metrics import shared  # noqa: F401  (defines kl and top1_agree, implemented here for text)
+from metrics.registry import register_metric
 
 MODALITY = declare_modality("text")  # before any metric of it registers
 

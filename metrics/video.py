@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from registry import declare_modality
 
-from . import shared  # noqa: F401  (defines latent_cos, implemented here for video)
-from .registry import register_metric
+from metrics import shared  # noqa: F401  (defines latent_cos, implemented here for video)
+from metrics.registry import register_metric
 
 MODALITY = declare_modality("video")  # before any metric of it registers
 

@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 #: what a model generates and a task scores, each declared by its metrics module (``metrics/<modality>.py``
 #: calls :func:`declare_modality` before it registers a metric), so a new modality is its three files (model,
 #: task, metrics) and no list elsewhere. A task files its media under ``RUN/<its modality>/``
-#: (harness.run_folder.run_dirs). :data:`NO_MODEL` is a codec measured alone on synthetic vectors (``harness
+#: (harness.run.folder.run_dirs). :data:`NO_MODEL` is a codec measured alone on synthetic vectors (``harness
 #: probe``): it has metrics, but no model has it.
 MODALITIES: list[str] = []
 NO_MODEL = "probe"

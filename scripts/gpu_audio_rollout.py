@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from adapters.aar import FULL_AAR, FULL_SAT, TINY_AAR, TINY_SAT, SamplingConfig, random_pipeline, released_pipeline
-from adapters.cache_stats import cache_row_stats
-from adapters.kv_cache import CacheConfig
+from adapters.cache.stats import cache_row_stats
+from adapters.cache.config import CacheConfig
 from kernels import list_codecs, private_generator
 from metrics import audio as am
 

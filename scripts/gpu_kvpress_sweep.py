@@ -26,8 +26,8 @@ import torch
 
 from adapters.byte_tokenizer import byte_tokenizer
 from harness.bench import QWEN25_7B, TINY, load_model
-from harness.cli import main as harness
-from harness.rows import read_rows
+from harness.cli.main import main as harness
+from harness.run.rows import read_rows
 from harness.tasks.text_corpus import default_corpus
 from kernels import list_codecs
 

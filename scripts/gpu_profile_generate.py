@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from adapters.hf_cache import attach
+from adapters.hf.cache import attach
 from harness.bench import QWEN25_7B, cache_makers, greedy_generate, load_model, prefilled, timed_generate
 
 #: host-device synchronisations (CUDA runtime calls; aten::item etc. name the operators that cause them)
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=20)
     ap.add_argument("--trace", type=Path, default=None, help="write a Chrome trace per cache into this folder")
     ap.add_argument("--graphs", action="store_true",
-                    help="profile the graphed steps instead (adapters.graphed_decode): wall ms per replay, and the "
+                    help="profile the graphed steps instead (adapters.hf.graphed_decode): wall ms per replay, and the "
                          "kernels a replay runs (the static steps run eagerly under the profiler)")
     a = ap.parse_args(argv)
     from torch.profiler import ProfilerActivity, profile
@@ -128,7 +128,7 @@ def graphed_profile(model, cache, cont, steps: int, rows: int) -> tuple[float, f
     ``cache``; prints the kernels by device time (the static steps run eagerly: the kernels a replay runs)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from adapters.graphed_decode import GraphedDecode
+    from adapters.hf.graphed_decode import GraphedDecode
 
     ids = cont[:, -1].tolist()
     graph = GraphedDecode(model, cache, ids, steps + 2)

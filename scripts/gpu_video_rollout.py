@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from adapters.cache_stats import cache_row_stats
-from adapters.kv_cache import CacheConfig
+from adapters.cache.stats import cache_row_stats
+from adapters.cache.config import CacheConfig
 from adapters.wan import CAUSAL_FORCING, CAUSVID, build_random, tiny_spec
 from kernels import private_generator
 from metrics import video as vm

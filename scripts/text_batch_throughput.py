@@ -30,7 +30,7 @@ def load(args):
         return get_model(args.model).load(args.model_path, args.device, args.dtype)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from adapters.hf_causal_lm import CausalLM
+    from adapters.hf.causal_lm import CausalLM
     from adapters.loading import random_init_, resolve
 
     device, dtype = resolve(args.device, args.dtype)
@@ -59,7 +59,7 @@ def run(task, model, prompts, configs, seed: int) -> tuple[float, dict]:
 
 
 def main(argv=None) -> None:
-    from harness.config import RunConfig, seeded
+    from harness.run.config import RunConfig, seeded
     from harness.tasks import get_task
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

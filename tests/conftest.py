@@ -38,10 +38,10 @@ def pytest_configure(config):
 def _engine_presets_compress_every_layer(request, monkeypatch):
     """vLLM's TurboQuant presets keep the first and last two layers native, which leaves the 2- and
     3-layer test models uncompressed; the tests of every codec see them compress every layer, and
-    tests marked ``engine_boundaries`` (tests/kernels/test_vllm_kv.py) check the boundary itself."""
+    tests marked ``engine_boundaries`` (tests/kernels/engines/test_vllm_kv.py) check the boundary itself."""
     if request.node.get_closest_marker("engine_boundaries"):
         return
-    from kernels.vllm_turboquant import _VllmTurboQuant
+    from kernels.engines.vllm_turboquant import _VllmTurboQuant
 
     monkeypatch.setattr(_VllmTurboQuant, "engine_skipped_layers", classmethod(lambda cls, n, options=None: set()))
 
@@ -49,8 +49,8 @@ def _engine_presets_compress_every_layer(request, monkeypatch):
 @pytest.fixture(autouse=True, scope="session")
 def _quanto_unpacks_in_torch():
     """optimum-quanto's pure-PyTorch unpacking for every test, not its C++ extension, which it builds on first
-    use (a minute on two cores, paid by whichever test first reads a quanto tensor back: tests/quanto_cpu.py)."""
-    from quanto_cpu import quanto_unpacks_in_torch
+    use (a minute on two cores, paid by whichever test first reads a quanto tensor back: tests/helpers/quanto_cpu.py)."""
+    from helpers.quanto_cpu import quanto_unpacks_in_torch
 
     with quanto_unpacks_in_torch():
         yield

@@ -14,7 +14,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from adapters.hf_compat import TESTED
+from adapters.hf.compat import TESTED
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,10 +17,10 @@ import torch
 from adapters.loading import resolve
 from adapters.registry import register_model
 
-from .models import FULL_AAR, FULL_SAT, TINY_AAR, TINY_SAT, random_pipeline, released_pipeline
-from .pipeline import AARPipeline, Rollout, SamplingConfig, sample_top_k_top_p
-from .sat import AAR_SCALES, SAT, SATConfig
-from .transformer import AARConfig, AARTransformer
+from adapters.aar.models import FULL_AAR, FULL_SAT, TINY_AAR, TINY_SAT, random_pipeline, released_pipeline
+from adapters.aar.pipeline import AARPipeline, Rollout, SamplingConfig, sample_top_k_top_p
+from adapters.aar.sat import AAR_SCALES, SAT, SATConfig
+from adapters.aar.transformer import AARConfig, AARTransformer
 
 
 def _placement(device, dtype) -> tuple[torch.device, torch.dtype]:

@@ -10,11 +10,11 @@ import torch
 from adapters.loading import load_strict
 from kernels import private_generator
 
-from .checkpoint import AAR_KEY, SAT_KEY, read_state_dict
-from .conditioning import ClapConditioner, LaionClapConditioner, StandInConditioner
-from .pipeline import AARPipeline
-from .sat import AAR_SCALES, SAT, SATConfig
-from .transformer import AARConfig, AARTransformer
+from adapters.aar.checkpoint import AAR_KEY, SAT_KEY, read_state_dict
+from adapters.aar.conditioning import ClapConditioner, LaionClapConditioner, StandInConditioner
+from adapters.aar.pipeline import AARPipeline
+from adapters.aar.sat import AAR_SCALES, SAT, SATConfig
+from adapters.aar.transformer import AARConfig, AARTransformer
 
 #: A CPU-sized AAR: same scales, block structure and cache recipe, 4 layers of 4 heads x 32.
 TINY_AAR = AARConfig(depth=4, width=128, num_heads=4, vocab=256, latent_dim=16)

@@ -1,4 +1,4 @@
-"""One AAR rollout, scale by scale, with the KV cache behind :class:`adapters.kv_cache.CompressedKVCache`.
+"""One AAR rollout, scale by scale, with the KV cache behind :class:`adapters.cache.kv_cache.CompressedKVCache`.
 
 The batch is 2B rows (conditional, then unconditional) for classifier-free guidance with a
 linearly ramped scale: at scale s of S, ``t = cfg * s / (S - 1)`` and the guided logits are
@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adapters.kv_cache import CacheConfig, CompressedKVCache
-from adapters.protocol import CachePolicy, Geometry, ModelAdapter
-from adapters.rollout_clock import OFF, RolloutClock
-from adapters.shared_prefill import SharedPrefill
+from adapters.cache.config import CacheConfig
 
-from .sat import SAT
-from .transformer import AARTransformer
+from adapters.cache.kv_cache import CompressedKVCache
+from adapters.protocol import CachePolicy, Geometry, ModelAdapter
+from adapters.cache.rollout_clock import OFF, RolloutClock
+from adapters.cache.shared_prefill import SharedPrefill
+
+from adapters.aar.sat import SAT
+from adapters.aar.transformer import AARTransformer
 
 
 def sample_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator) -> torch.Tensor:
@@ -172,7 +174,7 @@ class AARPipeline(ModelAdapter):
         Scale 0 reads only itself: the cache keeps it native until scale 1 arrives (one native
         append), so its logits are the same whatever the codec. With ``share_prefill`` it is
         computed once per embedding into a native cache and appended to each rollout's
-        (:mod:`adapters.shared_prefill`); sampling stays in the rollout, so every draw is unchanged."""
+        (:mod:`adapters.cache.shared_prefill`); sampling stays in the rollout, so every draw is unchanged."""
         def compute(into: CompressedKVCache) -> tuple[torch.Tensor, torch.Tensor, CompressedKVCache]:
             cond = self.aar.condition(emb)
             return cond, self.aar.step(self.aar.first_input(cond), cond, into), into

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .seanet import SEANetDecoder, SEANetEncoder
+from adapters.aar.seanet import SEANetDecoder, SEANetEncoder
 
 #: The released SAT's token pyramid: 16 scales, 455 tokens, ending at 75 frames (1 s at 24 kHz).
 AAR_SCALES = (1, 2, 4, 6, 9, 12, 16, 20, 25, 31, 37, 43, 50, 58, 66, 75)

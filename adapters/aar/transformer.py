@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sat import AAR_SCALES
+from adapters.aar.sat import AAR_SCALES
 
 MAX_LOG_SCALE = math.log(100.0)
 
@@ -95,7 +95,7 @@ class CosineSelfAttention(nn.Module):
         return q, F.normalize(k, dim=-1), v
 
     def forward(self, x: torch.Tensor, layer_kv) -> torch.Tensor:
-        """Append this scale's keys/values to ``layer_kv`` (a :class:`adapters.kv_cache.LayerKV`), then
+        """Append this scale's keys/values to ``layer_kv`` (a :class:`adapters.cache.kv_cache.LayerKV`), then
         attend over every cached scale (this one included, native in the residual window)."""
         B, L, C = x.shape
         q, k, v = self.qkv(x)

@@ -2,7 +2,7 @@
 
 A rollout generates the video a block of latent frames at a time. Every transformer call
 sees only the block in flight; its self-attention reads the committed blocks from the
-rollout's :class:`~adapters.kv_cache.CompressedKVCache` and the block's own keys and values
+rollout's :class:`~adapters.cache.kv_cache.CompressedKVCache` and the block's own keys and values
 natively (``LayerKV.attend(..., k_new=, v_new=)``). On the commit pass (the clean block
 re-run at t=0) the block's keys and values are appended after attending, so each committed
 token is encoded once, with RoPE already applied at its true frame position.
@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from adapters.kv_cache import CompressedKVCache, LayerKV
+from adapters.cache.kv_cache import CompressedKVCache
+
+from adapters.cache.layer_kv import LayerKV
 
 #: Upper bound on float32 score entries per attend call; larger query blocks are split by
 #: rows (softmax is per row, so the result is the same) to keep the full-size model in memory.

@@ -9,9 +9,9 @@ import torch
 
 from adapters.loading import random_init_
 
-from .checkpoint import load_released_generator, load_text_encoder, load_vae, wan_layout
-from .model import CausalWan, CausalWanSpec
-from .tiny import TINY_TRANSFORMER, TINY_UMT5, TINY_VAE, ByteTokenizer
+from adapters.wan.checkpoint import load_released_generator, load_text_encoder, load_vae, wan_layout
+from adapters.wan.model import CausalWan, CausalWanSpec
+from adapters.wan.tiny import TINY_TRANSFORMER, TINY_UMT5, TINY_VAE, ByteTokenizer
 
 #: Where the Wan 2.1 folder is looked for when WAN_DIR is not set (CausVid / Causal Forcing put it there).
 WAN_DIR_CANDIDATES = ("wan_models/Wan2.1-T2V-1.3B-Diffusers", "wan_models/Wan2.1-T2V-1.3B",

@@ -11,7 +11,7 @@ Rollout, per block of ``frames_per_block`` latent frames (the released samplers'
 Every noise draw (the initial latents and each re-noising) comes, in a fixed order, from the
 generator the caller passes, so a rollout is a function of (prompt, seed) and the cache config.
 Block 0 reads nothing but itself, whatever the codec: it is computed once per (prompt, seed) and
-every cache configuration starts from it (``share_prefill``; :mod:`adapters.shared_prefill`).
+every cache configuration starts from it (``share_prefill``; :mod:`adapters.cache.shared_prefill`).
 """
 from __future__ import annotations
 
@@ -23,14 +23,16 @@ from typing import Callable
 
 import torch
 
-from adapters.kv_cache import CacheConfig, CompressedKVCache
+from adapters.cache.config import CacheConfig
+
+from adapters.cache.kv_cache import CompressedKVCache
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
-from adapters.rollout_clock import OFF, RolloutClock
-from adapters.shared_prefill import SharedPrefill
+from adapters.cache.rollout_clock import OFF, RolloutClock
+from adapters.cache.shared_prefill import SharedPrefill
 from kernels import private_generator
 
-from .attention import BlockState, causal_attention
-from .schedule import FlowSchedule
+from adapters.wan.attention import BlockState, causal_attention
+from adapters.wan.schedule import FlowSchedule
 
 #: Wan 2.1 T2V 1.3B: 30 blocks of 12 heads x 128 dims.
 WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16,
@@ -97,7 +99,7 @@ class CausalWan(ModelAdapter):
     ``text_encoder`` None means prompts are embedded as seeded random vectors (full-size
     random-weight smoke runs, where the 5.7B UMT5 would only add load time). ``share_prefill``:
     block 0 is computed once per prompt and seed, shared by every cache configuration
-    (:mod:`adapters.shared_prefill`; False: through each rollout's own cache).
+    (:mod:`adapters.cache.shared_prefill`; False: through each rollout's own cache).
     """
 
     modality = "video"

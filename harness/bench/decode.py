@@ -44,11 +44,11 @@ import torch
 
 from kernels import list_codecs, make_codec
 
-from . import generate, ncu
-from .encode import encode_rows
-from .inputs import SHAPES, check_correctness, fused_codecs, parse_ctx, parse_list, random_state, triton_path
-from .report import row_line, to_markdown
-from .timing import copy_bandwidth, sdpa, sdpa_backend_fn, time_eager, time_graph
+from harness.bench import generate, ncu
+from harness.bench.encode import encode_rows
+from harness.bench.inputs import SHAPES, check_correctness, fused_codecs, parse_ctx, parse_list, random_state, triton_path
+from harness.bench.report import row_line, to_markdown
+from harness.bench.timing import copy_bandwidth, sdpa, sdpa_backend_fn, time_eager, time_graph
 
 #: latency targets vs bf16 SDPA at >= 32k (H100), per codec and bits
 TARGETS = {"octopus": {2: 0.5, 3: 0.5, 4: 0.7}}

@@ -6,7 +6,7 @@ import torch
 
 from kernels import make_codec
 
-from .timing import time_eager
+from harness.bench.timing import time_eager
 
 ENCODE_HEADS, ENCODE_DIM = 4, 128  # the geometry the encode table times (Qwen2.5-7B's KV heads)
 

@@ -1,9 +1,9 @@
 """``harness bench --generate``: decode tokens/s through each compressed cache against the native
 cache, beside the memory roofline. On CUDA the steps are replayed from a CUDA graph
-(:mod:`adapters.graphed_decode`) where the cache allows, as the harness's rollouts run them; the row's
+(:mod:`adapters.hf.graphed_decode`) where the cache allows, as the harness's rollouts run them; the row's
 ``decode`` says 'graphed' or why they ran eagerly (``--graphs off``: ``model.generate``'s eager steps;
 ``--graphs generate``: ``model.generate`` with its decode steps replayed,
-:class:`adapters.graphed_decode.GraphedForward`).
+:class:`adapters.hf.graphed_decode.GraphedForward`).
 
     harness bench --generate                                   # random Qwen2.5-7B shape, 32k context, CUDA
     harness bench --generate --contexts 32k,128k --batches 1,max
@@ -36,11 +36,11 @@ from pathlib import Path
 
 import torch
 
-from adapters.hf_compat import cache_kwargs
-from adapters.rollout_clock import wall
+from adapters.hf.compat import cache_kwargs
+from adapters.cache.rollout_clock import wall
 
-from .inputs import parse_ctx
-from .timing import copy_bandwidth
+from harness.bench.inputs import parse_ctx
+from harness.bench.timing import copy_bandwidth
 
 QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                  num_key_value_heads=4, vocab_size=152064, max_position_embeddings=131072, rope_theta=1e6)
@@ -85,11 +85,11 @@ def timed_generate(model, ids, cache, n_new, device, steps: list | None = None):
 
 
 def timed_graphed(model, cache, first: list[int], n_new: int, device, steps: list | None = None):
-    """The decode of ``timed_generate`` through :class:`adapters.graphed_decode.GraphedDecode`: ``first``
+    """The decode of ``timed_generate`` through :class:`adapters.hf.graphed_decode.GraphedDecode`: ``first``
     the B tokens after the prefill, then ``n_new - 1`` steps (the first eager, the second captured,
     the rest replays). -> (decode steps/s over the replays, the tokens [B, n_new]); ``steps``
     receives each step's seconds."""
-    from adapters.graphed_decode import GraphedDecode
+    from adapters.hf.graphed_decode import GraphedDecode
 
     graph = GraphedDecode(model, cache, first, n_new - 1)
     t, tokens = [wall([device])], [torch.tensor(first, device=device)]
@@ -170,7 +170,7 @@ def cache_makers(specs: str, backends: str, new_cache, graphs: bool = False):
     graphed steps need), then each codec@bits per backend."""
     from transformers import DynamicCache
 
-    from adapters.kv_cache import CacheConfig
+    from adapters.cache.config import CacheConfig
 
     runs = [("native", "-", (lambda: new_cache(CacheConfig())) if graphs else DynamicCache)]
     for label, name, bits in parse_codecs(specs):
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help=f"a tiny random model, contexts cut to {TINY_MAX_CONTEXT} "
                                                         f"(checks the benchmark runs, e.g. on a CPU)")
     p.add_argument("--graphs", choices=("auto", "generate", "off"), default="auto",
-                   help="auto: on CUDA, decode steps replayed from a CUDA graph (adapters.graphed_decode) where "
+                   help="auto: on CUDA, decode steps replayed from a CUDA graph (adapters.hf.graphed_decode) where "
                         "the cache allows; generate: model.generate, its decode steps replayed likewise; "
                         "off: model.generate's eager steps")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args) -> dict:
     """-> {device, copy_bandwidth_Bps, weight_bytes, rows: one dict per (context, batch, cache)}."""
-    from adapters.hf_cache import attach
+    from adapters.hf.cache import attach
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -269,7 +269,7 @@ def run(args) -> dict:
 def decode_row(model, ids, make, batch: int, new_tokens: int, device, result: dict, graphs: str = "off") -> dict:
     """One (context, batch, cache): prefill, repeat, time the decode (graphed where ``graphs`` ('auto'
     or 'generate', ``--graphs``) and the cache allows: the row's 'decode' says which); its cache and roofline."""
-    from adapters.graphed_decode import GraphedForward, why_not
+    from adapters.hf.graphed_decode import GraphedForward, why_not
 
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .inputs import random_state, triton_path
+from harness.bench.inputs import random_state, triton_path
 
 METRICS = ("smsp__inst_executed.sum", "dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 #: the kernels of each decode path (names as ncu prints them); a kernel not named here is not read

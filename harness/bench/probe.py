@@ -20,7 +20,7 @@ import torch
 from kernels import list_codecs, make_codec, private_generator
 from metrics.probe import cosine, ip_error, needle_mass, unit_mse
 
-from ..rows import atomic_write, write_via
+from harness.run.rows import atomic_write, write_via
 
 DEFAULT_BITS = (1, 2, 3, 4)
 NEEDLE_KEYS = 4096

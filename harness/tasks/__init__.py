@@ -4,7 +4,7 @@ is recorded in ``UNAVAILABLE`` (shown by ``harness list`` and by the unknown-tas
 breaking every other task."""
 from __future__ import annotations
 
-from .base import REGISTRY, TASKS, Prompt, Task, register_task
+from harness.tasks.base import REGISTRY, TASKS, Prompt, Task, register_task
 
 #: module name -> why it could not be imported (a missing optional dependency)
 UNAVAILABLE = REGISTRY.unavailable

@@ -20,16 +20,16 @@ import numpy as np
 import torch
 
 from adapters.aar.pipeline import Rollout
-from adapters.cache_stats import cache_row_stats
-from adapters.kv_cache import CacheConfig
-from adapters.rollout_clock import RolloutClock
+from adapters.cache.stats import cache_row_stats
+from adapters.cache.config import CacheConfig
+from adapters.cache.rollout_clock import RolloutClock
 from kernels import private_generator
-from kernels.options import Allowed, option
+from registry.options import Allowed, option
 from metrics import audio as am
 
-from ..input_files import InputError, field, read_json
-from ..rows import atomic_write, inside, is_regular, safe_name, write_via
-from .base import Prompt, Task, artifact_label, register_task
+from harness.run.input_files import InputError, field, read_json
+from harness.run.rows import atomic_write, inside, is_regular, safe_name, write_via
+from harness.tasks.base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "audio"
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg")

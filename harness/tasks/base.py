@@ -8,10 +8,10 @@ every codec), then for each cache configuration (one per codec seed of a randomi
 ``rows = task.evaluate_batch(model, prompts, cache_config, seed, baselines, out_dir)``: per
 prompt a flat dict of metric name -> float (plus optional 'artifacts': {label: relative path})
 and the rate fields of the scored rollout's cache, from
-:func:`adapters.cache_stats.cache_row_stats` (called once per rollout: it also checks that a
+:func:`adapters.cache.stats.cache_row_stats` (called once per rollout: it also checks that a
 codec really compressed), plus optional 'speed': the timed rollout's
-:meth:`adapters.rollout_clock.RolloutClock.record`, one dict shared by the rows it scored (the
-runner writes it to speed.jsonl, not to the row: :mod:`harness.speed`). A task implements ``baseline``/``evaluate`` for one prompt, or the
+:meth:`adapters.cache.rollout_clock.RolloutClock.record`, one dict shared by the rows it scored (the
+runner writes it to speed.jsonl, not to the row: :mod:`harness.report.speed`). A task implements ``baseline``/``evaluate`` for one prompt, or the
 batch methods where running prompts together is faster.
 Rollouts must be byte-identical for a (prompt, seed) and batch: every random draw comes from a
 private generator derived from (prompt id, seed); ``seed`` is the prompt seed, the codec's own
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from kernels.options import read_options
+from registry.options import read_options
 
 from registry import Registry
 
@@ -55,10 +55,10 @@ class Task:
     #: then context length: its per-task table and its average per length); rows carry prompt_meta["repeat"]
     breakdown: ClassVar[tuple[str, ...]] = ()
     #: the media its rows' ``artifacts`` carry, for report.html: {kind: {role: artifact key}}, the kinds and
-    #: their roles those of :mod:`harness.html_report.media` (e.g. ``{"audio": {"player": "wav", ...}}``)
+    #: their roles those of :mod:`harness.report.html.media` (e.g. ``{"audio": {"player": "wav", ...}}``)
     media: ClassVar[dict[str, dict[str, str]]] = {}
-    #: the task's options: a frozen dataclass of typed fields, each an :func:`kernels.options.option` with its
-    #: help and where it may lie (:class:`kernels.options.Allowed`). ``harness list`` shows them; ``--task-opt
+    #: the task's options: a frozen dataclass of typed fields, each an :func:`registry.options.option` with its
+    #: help and where it may lie (:class:`registry.options.Allowed`). ``harness list`` shows them; ``--task-opt
     #: NAME=VALUE`` values are read by the field types and checked before any model loads, as codecs' are.
     Options: ClassVar[type] = NoOptions
 
@@ -82,12 +82,12 @@ class Task:
     # The runner stores each prompt's baseline on disk so a resumed run reuses it: safetensors
     # (tensors) with the rest as JSON in its header, never a pickle (see harness/tasks/baseline_io.py).
     def save_baseline(self, baseline: Any, path: Path) -> None:
-        from .baseline_io import save_tree
+        from harness.tasks.baseline_io import save_tree
 
         save_tree(baseline, path)
 
     def load_baseline(self, path: Path) -> Any:
-        from .baseline_io import load_tree
+        from harness.tasks.baseline_io import load_tree
 
         return load_tree(path, self.baseline_types)
 
@@ -107,10 +107,10 @@ class Task:
     def prompts_per_batch(self, model) -> int:
         """How many prompts a batch holds: ``batch_size``, or the model's device's default (1 for a
         model with sliding-window layers)."""
-        from harness.config import batch_size_for
+        from harness.run.config import batch_size_for
 
         if self.batch_size is None and getattr(model, "sliding_layers", ()):
-            return 1  # sliding-window layers take no padded batch (adapters.hf_arch.refuse_padding)
+            return 1  # sliding-window layers take no padded batch (adapters.hf.arch.refuse_padding)
         return batch_size_for(self.batch_size, getattr(model, "device", "cpu"))
 
     def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:

@@ -6,16 +6,16 @@ distribution. A codec's rollout answers through the compressed cache and, on a f
 taken after the prompt, teacher-forces the baseline's answer: the KL and top-1 agreement of those
 distributions grade the codec even where both answers are equally right or wrong.
 
-A batch of prompts of different lengths runs left-padded (:meth:`adapters.hf_causal_lm.CausalLM.greedy`);
+A batch of prompts of different lengths runs left-padded (:meth:`adapters.hf.causal_lm.CausalLM.greedy`);
 each prompt's row is the one it gets alone, to float rounding.
 """
 from __future__ import annotations
 
-from adapters.cache_stats import cache_row_stats
-from adapters.rollout_clock import RolloutClock
+from adapters.cache.stats import cache_row_stats
+from adapters.cache.rollout_clock import RolloutClock
 from metrics.text import topk_logprobs
 
-from .text_corpus import text_hash
+from harness.tasks.text_corpus import text_hash
 
 
 def _ids_sha(ids: list[int], prefill: int | None) -> str:
@@ -30,7 +30,7 @@ def baseline_answers(model, ids: list[list[int]], max_new_tokens: int, topk: int
                      prefill: list[int] | None = None) -> list[dict]:
     """The native greedy answer to each prompt of ``ids``: {'ids_sha', 'tokens', 'answer', 'top_ids'
     [n, k] int32, 'top_logp' [n, k] float32}. ``prefill``: one count per prompt, as
-    :meth:`adapters.hf_causal_lm.CausalLM.greedy` takes it."""
+    :meth:`adapters.hf.causal_lm.CausalLM.greedy` takes it."""
     kw = {} if prefill is None else {"prefill": list(prefill)}
     out = []
     for p, pre, r in zip(ids, _prefills(prefill, len(ids)), model.greedy(ids, max_new_tokens, None, force="self", **kw)):
@@ -46,7 +46,7 @@ def graded_answers(task, model, prompt_ids: list[str], ids: list[list[int]], cac
     text, {'output_match', 'length_ratio' (its tokens over the baseline's; 'output_tokens' and
     'baseline_output_tokens' the counts), 'kl', 'top1_agree', and the rate fields of its own sequence in the
     cache}, and 'speed': the batch's rollout's record, one dict shared by its rows,
-    :class:`adapters.rollout_clock.RolloutClock`). ``task`` gives the metric implementations
+    :class:`adapters.cache.rollout_clock.RolloutClock`). ``task`` gives the metric implementations
     (:meth:`harness.tasks.base.Task.metric`)."""
     for pid, p, pre, baseline in zip(prompt_ids, ids, _prefills(prefill, len(ids)), baselines):
         if _ids_sha(p, pre) != baseline["ids_sha"]:

@@ -38,14 +38,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapters.hf_models import max_positions
-from kernels.options import Allowed, option
+from adapters.hf.models import max_positions
+from registry.options import Allowed, option
 from metrics.kvpress_scores import SCORERS, kvpress_score, paragraph_id, scorer_for
 
-from ..input_files import InputError, parse_json, read_jsonl, read_text
-from .base import Prompt, Task, register_task
-from .generation import baseline_answers, graded_answers
-from .text_corpus import text_hash
+from harness.run.input_files import InputError, parse_json, read_jsonl, read_text
+from harness.tasks.base import Prompt, Task, register_task
+from harness.tasks.generation import baseline_answers, graded_answers
+from harness.tasks.text_corpus import text_hash
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
 LAYOUT = ("kvpress's layout: context, question, answer_prefix, answer (the reference strings) and max_new_tokens, "

@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 
 from kernels import private_generator
-from kernels.options import Allowed, option
+from registry.options import Allowed, option
 from metrics.text import first_number
 
-from .base import Prompt, Task, register_task
-from .generation import baseline_answers, graded_answers
-from .text_corpus import load_excerpts, text_hash
+from harness.tasks.base import Prompt, Task, register_task
+from harness.tasks.generation import baseline_answers, graded_answers
+from harness.tasks.text_corpus import load_excerpts, text_hash
 
 ADJECTIVES = ("amber", "bold", "brisk", "calm", "clever", "crimson", "dusty", "eager", "faint", "gentle", "golden",
               "hollow", "icy", "jolly", "keen", "lively", "lucky", "misty", "noble", "olive", "pale", "proud",

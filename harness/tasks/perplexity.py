@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from adapters.cache_stats import cache_row_stats
-from adapters.rollout_clock import RolloutClock
-from kernels.options import Allowed, option
+from adapters.cache.stats import cache_row_stats
+from adapters.cache.rollout_clock import RolloutClock
+from registry.options import Allowed, option
 from metrics.text import token_nll, topk_logprobs
 
-from .base import Prompt, Task, register_task
-from .text_corpus import load_excerpts, text_hash
+from harness.tasks.base import Prompt, Task, register_task
+from harness.tasks.text_corpus import load_excerpts, text_hash
 
 
 @register_task("perplexity")

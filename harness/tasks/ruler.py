@@ -34,12 +34,12 @@ from itertools import groupby
 from pathlib import Path
 
 from kernels import private_generator
-from kernels.options import Allowed, option
+from registry.options import Allowed, option
 
-from .base import Prompt, Task, register_task
-from .generation import baseline_answers, graded_answers
-from .ruler_synthetic import RULER_TASKS, TOKENS_TO_GENERATE, Corpus, draft, fit
-from .text_corpus import text_hash
+from harness.tasks.base import Prompt, Task, register_task
+from harness.tasks.generation import baseline_answers, graded_answers
+from harness.tasks.ruler_synthetic import RULER_TASKS, TOKENS_TO_GENERATE, Corpus, draft, fit
+from harness.tasks.text_corpus import text_hash
 
 
 def render(tokenizer, head: str, tail: str, answer_prefix: str) -> tuple[str, str]:

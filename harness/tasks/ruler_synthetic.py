@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from .needle import ADJECTIVES, NEEDLE, NOUNS, RULER_WORDING, sentences
+from harness.tasks.needle import ADJECTIVES, NEEDLE, NOUNS, RULER_WORDING, sentences
 
 #: RULER's noise haystack (niah.py, variable_tracking.py): one unit, repeated
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -107,7 +107,7 @@ class Corpus:
     @classmethod
     def load(cls, source: str | None) -> Corpus:
         """From ``--prompts`` (``source``; None: the offline default corpus)."""
-        from .text_corpus import load_excerpts
+        from harness.tasks.text_corpus import load_excerpts
 
         excerpts = load_excerpts(source, chars=200_000, limit=None if not source else 4)
         return cls.of([e.text for e in excerpts])

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..input_files import field, read_jsonl
+from harness.run.input_files import field, read_jsonl
 
 CORPUS_SPEC = Path(__file__).resolve().parents[2] / "prompts" / "text" / "default_corpus.json"
 LICENSES_DIR = Path("/usr/share/common-licenses")

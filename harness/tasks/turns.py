@@ -33,16 +33,16 @@ from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 
-from adapters.cache_stats import cache_row_stats
-from adapters.kv_cache import CacheConfig
+from adapters.cache.stats import cache_row_stats
+from adapters.cache.config import CacheConfig
 from kernels import private_generator
-from kernels.options import Allowed, option
+from registry.options import Allowed, option
 
-from .base import Prompt, Task, register_task
-from .needle import RULER_WORDING
-from .ruler import render
-from .ruler_synthetic import DEPTHS, Corpus, Niah, fit, niah
-from .text_corpus import text_hash
+from harness.tasks.base import Prompt, Task, register_task
+from harness.tasks.needle import RULER_WORDING
+from harness.tasks.ruler import render
+from harness.tasks.ruler_synthetic import DEPTHS, Corpus, Niah, fit, niah
+from harness.tasks.text_corpus import text_hash
 
 #: one turn's question and the answer's opening: RULER's niah wording where one value is asked
 QUESTION, ANSWER_PREFIX = RULER_WORDING[False][1:]

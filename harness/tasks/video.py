@@ -24,16 +24,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adapters.cache_stats import cache_row_stats
-from adapters.kv_cache import CacheConfig, CompressedKVCache
-from adapters.rollout_clock import RolloutClock
+from adapters.cache.stats import cache_row_stats
+from adapters.cache.config import CacheConfig
+from adapters.cache.kv_cache import CompressedKVCache
+from adapters.cache.rollout_clock import RolloutClock
 from kernels import private_generator
-from kernels.options import Allowed, option
+from registry.options import Allowed, option
 from metrics import video as vm
 
-from ..input_files import InputError, field, read_json, read_text
-from ..rows import atomic_write, inside, is_regular, safe_name, write_via
-from .base import Prompt, Task, artifact_label, register_task
+from harness.run.input_files import InputError, field, read_json, read_text
+from harness.run.rows import atomic_write, inside, is_regular, safe_name, write_via
+from harness.tasks.base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "video"
 METRICS = ("lpips", "psnr", "ssim", "latent_cos")

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import torch
 
-from .._lengths import as_lengths
-from ..split_k import choose_splits, num_sms
-from .launch import driver_missing, launch
-from .lut_config import (QPREP_DEFAULT, QUERY_DTYPES, TABLE_BUDGET, KernelConstants, LutConfig, LutLaunch,
+from kernels._lengths import as_lengths
+from kernels.split_k import choose_splits, num_sms
+from kernels.cuda.launch import driver_missing, launch
+from kernels.cuda.lut_config import (QPREP_DEFAULT, QUERY_DTYPES, TABLE_BUDGET, KernelConstants, LutConfig, LutLaunch,
                          codec_facts, default_config, launch_plan, layout_unsupported)
-from .lut_params import MAX_FIELDS, combine_params, output_params, qprep_params, split_params, window_params
-from .lut_tables import TSCALE, Lookup, lookup_for, lut_tables, table_keys
+from kernels.cuda.lut_params import MAX_FIELDS, combine_params, output_params, qprep_params, split_params, window_params
+from kernels.cuda.lut_tables import TSCALE, Lookup, lookup_for, lut_tables, table_keys
 
 __all__ = ["SOURCE_FILES", "LAST_LAUNCH", "source", "supports", "cupy_missing", "sketch_matrices",
            "decode_attention_lut",

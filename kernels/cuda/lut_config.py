@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fused_layout import KeyCodes, Sketch
-from .lut_tables import Lookup, lookup_for
+from kernels.fused_layout import KeyCodes, Sketch
+from kernels.cuda.lut_tables import Lookup, lookup_for
 
 #: the kernel's QUERY_DTYPE per query dtype
 QUERY_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

@@ -1,7 +1,7 @@
 """The table-lookup kernels' parameter structs (``lut_common.cuh``), mirrored by ctypes Structures: each
 kernel takes one struct by value, and :func:`kernels.cuda.launch.launch` passes a pointer to it as the
 kernel's single parameter. Field for field, in the same order and of the same C types, so that ctypes
-lays them out as the device compiler does; ``tests/kernels/test_cuda_launch.py`` parses the C
+lays them out as the device compiler does; ``tests/kernels/cuda/test_cuda_launch.py`` parses the C
 declarations and compares (and the ``.cu`` asserts the sizes, ``SIZES``, at compile time).
 
 The fields and what they hold are documented once, on the C side. :func:`packer` makes the function that

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..fused_layout import FusedLayout, KeyCodes
-from ..octahedral import octa_decode
-from ..packing import BitField
+from kernels.fused_layout import FusedLayout, KeyCodes
+from kernels.octahedral import octa_decode
+from kernels.packing import BitField
 
 TSCALE = 8.0  #: table entries are TSCALE * the rotated unit key's coordinates (kept in fp16's normal range)
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..rotation import Rotation
+from kernels.rotation import Rotation
 
 
 @triton.jit

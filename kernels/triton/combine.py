@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
-from .._lengths import as_lengths
+from kernels.triton import interpreting
+from kernels._lengths import as_lengths
 
 
 class Tile(NamedTuple):

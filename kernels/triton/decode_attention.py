@@ -49,13 +49,13 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
-from ._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
-from .combine import Split, Tile, _store_partials, launch_combine
-from .._lengths import as_lengths
-from ..fused_layout import KeyCodes
-from ..split_k import num_sms, split_plan
-from .decode_plan import plan_for
+from kernels.triton import interpreting
+from kernels.triton._unpack import _octa_chunk, _prefetch_rows, _row_words, _unpack_tile
+from kernels.triton.combine import Split, Tile, _store_partials, launch_combine
+from kernels._lengths import as_lengths
+from kernels.fused_layout import KeyCodes
+from kernels.split_k import num_sms, split_plan
+from kernels.triton.decode_plan import plan_for
 
 _LOG2E = 1.4426950408889634
 

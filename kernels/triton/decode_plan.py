@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..fused_layout import FusedLayout, KeyCodes, Sketch
+from kernels.fused_layout import FusedLayout, KeyCodes, Sketch
 
 
 class KeyFormat(NamedTuple):

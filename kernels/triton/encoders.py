@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-from ..backend import triton_unavailable
-from ..fused_layout import FusedLayout, KeyCodes
+from kernels.backend import triton_unavailable
+from kernels.fused_layout import FusedLayout, KeyCodes
 
 #: key layout -> (module in kernels.triton, function)
 ENCODERS = {

@@ -36,12 +36,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
-from ._unpack import _row_words, _unpack_tile
-from .combine import Split, Tile, _store_partials, launch_combine
-from .._lengths import as_lengths
-from ..split_k import num_sms, split_plan
-from ..token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
+from kernels.triton import interpreting
+from kernels.triton._unpack import _row_words, _unpack_tile
+from kernels.triton.combine import Split, Tile, _store_partials, launch_combine
+from kernels._lengths import as_lengths
+from kernels.split_k import num_sms, split_plan
+from kernels.token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
 
 _LOG2E = 1.4426950408889634
 # Element / Offset as the kernel's integer constants

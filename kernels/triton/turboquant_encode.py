@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..base import Encoded, check_input
-from ..fused_layout import FusedLayout, KeyCodes
-from ._common import (count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, rows_per_program,
+from kernels.base import Encoded, check_input
+from kernels.fused_layout import FusedLayout, KeyCodes
+from kernels.triton._common import (count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, rows_per_program,
                       sum_rows, thresholds)
 
 

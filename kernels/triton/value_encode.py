@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backend import triton_unavailable
-from ..encoded import Encoded
-from ._common import load_rows, pack_bytes, rows_per_program
+from kernels.backend import triton_unavailable
+from kernels.encoded import Encoded
+from kernels.triton._common import load_rows, pack_bytes, rows_per_program
 
 
 @triton.jit
@@ -62,7 +62,7 @@ def _value_encode_kernel(
 def value_encoder_unsupported(vq, device) -> str | None:
     """None when the fused encoder writes ``vq``'s (a :class:`kernels.values.ValueQuantizer`) state
     on ``device``, else why not."""
-    from ..values import ValueQuantizer
+    from kernels.values import ValueQuantizer
 
     if not isinstance(vq, ValueQuantizer):
         return f"values in {type(vq).__name__}'s own format, not the per-token group quantizer"

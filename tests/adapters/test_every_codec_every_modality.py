@@ -4,16 +4,16 @@ really have compressed (key bits per coordinate below the native float32 width, 
 same function that fills the report rows), and the outputs are compared with the uncompressed run's:
 what reads no compressed token (the prefill, the first video block, the first audio scale) is
 bit-identical; what reads them moves, by more than float rounding and by much less than losing that
-context does (tests/output_checks.py)."""
+context does (tests/helpers/output_checks.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
-from output_checks import assert_moved_less_than_lost, kl
-from tiny_lm import tiny_causal_lm
+from helpers.output_checks import assert_moved_less_than_lost, kl
+from helpers.tiny_lm import tiny_causal_lm
 
-from adapters.cache_stats import cache_row_stats
-from adapters.kv_cache import CacheConfig
+from adapters.cache.stats import cache_row_stats
+from adapters.cache.config import CacheConfig
 from adapters.registry import get_model
 from kernels import list_codecs, private_generator
 

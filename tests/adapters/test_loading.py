@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 import torch
-from hostile import save_hostile
+from helpers.hostile import save_hostile
 
 from adapters.loading import CheckpointError, safe_torch_load
 

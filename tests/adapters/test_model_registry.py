@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from adapters import registry
-from adapters.kv_cache import CacheConfig
+from adapters.cache.config import CacheConfig
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
 from registry import Registry
 
@@ -62,7 +62,7 @@ def test_a_duplicate_name_is_rejected(empty_registry):
 
 
 def test_a_model_of_the_probe_or_of_an_undeclared_modality_is_refused(empty_registry):
-    from harness.config import RunError
+    from harness.run.config import RunError
     from harness.runner import check_modality
 
     with pytest.raises(ValueError, match="'probe' measures a codec alone"):
@@ -110,7 +110,7 @@ def test_tiny_models_implement_the_protocol(name, modality):
 
 
 def test_text_model_keeps_the_runs_window():
-    from tiny_lm import tiny_causal_lm
+    from helpers.tiny_lm import tiny_causal_lm
 
     lm = tiny_causal_lm("llama")
     assert isinstance(lm, ModelAdapter) and lm.modality == "text" and lm.geometry == Geometry(2, 2, 32)

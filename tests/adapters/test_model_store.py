@@ -71,7 +71,7 @@ def test_a_file_changed_in_place_with_its_times_kept_is_hashed_again(tmp_path):
 def test_a_replaced_gguf_is_prepared_again(tmp_path, monkeypatch):
     """The reported case: a different model.gguf ran as the earlier one with exit code 0."""
     monkeypatch.setenv("KVCODEC_CACHE", str(tmp_path / "cache"))
-    import adapters.hf_models as hf
+    import adapters.hf.models as hf
 
     prepared = []
 

@@ -1,16 +1,16 @@
-"""harness/runner.py + harness/report.py on a tiny model: rows, resume after a crash, determinism,
+"""harness/runner.py + harness/report/markdown.py on a tiny model: rows, resume after a crash, determinism,
 skipped codec/bit pairs, clear errors, the report and compare."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from run_folder import run_bytes
-from tiny_lm import tiny_causal_lm
+from helpers.run_folder import run_bytes
+from helpers.tiny_lm import tiny_causal_lm
 
-from harness.compare import compare
-from harness.rows import read_rows
-from harness.config import RunConfig, RunError
+from harness.report.compare import compare
+from harness.run.rows import read_rows
+from harness.run.config import RunConfig, RunError
 from harness.runner import run
 from kernels import CODECS, Codec, list_codecs, register_codec
 

@@ -9,10 +9,10 @@ import json
 
 import pytest
 import torch
-from tiny_lm import tiny_causal_lm
+from helpers.tiny_lm import tiny_causal_lm
 
-from harness.config import RunConfig
-from harness.rows import read_rows
+from harness.run.config import RunConfig
+from harness.run.rows import read_rows
 from harness.runner import run
 from kernels import codec_class
 

@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
-from tolerances import U32, attention_atol
+from helpers.tolerances import U32, attention_atol
 
-from adapters.kv_cache import CacheConfig, LayerKV
+from adapters.cache.config import CacheConfig
+
+from adapters.cache.layer_kv import LayerKV
 from kernels import make_codec
 from kernels.attention import attend, decide_attention, decode_attention, decode_attention_torch
 from kernels.backend import fused_wanted, use_fused

@@ -9,12 +9,12 @@ from dataclasses import fields
 
 import pytest
 import torch
-from distortion_refs import SMALL_SAMPLE_MARGIN, distortion_bound
+from helpers.distortion_refs import SMALL_SAMPLE_MARGIN, distortion_bound
 
 from kernels import CODECS, CodecConfig, make_codec
 from kernels.config import codec_options
-from kernels.options import options_json
-from kernels.qjl import GaussianSketch
+from registry.options import options_json
+from kernels.codecs.qjl import GaussianSketch
 from kernels.rotation import Rotation, next_pow2
 
 NAMES = sorted(CODECS)

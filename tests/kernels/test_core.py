@@ -5,7 +5,7 @@ import re
 
 import pytest
 import torch
-from tolerances import U16, U32, U64, gamma
+from helpers.tolerances import U16, U32, U64, gamma
 
 from kernels import derive_seed, list_codecs, make_codec, private_generator
 from kernels.base import check_finite

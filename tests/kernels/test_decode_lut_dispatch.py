@@ -15,7 +15,7 @@ import torch
 from kernels import make_codec
 from kernels.attention import decode_attention, decode_attention_torch, decide_attention
 from kernels.backend import ATTENTION_PATHS, Decision, decide, fused_wanted, use_fused
-from decode_checks import lut_gpu as gpu, out_rtol
+from helpers.decode_checks import lut_gpu as gpu, out_rtol
 
 CUDA = torch.device("cuda")
 CPU = torch.device("cpu")
@@ -178,7 +178,8 @@ def test_auto_falls_back_to_triton_with_the_reason(name, kw, G, why, monkeypatch
 @gpu
 def test_cache_decode_step_goes_through_the_lut_kernel(monkeypatch):
     """LayerKV's single-token step reaches the LUT kernel through the same dispatch."""
-    from adapters.kv_cache import CacheConfig, LayerKV
+    from adapters.cache.config import CacheConfig
+    from adapters.cache.layer_kv import LayerKV
 
     monkeypatch.delenv("KVCODEC_BACKEND", raising=False)
     calls = _spy(monkeypatch)

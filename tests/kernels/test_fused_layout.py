@@ -7,8 +7,8 @@ import torch
 
 from kernels import list_codecs, make_codec
 from kernels.fused_layout import FusedLayout, KeyCodes, QJLResidual, Sketch
-from kernels.octopus import Octopus
-from kernels.turboquant import TurboQuantProd
+from kernels.codecs.octopus import Octopus
+from kernels.codecs.turboquant import TurboQuantProd
 
 FUSED = {"octopus": (KeyCodes.OCTAHEDRAL, None), "octopus-qjl": (KeyCodes.OCTAHEDRAL, Sketch.ROTATION),
          "turboquant-mse": (KeyCodes.SCALAR, None), "turboquant-prod": (KeyCodes.SCALAR, Sketch.GAUSSIAN)}

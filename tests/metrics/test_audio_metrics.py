@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tolerances import U32, U64, gamma
+from helpers.tolerances import U32, U64, gamma
 
 from metrics import get_metric
 from metrics import audio as am

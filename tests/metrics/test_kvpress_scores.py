@@ -3,7 +3,7 @@ values worked out by hand from the definitions, and the choice of scorer by a ro
 from __future__ import annotations
 
 import pytest
-from tolerances import U64, gamma
+from helpers.tolerances import U64, gamma
 
 from metrics import get_metric
 from metrics.kvpress_scores import kvpress_score, scorer_for, squad_normalize

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.special import softmax
 from scipy.stats import entropy
-from tolerances import U64, coarse_kl_abs, gamma, log_close, logsoftmax_abs
+from helpers.tolerances import U64, coarse_kl_abs, gamma, log_close, logsoftmax_abs
 
 from metrics import get_metric
 from metrics.text import (exact_match, first_number, kl_topk, normalize_answer, output_match, perplexity,

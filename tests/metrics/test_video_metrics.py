@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from tolerances import U64, gamma
+from helpers.tolerances import U64, gamma
 
 from metrics import get_metric
 from metrics import video as vm

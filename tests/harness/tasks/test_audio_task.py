@@ -9,9 +9,9 @@ import pytest
 import soundfile as sf
 import torch
 from scipy.special import log_softmax
-from tolerances import U64, logsoftmax_abs, sum_rel
+from helpers.tolerances import U64, logsoftmax_abs, sum_rel
 
-from adapters import CacheConfig
+from adapters.cache.config import CacheConfig
 from adapters.aar import AARConfig, SATConfig, random_pipeline
 from harness.tasks.audio import AudioTask, synthetic_clips
 from harness.tasks.base import TASKS, Prompt

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hostile import save_hostile
+from helpers.hostile import save_hostile
 
 from harness.tasks.baseline_io import BaselineFormatError, load_tree, save_tree
 
@@ -98,9 +98,9 @@ def test_old_plain_pickle_baseline_still_reads(tmp_path):
 
 def test_resuming_a_run_folder_with_a_hostile_baseline_runs_no_code(tmp_path):
     """Resuming someone else's run folder used to unpickle its baselines/*.pt."""
-    from harness.config import RunConfig
+    from harness.run.config import RunConfig
     from harness.runner import run
-    from tiny_lm import tiny_causal_lm
+    from helpers.tiny_lm import tiny_causal_lm
 
     text = tmp_path / "fox.txt"
     text.write_text(("The quick brown fox jumps over the lazy dog. " * 40).strip())

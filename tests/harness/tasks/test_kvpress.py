@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hostile import save_hostile
-from tiny_lm import tiny_causal_lm
-from tolerances import U32, coarse_kl_abs, logsoftmax_abs
+from helpers.hostile import save_hostile
+from helpers.tiny_lm import tiny_causal_lm
+from helpers.tolerances import U32, coarse_kl_abs, logsoftmax_abs
 
-from adapters.hf_causal_lm import CausalLM
-from adapters.kv_cache import CacheConfig
+from adapters.hf.causal_lm import CausalLM
+from adapters.cache.config import CacheConfig
 from harness.tasks import get_task
 from kernels import list_codecs
 
@@ -118,7 +118,7 @@ def _prompt(task, row, folder):
 
 def _kl_topk(native: torch.Tensor, comp: torch.Tensor, k: int) -> tuple[float, float]:
     """Mean KL(native || comp) on {native's top-k tokens, the rest}, float64 from the definition, and the bound on
-    what the task's float32 log-softmaxes of the same logits may move it by (tests/tolerances.py; the task also
+    what the task's float32 log-softmaxes of the same logits may move it by (tests/helpers/tolerances.py; the task also
     rounds each position's KL to float32)."""
     p, q = torch.softmax(native.double(), -1), torch.softmax(comp.double(), -1)
     top = p.topk(k, -1).indices
@@ -232,7 +232,7 @@ def test_missing_max_new_tokens_column_is_fine_with_the_option(tmp_path):
 
 
 def test_a_run_of_a_kvpress_file(lm, tmp_path):
-    from harness.config import RunConfig
+    from harness.run.config import RunConfig
     from harness.runner import run
 
     data = _parquet(tmp_path / "ruler_4096.parquet", [dict(LONGBENCH_ROWS[0], answer=["north"])] + RULER_ROWS)
@@ -249,7 +249,7 @@ def test_a_run_of_a_kvpress_file(lm, tmp_path):
 
 
 def test_cli_refuses_a_bad_file_before_the_model_loads(tmp_path, capsys):
-    from harness.cli import main
+    from harness.cli.main import main
 
     # the model path does not exist either, yet the error is the file's: the file is read first
     bad = ["run", "--model", "hf", "--model-path", str(tmp_path / "no-model"), "--codec", CODEC, "--bits", "2",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from tiny_lm import tiny_causal_lm
+from helpers.tiny_lm import tiny_causal_lm
 
-from adapters.kv_cache import CacheConfig
+from adapters.cache.config import CacheConfig
 from harness.tasks import get_task
 
 NEEDLE = re.compile(r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d{7})\.")
@@ -91,8 +91,8 @@ def test_without_ruler_the_task_is_unchanged(lm, tmp_path):
     row = task.evaluate(lm, p, CacheConfig(residual=8), 0, task.baseline(lm, p, seed=0), tmp_path)
     assert {"exact_match", "baseline_exact_match"} <= set(row) and not any("string_match" in k for k in row)
     # a report leaves out a declared metric that no row carries
-    from harness.run_data import describe_task
-    from harness.summary import task_metrics
+    from harness.report.run_data import describe_task
+    from harness.report.summary import task_metrics
 
     needle = describe_task(type(task))
     assert task_metrics(needle, [row]) == ["exact_match", "output_match", "length_ratio", "kl", "top1_agree"]
@@ -102,7 +102,7 @@ def test_without_ruler_the_task_is_unchanged(lm, tmp_path):
 def test_bad_ruler_value_and_the_preset():
     with pytest.raises(ValueError, match="task option needle.ruler=multi: must be one of '', 'multikey', 'multivalue'"):
         get_task("needle")(ruler="multi")
-    from harness.config import RunConfig, with_preset
+    from harness.run.config import RunConfig, with_preset
 
     cfg = RunConfig(**with_preset("ruler", {}))
     assert cfg.tasks == ["needle"]

@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
-from rate_refs import key_bytes
-from tiny_lm import tiny_causal_lm
-from tolerances import U32, U64, coarse_kl_abs, gamma, log_close, logsoftmax_abs
+from helpers.rate_refs import key_bytes
+from helpers.tiny_lm import tiny_causal_lm
+from helpers.tolerances import U32, U64, coarse_kl_abs, gamma, log_close, logsoftmax_abs
 
-from adapters.kv_cache import CacheConfig
+from adapters.cache.config import CacheConfig
 from harness.tasks import get_task
 from harness.tasks.text_corpus import default_corpus, load_excerpts
 from kernels import list_codecs
@@ -21,7 +21,7 @@ TEXT = ("It was a bright cold day in April, and the clocks were striking thirtee
 def _reference_scores(native: torch.Tensor, comp: torch.Tensor, targets: torch.Tensor, topk: int) -> dict:
     """float64, straight from the definitions: mean KL(native || comp) over {native's top-k tokens, the rest},
     the share of positions whose argmax agrees, and exp(mean NLL of the targets) under each; 'kl_tol' bounds
-    what the task's float32 log-softmaxes of the same logits may move the KL by (tests/tolerances.py), and
+    what the task's float32 log-softmaxes of the same logits may move the KL by (tests/helpers/tolerances.py), and
     'nll_abs' its mean NLLs (each NLL a float32 log-probability, logsoftmax_abs)."""
     p, q = torch.softmax(native, -1), torch.softmax(comp, -1)
     top = p.topk(topk, -1).indices
@@ -72,7 +72,7 @@ def test_perplexity_task(lm, textfile, tmp_path):
     assert none["scored_tokens"] == 95 and none["tokens"] == 160
     cfg = CacheConfig(codec=CODEC, bits=2, residual=8)
     row = task.evaluate(lm, prompts[0], cfg, 0, base, tmp_path)
-    d = lm.geometry.head_dim  # the codec's documented bytes per key vector (tests/rate_refs.py)
+    d = lm.geometry.head_dim  # the codec's documented bytes per key vector (tests/helpers/rate_refs.py)
     assert row["bits_per_coord"] == 8 * key_bytes(CODEC, 2, d) / d and row["cache_bytes"] < row["uncompressed_bytes"]
     assert row["committed_tokens"] == 160 - 8
     # reference: the uncompressed logits from one plain forward of the whole context (no cache, no chunks), the

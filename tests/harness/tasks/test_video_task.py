@@ -5,10 +5,10 @@ import json
 
 import numpy as np
 import pytest
-from rate_refs import key_bytes
+from helpers.rate_refs import key_bytes
 from scipy.ndimage import correlate1d
 from skimage.metrics import peak_signal_noise_ratio
-from tolerances import U64, digits_abs, digits_rel, gamma, sum_rel
+from helpers.tolerances import U64, digits_abs, digits_rel, gamma, sum_rel
 
 from adapters.wan import CAUSVID, build_random, tiny_spec
 from harness.tasks.base import Prompt
@@ -55,8 +55,8 @@ def test_still_indices():
 
 def test_run_through_the_runner_and_resume(model, tmp_path):
     """harness run --model causvid-tiny --task video --codec octopus --bits 2 --limit 1, then a resume."""
-    from harness.rows import read_rows
-    from harness.config import RunConfig
+    from harness.run.rows import read_rows
+    from harness.run.config import RunConfig
     from harness.runner import run
 
     cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], limit=1, codec_seeds=[0],
@@ -104,7 +104,7 @@ def test_run_through_the_runner_and_resume(model, tmp_path):
     for stored, want in ((row2["latent_cos"], cos.mean()), (row2["latent_cos_min"], cos.min())):
         tol = digits_abs(want, 7) + 3 * sum_rel(lat[0].shape[1], U64)
         assert 1 - want > 100 * tol and stored == pytest.approx(want, rel=0, abs=tol)
-    d = model.geometry.head_dim  # OCTOPUS's documented bytes per key vector (tests/rate_refs.py)
+    d = model.geometry.head_dim  # OCTOPUS's documented bytes per key vector (tests/helpers/rate_refs.py)
     assert row2["cache_bytes"] < row2["uncompressed_bytes"]
     assert row2["bits_per_coord"] == 8 * key_bytes("octopus", 2, d) / d
     arts = row2["artifacts"]
@@ -150,8 +150,8 @@ def _listing(root):
 
 def test_hostile_prompt_ids_stay_inside_the_run_folder(model, tmp_path):
     """Prompt ids go into artifact paths: absolute ids, '../' and NUL/slashes must not leave --out."""
-    from harness.config import RunConfig
-    from harness.rows import read_rows
+    from harness.run.config import RunConfig
+    from harness.run.rows import read_rows
     from harness.runner import run
 
     outside = tmp_path / "outside"
@@ -176,8 +176,8 @@ def test_hostile_prompt_ids_stay_inside_the_run_folder(model, tmp_path):
 def test_each_codec_seed_files_its_own_artifacts(model, tmp_path):
     """Two codec seeds of one codec are two rollouts: their drift curves and contact sheets are two
     files, each row naming its own (a label-only name would let the second overwrite the first)."""
-    from harness.config import RunConfig
-    from harness.rows import read_rows
+    from harness.run.config import RunConfig
+    from harness.run.rows import read_rows
     from harness.runner import run
 
     cfg = RunConfig(model="causvid-tiny", tasks=["video"], codecs=["octopus"], bits=[2], limit=1, codec_seeds=[0, 1],

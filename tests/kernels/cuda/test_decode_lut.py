@@ -6,7 +6,7 @@ TurboQuant-prod: the sketch of the query, Sq = M q, against the stored sign bits
 GPU (sm_90 and CuPy; skipped elsewhere): the kernel itself, at 1-5 bits, each lookup form (OCTOPUS fused and
 unfused tables, TurboQuant pairs and quads of codes), head dims 64/128, GQA groups 1-8, batches with per-sequence
 lengths (an empty one too), windows with per-sequence lengths, fp32/fp16/bf16 queries, many splits and a partial
-last tile. Tolerances as tests/kernels/triton/test_triton_decode_attention.py (tests/decode_checks.py):
+last tile. Tolerances as tests/kernels/triton/test_triton_decode_attention.py (tests/helpers/decode_checks.py):
 fp16 tensor-core operands (keys from fp16 tables, one rounding or two for OCTOPUS's unfused ones, query
 features, probabilities, P * scale) and fp16 partial outputs, six roundings of a term to first order;
 bf16/fp16 outputs add their own rounding. The CPU side (tables, index, launch
@@ -22,10 +22,10 @@ import torch
 from kernels import make_codec
 from kernels.attention import decode_attention_torch
 from kernels.cuda.decode_lut import default_config, lookup_for
-from decode_checks import LUT_CODECS, LUT_GPU_FORMS as GPU_FORMS, LUT_QJL_CODECS, lut_gpu as gpu, ref_lse as _ref_lse
-from decode_checks import lut_form_unsupported as _form_unsupported, rel_err as _rel
-from decode_checks import lse_atol, out_rtol, score_keys
-from tolerances import UBF16, U32, sum_rel
+from helpers.decode_checks import LUT_CODECS, LUT_GPU_FORMS as GPU_FORMS, LUT_QJL_CODECS, lut_gpu as gpu, ref_lse as _ref_lse
+from helpers.decode_checks import lut_form_unsupported as _form_unsupported, rel_err as _rel
+from helpers.decode_checks import lse_atol, out_rtol, score_keys
+from helpers.tolerances import UBF16, U32, sum_rel
 
 # six fp16 roundings of a term (the module docstring) and both outputs' own: 2.9e-3, 3.9e-3, 1.1e-2
 OUT_TOL = {dtype: out_rtol(dtype, fp16_roundings=6) for dtype in (torch.float32, torch.float16, torch.bfloat16)}

@@ -9,8 +9,8 @@ import torch
 
 from kernels import make_codec
 from kernels.cuda.decode_lut import launch_plan, supports
-from decode_checks import LUT_CODECS, LUT_QJL_CODECS, score_atol
-from tolerances import U64, gamma
+from helpers.decode_checks import LUT_CODECS, LUT_QJL_CODECS, score_atol
+from helpers.tolerances import U64, gamma
 
 CODECS, QJL = LUT_CODECS, LUT_QJL_CODECS
 

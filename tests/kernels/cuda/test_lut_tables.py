@@ -15,8 +15,8 @@ from kernels import make_codec
 from kernels.cuda.decode_lut import (LutConfig, default_config, launch_plan, lookup_for, lut_tables, source,
                                      supports, table_keys)
 from kernels.cuda.lut_tables import TSCALE
-from decode_checks import LUT_CODECS as CODECS, LUT_FORMS as FORMS, lut_form_unsupported as _form_unsupported
-from tolerances import U16, gamma
+from helpers.decode_checks import LUT_CODECS as CODECS, LUT_FORMS as FORMS, lut_form_unsupported as _form_unsupported
+from helpers.tolerances import U16, gamma
 
 
 @pytest.mark.parametrize("bits", [1, 2, 3, 4])
@@ -162,8 +162,8 @@ def test_supports_reasons():
 
 def test_renamed_codec_gets_the_kernel():
     """The kernel reads the declared layout, never the codec's name."""
-    from kernels.octopus import Octopus
-    from kernels.turboquant import TurboQuantMSE
+    from kernels.codecs.octopus import Octopus
+    from kernels.codecs.turboquant import TurboQuantMSE
 
     for name, cls in (("octopus", Octopus), ("turboquant-mse", TurboQuantMSE)):
         renamed = type("Renamed", (cls,), {"name": "renamed-" + name})

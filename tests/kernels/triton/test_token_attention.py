@@ -4,7 +4,7 @@ then float32 attention).
 
 Runs on CUDA when present, else on the CPU under TRITON_INTERPRET=1 (small shapes). The kernel scores
 exact fp16 codes on tensor cores and rounds each value to fp16 once, so outputs agree to five fp16
-roundings of a term, to first order (tests/decode_checks.py: ``out_rtol``), and log-sum-exps to the
+roundings of a term, to first order (tests/helpers/decode_checks.py: ``out_rtol``), and log-sum-exps to the
 bound of their largest score's rounding (``lse_atol``).
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ for _m in ("kernels.triton.combine", "kernels.triton.token_attention"):
     if _m in sys.modules and not CUDA:  # compiled before TRITON_INTERPRET was set
         importlib.reload(sys.modules[_m])
 from kernels.triton.token_attention import decode_attention_fused, supports  # noqa: E402
-from decode_checks import lse_atol, out_rtol, ref_lse, rel_err  # noqa: E402
-from tolerances import U16, sum_rel  # noqa: E402
+from helpers.decode_checks import lse_atol, out_rtol, ref_lse, rel_err  # noqa: E402
+from helpers.tolerances import U16, sum_rel  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 ENGINE = sorted(n for n, cls in CODECS.items() if getattr(cls, "engine_preset", False))

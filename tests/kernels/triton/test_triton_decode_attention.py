@@ -2,7 +2,7 @@
 (kernels.attention.decode_attention_torch, i.e. codec.score + codec.decode_values).
 
 Runs on CUDA when present, else on the CPU under TRITON_INTERPRET=1 (small shapes).
-Tolerances (tests/decode_checks.py): the kernel feeds fp16 tensor-core dots (rotated query,
+Tolerances (tests/helpers/decode_checks.py): the kernel feeds fp16 tensor-core dots (rotated query,
 reconstructed keys, probabilities, values) and stores each split's partial output in fp16, so the
 output is within five fp16 roundings of a term, to first order, of the reference's, plus each
 side's rounding to the output dtype (``out_rtol``);
@@ -32,7 +32,7 @@ for _m in ("kernels.triton._common", "kernels.triton._unpack", "kernels.triton.c
     if _m in sys.modules and not CUDA:
         importlib.reload(sys.modules[_m])
 from kernels.triton.decode_attention import decode_attention_fused  # noqa: E402
-from decode_checks import lse_atol, out_rtol, ref_lse as _ref_lse, rel_err as _rel, score_keys  # noqa: E402
+from helpers.decode_checks import lse_atol, out_rtol, ref_lse as _ref_lse, rel_err as _rel, score_keys  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 FUSED = ("octopus", "octopus-qjl", "turboquant-mse", "turboquant-prod")

@@ -29,7 +29,7 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from tolerances import U32, sum_rel  # noqa: E402
+from helpers.tolerances import U32, sum_rel  # noqa: E402
 
 from kernels import make_codec  # noqa: E402
 

@@ -1,0 +1,1 @@
+"""Any transformers decoder behind the compressed cache."""

@@ -1,0 +1,1 @@
+"""The `harness` command: the dispatch and each command's typed arguments."""

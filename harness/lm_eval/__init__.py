@@ -1,0 +1,1 @@
+"""lm-evaluation-harness: the model `kvcodec`, the sweep over codecs and its table."""

@@ -1,0 +1,134 @@
+"""Building blocks of the HTML pages: sortable tables of the report's cells, the report's Markdown
+prose as HTML, the Jinja2 template, and plotly.js written once beside the page.
+
+plotly.js (~4.8 MB) goes into ``plotly.min.js`` beside the page, referenced relatively, rather than
+inline: the page stays small (it opens at once, diffs and greps as text), rewriting it does not
+rewrite megabytes, and a page of a video or audio run needs the folder beside it anyway for its
+media. A script loaded by ``<script src>`` works from file:// without a server or network.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+from pathlib import Path
+
+from harness.run.rows import atomic_write, num
+from harness.report.formatting import fmt, fmt_ci, fmt_delta, fmt_diff, per_prompt_row
+
+HERE = Path(__file__).resolve().parent
+PLOTLY_JS = "plotly.min.js"
+
+
+# --- table cells --------------------------------------------------------------------------------------
+def cell(text, sort=None, cls: str | None = None) -> dict:
+    """A table cell: its text, the number it sorts by (None or NaN: sorts last; ±inf as JavaScript
+    reads it) and a CSS class."""
+    s = num(sort)
+    key = None if s is None or math.isnan(s) else repr(s) if math.isfinite(s) else ("-" if s < 0 else "") + "Infinity"
+    return {"t": str(text), "s": key, "c": cls}
+
+
+def number(x, digits: int = 4) -> dict:
+    return cell(fmt(x, digits), x)
+
+
+def word_class(word) -> str | None:
+    """better / worse / indistinguishable -> the CSS class that colours them."""
+    return {"better": "better", "worse": "worse", "indistinguishable": "same"}.get(word)
+
+
+def mean_cell(s: dict | None) -> dict:
+    """A summary metric entry (or comparison side) as 'mean ± h', sorting by the mean."""
+    return cell(fmt_ci(s, with_n=False), s.get("mean") if s else None)
+
+
+def interval_cell(s: dict | None) -> dict:
+    ci = (s or {}).get("ci95")
+    return cell(f"[{fmt(ci[0])}, {fmt(ci[1])}]", ci[0]) if ci else cell("—")
+
+
+def diff_cell(d: dict | None, with_word: bool = True) -> dict:
+    """A paired difference '+0.012 ± 0.004 better', coloured by its word."""
+    return cell(fmt_diff(d, with_word=with_word), (d or {}).get("mean"), word_class((d or {}).get("word")))
+
+
+def word_cell(word) -> dict:
+    return cell(word or "—", None, word_class(word))
+
+
+def table(head: list[str], rows: list[list[dict]], caption: str | None = None, cls: str | None = None) -> dict:
+    return {"head": head, "rows": rows, "caption": caption, "cls": cls}
+
+
+def per_prompt(entries: list[tuple[str, dict, dict]], prompts: list[str]) -> dict:
+    """The per-prompt table of :func:`harness.report.tables.per_prompt_table`, sortable."""
+    rows = []
+    for name, vals, base in entries:
+        xs, stats, delta = per_prompt_row(vals, base, prompts)
+        rows.append([cell(name), *(number(x) for x in xs), *(number(s) for s in stats), cell(fmt_delta(delta), delta)])
+    return table(["config", *prompts, "min", "mean", "max", "Δ mean vs baseline"], rows, cls="per-prompt")
+
+
+# --- the report's Markdown prose ----------------------------------------------------------------------
+_INLINE = ((re.compile(r"\*\*(.+?)\*\*"), r"<strong>\1</strong>"), (re.compile(r"\*(.+?)\*"), r"<em>\1</em>"),
+           (re.compile(r"`(.+?)`"), r"<code>\1</code>"))
+
+
+def inline(text: str) -> str:
+    """The inline Markdown that report.md's prose uses (**strong**, *em*, `code`) as HTML, escaped."""
+    out = html.escape(text, quote=False)
+    for pattern, repl in _INLINE:
+        out = pattern.sub(repl, out)
+    return out
+
+
+def prose(lines: list[str]) -> str:
+    """report.md's prose lines (paragraphs, '- ' items, '## ' headings) as HTML."""
+    out, items = [], []
+    for line in [*lines, ""]:
+        if line.startswith("- "):
+            items.append(f"<li>{inline(line[2:])}</li>")
+            continue
+        if items:
+            out.append("<ul>" + "".join(items) + "</ul>")
+            items = []
+        if line.startswith("## "):
+            out.append(f"<h2>{inline(line[3:])}</h2>")
+        elif line.strip():
+            out.append(f"<p>{inline(line)}</p>")
+    return "\n".join(out)
+
+
+def slug(*parts: str) -> str:
+    """An HTML id from ``parts``: the same names give the same id (the page's bytes do not change)."""
+    return "-".join(re.sub(r"[^A-Za-z0-9_-]+", "_", p) for p in parts)
+
+
+# --- rendering ----------------------------------------------------------------------------------------
+def render(template: str, path: Path, **context) -> Path:
+    """Render ``template`` to ``path`` with the page's style and script inline and plotly.js beside it."""
+    import jinja2
+    import plotly
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), autoescape=True, trim_blocks=True,
+                             lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_plotly_js(path.parent)
+    text = env.get_template(template).render(
+        style=(HERE / "style.css").read_text(), script=(HERE / "page.js").read_text(), plotly_js=PLOTLY_JS,
+        plotly_version=plotly.__version__, **context)
+    atomic_write(path, text)
+    return path
+
+
+def write_plotly_js(folder: Path) -> Path:
+    """plotly.min.js of the installed plotly in ``folder`` (rewritten only where it differs)."""
+    from plotly.offline import get_plotlyjs
+
+    path = Path(folder) / PLOTLY_JS
+    js = get_plotlyjs().encode("utf-8")
+    if path.is_symlink() or not path.is_file() or path.stat().st_size != len(js) or path.read_bytes() != js:
+        atomic_write(path, js)
+    return path

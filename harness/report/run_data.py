@@ -1,0 +1,116 @@
+"""A run folder read once (:func:`read_run`), for the summary and the reports: config.json, model.json,
+rows.jsonl, speed.jsonl and registry.json, what the registries declared for the run when it was made.
+
+registry.json (deterministic JSON, :func:`harness.run.rows.dumps` with indent 2)::
+
+    {"version": 1,
+     "metrics": {name: {"display", "higher_is_better", "scale", "description"}},
+     "tasks": {task: {"metrics": [name, ...] (report order), "headline": name | null (null: the first metric),
+                      "score_metric": name | null, "breakdown": [prompt_meta key, ...],
+                      "media": {kind: {role: artifact key}}} | null (a task this checkout does not know)},
+     "codecs": {codec: {"engine_preset": bool, "native_layers": [layer, ...] (kept native by its engine)}}}
+
+The runner writes it before the first row (:func:`write_registry`), so a run's summary and reports do not
+change when a registry does. A run folder made before registry.json has none: :func:`read_run` builds it
+from the registries as they are now (:func:`declared`). Outside the runner, that is the only place the
+summary and the reports consult a registry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.run.input_files import InputError, read_run_json
+from harness.run.rows import atomic_write, dumps, read_rows
+from harness.report.speed import read_speed
+
+REGISTRY_NAME = "registry.json"
+REGISTRY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run folder as the summary and the renderers take it."""
+    path: Path
+    config: dict  # config.json
+    model: dict  # model.json ({} where absent)
+    rows: list[dict]  # rows.jsonl
+    speed: list[dict]  # speed.jsonl's lines (and its shard files'), one per row key: harness.report.speed.read_speed
+    speed_problem: str | None  # why speed.jsonl could not be read (None: it could, or there is none)
+    registry: dict  # registry.json
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def read_run(out: Path, rows: list[dict] | None = None) -> RunData:
+    """Run folder ``out``; ``rows``: its rows where the caller holds them already (a merge that just wrote
+    them to rows.jsonl), else rows.jsonl's."""
+    out = Path(out)
+    config = read_run_json(out / "config.json")
+    model = read_run_json(out / "model.json", {})
+    rows = read_rows(out / "rows.jsonl") if rows is None else rows
+    speed, problem = read_speed(out)
+    registry = read_run_json(out / REGISTRY_NAME, None)
+    if registry is None:  # a run made before registry.json: the registries as they are now
+        registry = declared(config, model, rows)
+    elif registry.get("version") != REGISTRY_VERSION:
+        raise InputError(f"{out / REGISTRY_NAME}: version {registry.get('version')!r}, this harness reads version "
+                         f"{REGISTRY_VERSION}; delete it to rebuild it from the registries")
+    return RunData(out, config, model, rows, speed, problem, registry)
+
+
+def write_registry(out: Path, config: dict, model: dict) -> None:
+    """registry.json of run folder ``out`` (``config``: config.json's; ``model``: model.json's)."""
+    atomic_write(Path(out) / REGISTRY_NAME, dumps(declared(config, model), indent=2) + "\n")
+
+
+# --- what the registries declare ------------------------------------------------------------------
+def describe_metric(name: str) -> dict:
+    """{display, higher_is_better, scale, description} of metric ``name`` from the metrics registry; a
+    name it does not know is shown as is, with no direction."""
+    from metrics import list_metrics
+
+    m = list_metrics().get(name)
+    if m is None:
+        return {"display": name, "higher_is_better": None, "scale": "linear", "description": ""}
+    return {"display": m.display, "higher_is_better": m.higher_is_better, "scale": m.scale,
+            "description": m.description}
+
+
+def describe_task(cls) -> dict:
+    """What the summary and the reports need of :class:`harness.tasks.base.Task` subclass ``cls``."""
+    return {"metrics": list(cls.metrics), "headline": cls.headline, "score_metric": cls.score_metric,
+            "breakdown": list(cls.breakdown), "media": {k: dict(v) for k, v in cls.media.items()}}
+
+
+def declared(config: dict, model: dict, rows: list[dict] = ()) -> dict:
+    """registry.json's content for a run of ``config`` on ``model`` (model.json's content). ``rows``: an
+    older run's, whose tasks may be ones this checkout does not know: the summary then takes every numeric
+    column of their rows as a metric, so each column the metrics registry knows is described here."""
+    from kernels import CODECS, codec_options
+    from metrics import list_metrics
+
+    from harness.tasks import get_task
+
+    tasks = {}
+    for name in dict.fromkeys([*config.get("tasks", []), *(r["task"] for r in rows)]):
+        try:
+            tasks[name] = describe_task(get_task(name))
+        except ValueError:  # not in this checkout (an older run)
+            tasks[name] = None
+    named = [m for t in tasks.values() if t for m in t["metrics"]]
+    known = list_metrics()
+    named += sorted({k for r in rows for k in r if k in known})
+    codecs, layers = {}, (model.get("model") or {}).get("layers")
+    for n in dict.fromkeys(str(c).partition("@")[0] for c in config.get("codecs", [])):
+        if n not in CODECS:
+            continue
+        native = ()
+        if isinstance(layers, int):
+            options = codec_options(n, config.get("codec_options", {}).get(n, {}), strings=True)
+            native = CODECS[n].engine_skipped_layers(layers, options)
+        codecs[n] = {"engine_preset": bool(CODECS[n].engine_preset), "native_layers": sorted(native)}
+    return {"version": REGISTRY_VERSION, "metrics": {m: describe_metric(m) for m in dict.fromkeys(named)},
+            "tasks": tasks, "codecs": codecs}

@@ -1,0 +1,163 @@
+"""speed.jsonl: the prefill seconds, decode rate and peak device memory of each row's rollout.
+
+A file of its own because the figures are measured: two identical runs give different ones, and
+rows.jsonl and summary.json must stay byte-identical (they hold none of them). One line per row,
+keyed like it by (task, prompt, label, codec seed), so it is appended, resumed (a row's line
+follows the row: a resumed run skips stored rows and their lines with them) and merged from shards
+(``speed.shard-I-of-N.jsonl``, :mod:`harness.scale.merge`) as rows are; where a key has two lines (its
+row deleted by hand and computed again), the latest counts. A line holds its
+rollout's :meth:`adapters.cache.rollout_clock.RolloutClock.record`, the device it ran on, and
+``rollout``: the first prompt of the rows that rollout produced (a batched rollout scores several
+prompts at once; its rows share its figures).
+
+Reports show, per task and configuration, each figure's mean ± 95% interval over rollouts × codec
+seeds (:func:`harness.stats.intervals.interval`, a rollout in the place of a prompt, so a batch counts once,
+not once per prompt), between the markers ``BEGIN`` and ``END`` in report.md and report.html:
+everything outside them is byte-identical for identical rows. A run folder without speed.jsonl (written before
+it existed) shows no speed section.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from harness.report.formatting import fmt_ci
+from harness.run.rows import CorruptRows, atomic_write, codec_seed, dumps, num
+from harness.scale.shard import SPEED_STEM, Plan, in_plan_order, shard_files, stored_lines
+from harness.stats.intervals import interval
+
+SPEED_NAME = f"{SPEED_STEM}.jsonl"
+#: report.md's speed sections are between these (comments: Markdown viewers show nothing of them)
+BEGIN, END = "<!-- speed: measured, differs between identical runs -->", "<!-- /speed -->"
+MIB = 2 ** 20
+
+
+def speed_line(key: tuple[str, str, str, int], rollout: str, record: dict, device: str | None) -> str:
+    """A row's line: its key, the rollout that produced it, the device's name, the clock's record."""
+    task, prompt, label, seed = key
+    return dumps({"task": task, "prompt": prompt, "label": label, "codec_seed": seed, "rollout": rollout,
+                  "device": device, **record})
+
+
+def read_speed(out: Path) -> tuple[list[dict], str | None]:
+    """(every stored line of speed.jsonl and its shard files, one per row key; why they could not
+    be read, or None). A damaged speed file never stops a merge or a report: it is named instead."""
+    try:  # the latest line of a key: a row deleted by hand and run again was timed again
+        return stored_lines(out, SPEED_STEM, last=True), None
+    except CorruptRows as e:
+        return [], str(e)
+
+
+def merge_speed(out: Path, plan: Plan | None) -> bool:
+    """speed.jsonl := the union of the speed files in plan order (where shard files exist). Returns
+    False where a damaged file kept it from merging: the shard files must then stay."""
+    if not shard_files(out, SPEED_STEM):
+        return True
+    lines, problem = read_speed(out)
+    if problem is None:
+        atomic_write(Path(out) / SPEED_NAME, "".join(dumps(r) + "\n" for r in in_plan_order(lines, plan)))
+    return problem is None
+
+
+# --- summaries ------------------------------------------------------------------------------------
+def _cells(lines: list[dict], field: str, scale: float = 1.0) -> dict[tuple[str, int], float]:
+    """{(rollout, codec seed): value}: one cell per rollout (its rows share the value)."""
+    return {(str(r.get("rollout", r["prompt"])), codec_seed(r)): num(r[field]) / scale
+            for r in lines if num(r.get(field)) is not None}
+
+
+def _entry(cells: dict) -> dict | None:
+    if not cells:
+        return None
+    iv = interval(cells)
+    return {"mean": iv.mean, "ci95": iv.ci95, "n": iv.n}
+
+
+def summarize_speed(lines: list[dict], task: str, labels: list[str]) -> list[dict]:
+    """Per configuration of ``task`` (in ``labels``' order) that has lines: {label, rollouts,
+    sequences (per rollout, sorted), devices, unit, prefill_shared, prefill (s), decode (units/s),
+    peak (MiB)}; each figure {mean, ci95, n} or None where nothing measured it (no decode; the CPU's
+    peak memory)."""
+    out = []
+    for label in labels:
+        mine = [r for r in lines if r["task"] == task and r["label"] == label]
+        if not mine:
+            continue
+        out.append({
+            "label": label,
+            "rollouts": len({(r.get("rollout", r["prompt"]), codec_seed(r)) for r in mine}),
+            "sequences": sorted({int(r.get("sequences", 1)) for r in mine}),
+            "devices": sorted({str(r.get("device")) for r in mine if r.get("device")}),
+            "unit": next((r["decode_unit"] for r in mine if r.get("decode_unit")), "token"),
+            "prefill_shared": any(r.get("prefill_shared") for r in mine),
+            "prefill": _entry(_cells(mine, "prefill_s")),
+            "decode": _entry(_cells(mine, "decode_per_s")),
+            "peak": _entry(_cells(mine, "peak_bytes", MIB)),
+        })
+    return out
+
+
+def summarize_speed_by_task(lines: list[dict], summary: dict) -> dict[str, list[dict]]:
+    """{task: :func:`summarize_speed` over its configurations in ``summary``'s order}: what both reports show."""
+    return {task: summarize_speed(lines, task, [g["label"] for g in t["groups"]])
+            for task, t in summary["tasks"].items()}
+
+
+# --- what the reports show ---------------------------------------------------------------------------
+NOTHING_DECODED = "nothing decoded"
+NO_PEAK = "not measured on the CPU"
+
+
+def columns(entries: list[dict]) -> list[str]:
+    unit = entries[0]["unit"] if entries else "token"
+    return ["config", "rollouts", "sequences per rollout", "prefill s, mean ± 95%", f"decode {unit}s/s, mean ± 95%",
+            "peak memory MiB, mean ± 95%", "device"]
+
+
+def notes(entries: list[dict]) -> list[str]:
+    """The sentences under the table: what each figure is, and that it is measured."""
+    unit = entries[0]["unit"] if entries else "token"
+    shared = any(e["prefill_shared"] for e in entries)
+    text = [f"Measured on this run's device, so it differs from one identical run to the next ({SPEED_NAME}; "
+            "rows.jsonl and summary.json hold none of it). Mean ± 95% interval over rollouts × codec seeds; "
+            "a batched rollout counts once, its rows sharing its figures.",
+            "*Prefill*: the rollout's first forward, into the empty cache"
+            + (" (text: the native forward, computed once per prompt batch and shared by its rollouts, plus "
+               "this cache's replay and encode of it)" if shared else "")
+            + f"; *decode*: {unit}s generated after the first, over the rollout's batch, per second of decode"
+            + (f" ({NOTHING_DECODED}: teacher forcing generates none)" if any(e["decode"] is None for e in entries)
+               else "")
+            + "; *peak memory*: torch.cuda.max_memory_allocated over the rollout, weights included"
+            + (f" ({NO_PEAK}: it has no allocator counter to read)" if any(e["peak"] is None for e in entries)
+               else "") + "."]
+    return text
+
+
+def cells_text(e: dict) -> list[str]:
+    """A configuration's cells as text, as both reports show them."""
+    seqs = e["sequences"]
+    return [e["label"], str(e["rollouts"]), "–".join(map(str, (seqs[0], seqs[-1]) if len(seqs) > 1 else seqs)),
+            fmt_ci(e["prefill"], with_n=False),
+            fmt_ci(e["decode"], with_n=False) if e["decode"] else NOTHING_DECODED,
+            fmt_ci(e["peak"], with_n=False) if e["peak"] else NO_PEAK, ", ".join(e["devices"]) or "—"]
+
+
+def problem_note(problem: str | None) -> list[str]:
+    """report.md's line saying why no speed is shown, between the markers ([] where none)."""
+    return [BEGIN, "", f"**Speed and memory** not shown: {problem}", "", END, ""] if problem else []
+
+
+def markdown(entries: list[dict]) -> list[str]:
+    """report.md's speed section of one task, between the markers ([] where nothing was timed)."""
+    if not entries:
+        return []
+    head = columns(entries)
+    md = [BEGIN, "", "### Speed and memory", "", *[line for n in notes(entries) for line in (n, "")],
+          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    md += ["| " + " | ".join(cells_text(e)) + " |" for e in entries]
+    return md + ["", END, ""]
+
+
+def without_speed(text: str) -> str:
+    """``text`` (report.md or report.html) without its speed sections: what identical runs share."""
+    return re.sub(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n\n?", "", text, flags=re.S)

@@ -1,0 +1,327 @@
+"""The run configuration: :class:`RunConfig`, the defaults, and the presets. Each field's annotation
+declares its ``harness run`` flag (:mod:`harness.run.flags` has tyro generate the command line from them)."""
+from __future__ import annotations
+
+import math
+
+import hashlib
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Annotated, Literal
+
+from tyro.conf import arg
+
+from adapters.cache.config import DEFAULT_RESIDUAL, CacheConfig
+from kernels.backend import BACKENDS
+
+from harness.run.flags import owner_options, parsed, values
+from harness.run.rows import dumps
+
+Backend = Literal[BACKENDS]
+
+RUN_CONFIG_VERSION = 1
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_CODECS = ("octopus", "turboquant-mse", "turboquant-prod", "qjl", "polarquant", "polarquant-2d", "quarot", "kivi")
+DEFAULT_BITS = (2, 3, 4)
+#: three draws of every randomized codec: enough for the interval to see seed-to-seed spread
+DEFAULT_CODEC_SEEDS = (0, 1, 2)
+#: ``--batch-size`` left out, per device type. CPU: 8 (a CPU gains little from larger batches, and
+#: every sequence's logits and cache sit in host memory). CUDA: 16 (on an H100, 16 needle-style
+#: prompts of ~1k tokens ran 5-11x faster together than one by one with a 135M model; the float32
+#: logits of a prefill, [B, T, vocab], stay near 20 GB for a 150k-vocabulary model at 2k tokens)
+AUTO_BATCH_SIZE = {"cpu": 8, "cuda": 16}
+REPORTS_DIR = Path("reports")
+
+
+class RunError(ValueError):
+    pass
+
+
+def parse_protect(s: str) -> str | list[int]:
+    if s in ("none", "boundary-1"):
+        return s
+    try:
+        return [int(i) for i in s.split(",")]
+    except ValueError:
+        raise ValueError(f"--protect takes 'none', 'boundary-1' or layer indices like 0,29; got '{s}'") from None
+
+
+def _protect_text(p) -> str:
+    return p if isinstance(p, str) else ",".join(map(str, p))
+
+
+# the command line's forms beyond tyro's own (harness/run/flags.py)
+_STRS = {flag: values(str, flag) for flag in ("--task", "--codec")}
+_INTS = {flag: values(int, flag) for flag in ("--bits", "--codec-seeds")}
+_PROTECT = parsed(parse_protect, "PROTECT", _protect_text)
+_TASK_OPT = owner_options("--task-opt", "TASK.NAME=VALUE")
+_CODEC_OPT = owner_options("--codec-opt", "CODEC.NAME=VALUE")
+
+
+def _default_is(note: str) -> str:
+    return f"(default: {note})"
+
+
+@dataclass
+class RunConfig:
+    """Everything that decides a run's numbers (each field's annotation declares its flag); round-trips to JSON.
+
+    The field order is the order of config.json and of ``harness run --help``."""
+
+    model: Annotated[str, arg(help="model name (see `harness list`)")] = DEFAULT_MODEL
+    model_path: Annotated[str | None, arg(
+        help="local checkpoint directory (or .gguf file) for the model", metavar="PATH")] = None
+    tasks: Annotated[list[str], _STRS["--task"], arg(
+        name="task", help="task(s)", help_behavior_hint=_default_is("the model's own; text: perplexity"))] = \
+        field(default_factory=list)
+    codecs: Annotated[list[str], _STRS["--codec"], arg(
+        name="codec", help="codec(s); NAME@B[,B...] runs that codec at its own bit widths instead of --bits (an "
+        "engine's preset: vllm-int8-per-token-head@8)")] = field(default_factory=lambda: list(DEFAULT_CODECS))
+    bits: Annotated[list[int], _INTS["--bits"], arg(help="key bit width(s)")] = \
+        field(default_factory=lambda: list(DEFAULT_BITS))
+    prompts: Annotated[str | None, arg(
+        help="prompt source: a path, or for text wikitext2 / c4", metavar="SOURCE",
+        help_behavior_hint=_default_is("the task's default; text: offline corpus"))] = None
+    limit: Annotated[int | None, arg(help="at most this many prompts per task", metavar="N")] = None
+    margin: Annotated[float | None, arg(
+        help="non-inferiority margin on each task's headline metric, in its units: the report says which "
+        "configurations are shown to be no worse than the baseline by more than this (a one-sided bound at the "
+        "95 percent level)", metavar="DELTA")] = None
+    seed: Annotated[int, arg(
+        help="prompt seed: every draw of the prompts and rollouts (needles, noise, sampling)")] = 0
+    codec_seeds: Annotated[list[int], _INTS["--codec-seeds"], arg(
+        help="codec seeds: a randomized codec (rotation signs, projections) runs once per seed; a deterministic "
+        "codec and the baseline run once")] = field(default_factory=lambda: list(DEFAULT_CODEC_SEEDS))
+    residual: Annotated[int, arg(help="native window in tokens")] = DEFAULT_RESIDUAL
+    protect: Annotated[str | list[int], _PROTECT, arg(help="layers kept native: none, boundary-1, or 0,29")] = "none"
+    value_bits: Annotated[int | None, arg(
+        help="value bit width", metavar="BITS", help_behavior_hint=_default_is("the key bit width"))] = None
+    value_group: Annotated[int, arg(help="value quantization group size")] = 32
+    attend: Annotated[Literal["score", "reconstruct"], arg(
+        help="read keys through each codec's score estimator or its reconstruction")] = "score"
+    backend: Annotated[Backend, arg(help="attention backend")] = "auto"
+    device: Annotated[str, arg(help="auto (cuda if available), cpu, cuda, cuda:1, ...")] = "auto"
+    dtype: Annotated[str, arg(help="auto (float32 on cpu, bfloat16 on cuda), float32, bfloat16, float16")] = "auto"
+    batch_size: Annotated[int | None, arg(
+        help="prompts run together through one cache by the text tasks (left-padded; rows do not depend on it "
+        "beyond float rounding, which in bfloat16 can flip a greedy token)", metavar="N",
+        help_behavior_hint=_default_is(f"auto: {AUTO_BATCH_SIZE['cpu']} on cpu, {AUTO_BATCH_SIZE['cuda']} on cuda")
+    )] = None
+    task_options: Annotated[dict[str, dict], _TASK_OPT, arg(
+        name="task-opt", help="task option, repeatable (e.g. needle.contexts=512,1024; see `harness list`)",
+        help_behavior_hint="")] = field(default_factory=dict)
+    codec_options: Annotated[dict[str, dict[str, str]], _CODEC_OPT, arg(
+        name="codec-opt", help="codec option, repeatable (e.g. octopus.split=3,3,3)", help_behavior_hint="")] = \
+        field(default_factory=dict)
+    # also run codec 'none' through the cache path (a row per prompt; KL must be 0)
+    baseline: Annotated[bool, arg(name="baseline-row", help="do not add the codec 'none' rows",
+                                  help_behavior_hint="")] = True
+
+    # --- scale (harness.scale.shard, docs/scale_out.md) ---
+    # a text model larger than one GPU: its layers spread over the visible GPUs by accelerate
+    device_map: Annotated[Literal["auto"] | None, arg(
+        help="'auto': spread a text model that does not fit one GPU over every visible GPU (accelerate)")] = None
+
+    # greedy decode steps of text models: replayed from a CUDA graph where the cache allows (equal to
+    # eager steps to float rounding), or eager
+    graphs: Annotated[Literal["auto", "off"], arg(
+        help="decode steps of text models: auto (CUDA graphs on CUDA where the cache allows), off (eager)")] = "auto"
+
+    def to_json(self) -> dict:
+        return {"version": RUN_CONFIG_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RunConfig":
+        if d.get("version", RUN_CONFIG_VERSION) != RUN_CONFIG_VERSION:
+            raise ValueError(f"run config version {d['version']!r} is not the supported {RUN_CONFIG_VERSION}")
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known - {"version"}
+        if unknown:
+            raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def validate(self) -> list[str]:
+        """Check every field that needs no model (names are checked against the registries by
+        ``runner.resolve``) and drop repeated codecs, bits and tasks, keeping the first. Returns a
+        note per dropped repeat; raises :class:`RunError` naming the flag and the allowed values."""
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
+                                       or self.limit < 1):
+            raise RunError(f"--limit must be a positive number of prompts, got {self.limit}; "
+                           f"leave it out to run every prompt")
+        if self.margin is not None and not 0 <= self.margin < math.inf:
+            raise RunError(f"--margin must be a finite number >= 0 (in the headline metric's units), got {self.margin}")
+        if self.residual < 0:
+            raise RunError(f"--residual must be >= 0 tokens, got {self.residual}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise RunError(f"--seed must be an integer >= 0, got {self.seed}")
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+                                            or self.batch_size < 1):
+            raise RunError(f"--batch-size must be a positive number of prompts, got {self.batch_size}; "
+                           f"leave it out to choose it for the device")
+        if self.value_bits is not None and not 1 <= self.value_bits <= 16:
+            raise RunError(f"--value-bits must be in 1..16, got {self.value_bits}; leave it out to use the key bits")
+        if self.value_group < 1:
+            raise RunError(f"--value-group must be >= 1, got {self.value_group}")
+        if not self.codec_seeds or any(isinstance(c, bool) or not isinstance(c, int) or c < 0
+                                       for c in self.codec_seeds):
+            raise RunError(f"--codec-seeds must be one or more integers >= 0, got {self.codec_seeds}")
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.bits):
+            raise RunError(f"--bits must be positive integers, got {self.bits}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
+            raise RunError(f"--device '{self.device}' is not a device; use auto, cpu, cuda or cuda:N")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RunError(f"--device {self.device}: CUDA is not available on this machine; "
+                               f"use --device cpu (or auto)")
+            index = int(self.device.partition(":")[2] or 0)
+            if index >= torch.cuda.device_count():
+                raise RunError(f"--device {self.device}: this machine has {torch.cuda.device_count()} CUDA "
+                               f"device(s); use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        if self.backend in ("lut", "triton"):
+            import torch
+
+            from kernels.backend import backend_unavailable
+
+            device = self.device if self.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+            why = backend_unavailable(self.backend, "cpu" if device == "mps" else device)
+            if why is not None:
+                raise RunError(f"--backend {self.backend}: {why}; use --backend auto (the fused kernels where they "
+                               f"run, the PyTorch reference elsewhere) or torch")
+        from adapters.loading import DTYPES
+
+        if self.device_map not in (None, "auto"):
+            raise RunError(f"--device-map '{self.device_map}' is not a placement; use auto, or leave it out")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise RunError(f"--dtype '{self.dtype}' is not a dtype; use auto, {', '.join(sorted(DTYPES))}")
+        notes = []
+        for name, flag in (("codecs", "--codec"), ("bits", "--bits"), ("tasks", "--task"),
+                           ("codec_seeds", "--codec-seeds")):
+            values = getattr(self, name)
+            unique = list(dict.fromkeys(values))
+            if len(unique) != len(values):
+                notes.append(f"{flag} {' '.join(map(str, values))}: each repeat is run once "
+                             f"({' '.join(map(str, unique))})")
+                setattr(self, name, unique)
+        return notes
+
+    def digest(self) -> str:
+        return hashlib.sha256(dumps(self.to_json()).encode()).hexdigest()[:8]
+
+    def default_out(self) -> Path:
+        return REPORTS_DIR / f"{self.model}-{self.digest()}"
+
+    def codec_options_for(self, codec: str):
+        """Codec ``codec``'s ``Options`` instance: the strings of ``--codec-opt`` read by the types of its
+        fields (the one place they are parsed; every config made from it trusts it)."""
+        from kernels.config import codec_options
+
+        try:
+            return codec_options(codec, self.codec_options.get(codec, {}), strings=True)
+        except ValueError as e:
+            raise RunError(f"--codec-opt: {e}") from None
+
+    def cache_configs(self) -> list[CacheConfig]:
+        """The baseline ('none') first, then every (codec, bits) in the order given; each config's
+        ``seed`` is the first codec seed (:func:`seeded` makes the others)."""
+        entries = self.codec_entries()
+        unknown = set(self.codec_options) - {name for name, _ in entries}
+        if unknown:
+            raise RunError(f"options given for codec(s) {sorted(unknown)} that this run does not have ({self.codecs})")
+        common = dict(residual=self.residual, protect=self.protect, value_bits=self.value_bits,
+                      value_group=self.value_group, seed=self.codec_seeds[0], attend=self.attend,
+                      backend=self.backend)
+        out = [CacheConfig(codec="none", bits=16, **common)] if self.baseline else []
+        for codec, bits in entries:
+            if codec == "none":
+                continue
+            options = self.codec_options_for(codec)
+            for b in bits:
+                if all((c.codec, c.bits) != (codec, b) for c in out):  # each (codec, bits) once
+                    out.append(CacheConfig(codec=codec, bits=b, options=options, **common))
+        return out
+
+    def codec_entries(self) -> list[tuple[str, list[int]]]:
+        """[(codec name, its bit widths)]: ``--bits`` for a plain name, its own for ``NAME@B[,B...]``."""
+        out = []
+        for entry in self.codecs:
+            name, sep, own = str(entry).partition("@")
+            if not sep:
+                out.append((name, list(self.bits)))
+                continue
+            try:
+                bits = [int(b) for b in own.split(",")]
+            except ValueError:
+                bits = []
+            if not bits or any(b < 1 for b in bits):
+                raise RunError(f"--codec {entry}: NAME@B takes bit widths, e.g. {name}@8 or {name}@2,3")
+            out.append((name, bits))
+        return out
+
+
+def batch_size_for(requested: int | None, device) -> int:
+    """``--batch-size``, or where it was left out (None) the device's :data:`AUTO_BATCH_SIZE`."""
+    if requested is not None:
+        return requested
+    import torch
+
+    return AUTO_BATCH_SIZE.get(torch.device(device).type, AUTO_BATCH_SIZE["cpu"])
+
+
+def seeded(cache_config: CacheConfig, codec_seeds: list[int]) -> list[CacheConfig]:
+    """``cache_config`` once per codec seed where its codec draws at random, else once (first seed)."""
+    from kernels import codec_class
+
+    seeds = codec_seeds if codec_class(cache_config.codec).randomized else codec_seeds[:1]
+    return [replace(cache_config, seed=s) for s in seeds]
+
+
+#: ``harness run --preset NAME``: values that replace the defaults (flags given still win).
+#: 'default' is the quick sweep (every codec, minutes on a laptop CPU); 'full' the paper-sized one.
+PRESETS: dict[str, dict] = {
+    "default": {},
+    "full": {
+        "tasks": ["perplexity", "needle"],
+        "codec_seeds": [0, 1, 2, 3, 4],
+        "task_options": {
+            "perplexity": {"context": 1024, "prefix": 256, "chunk": 64, "count": 8},
+            "needle": {"contexts": [1024, 2048], "repeats": 2},
+        },
+    },
+    # the KV caches engines deploy (kernels/engines/vllm_kv.py, vllm_turboquant.py, sglang_kv.py, hf_quantized.py), each
+    # at its own bits, beside OCTOPUS and TurboQuant-MSE
+    "deployed": {
+        "codecs": ["octopus", "turboquant-mse", "vllm-fp8@8", "vllm-fp8-e5m2@8", "vllm-fp8-per-token-head@8",
+                   "vllm-int8-per-token-head@8", "vllm-int4-per-token-head@4", "vllm-nvfp4@4", "vllm-turboquant-k8v4@8",
+                   "vllm-turboquant-4bit-nc@4", "vllm-turboquant-k3v4-nc@3", "vllm-turboquant-3bit-nc@3",
+                   "sglang-fp8-e4m3@8", "sglang-fp8-e5m2@8", "sglang-fp4-e2m1@4", "hf-quanto@2,4", "hf-hqq@2,4"],
+        "bits": [2, 3, 4],
+    },
+    # RULER's niah defaults (its scripts/synthetic.yaml and constants.py): 4 needles, 128 tokens to generate
+    "ruler": {
+        "tasks": ["needle"],
+        "task_options": {"needle": {"ruler": "multikey", "needles": 4, "max_new_tokens": 128}},
+    },
+}
+
+
+def with_preset(name: str, given: dict) -> dict:
+    """RunConfig keyword arguments: preset ``name``'s values under the ``given`` ones (task and
+    codec options merge per option)."""
+    if name not in PRESETS:
+        raise RunError(f"--preset '{name}' is not a preset; use one of {', '.join(PRESETS)}")
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in PRESETS[name].items()}
+    for k, v in given.items():
+        if k in ("task_options", "codec_options") and k in out:
+            merged = {owner: dict(opts) for owner, opts in out[k].items()}
+            for owner, opts in v.items():
+                merged.setdefault(owner, {}).update(opts)
+            out[k] = merged
+        else:
+            out[k] = v
+    if "task_options" in out and "tasks" in given:  # options of a task the user left out of the run
+        out["task_options"] = {t: o for t, o in out["task_options"].items()
+                               if t in given["tasks"] or t in given.get("task_options", {})}
+    return out

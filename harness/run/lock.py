@@ -1,0 +1,159 @@
+"""Who writes a run folder: lock files holding the owner's pid, host and role.
+
+``out/.lock`` is the folder's lock: a single-process run holds it for its whole length (role
+``run``); the start of a shard, a merge and ``harness report`` hold it for moments (roles ``start``,
+``merge``, ``report``) and other processes wait for those. Shard I of N holds ``out/.lock.shard-I-of-N``
+while it runs (:mod:`harness.scale.shard`).
+
+Created with O_CREAT | O_EXCL, so of two processes exactly one gets a lock; the other waits (a
+brief role, up to ``wait`` seconds) or stops with :class:`RunLocked`. A held lock's modification
+time is refreshed every ``HEARTBEAT_S`` seconds. A lock is stale, and taken over, when its owner
+is gone: on this host its pid is not alive; on another host (shards on several nodes sharing the
+folder) its file has not been refreshed for ``STALE_S`` seconds. Locks are removed on exit,
+exceptions included.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+LOCK_NAME = ".lock"
+BRIEF_ROLES = ("start", "merge", "report")
+HEARTBEAT_S = 30.0
+#: a lock from another host is stale after this long without a heartbeat (generous: clocks of two
+#: hosts differ, and a file server may set the time)
+STALE_S = 600.0
+
+
+def _pause(seconds: float) -> None:
+    """How :meth:`RunLock.acquire` waits between tries (tests inject one that acts instead of sleeping)."""
+    time.sleep(seconds)
+
+
+def _next_beat(stop: threading.Event, seconds: float) -> bool:
+    """Wait for the next heartbeat; True once the lock is released (tests inject one driven by events)."""
+    return stop.wait(seconds)
+
+
+class RunLocked(ValueError):
+    """Another live process writes this run folder."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def owner(path: Path) -> tuple[int, str, str] | None:
+    """(pid, host, role) written in the lock file; None where it is absent, unreadable or empty.
+    Locks written before roles existed are role 'run'."""
+    try:
+        parts = Path(path).read_text().split()
+        return int(parts[0]), parts[1], parts[2] if len(parts) > 2 else "run"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def stale(path: Path, who: tuple[int, str, str] | None) -> bool:
+    """Whether the lock at ``path`` held by ``who`` is left over from a process that is gone."""
+    if who is None:
+        return False  # being written this instant (or unreadable): not ours to judge
+    pid, host, _ = who
+    if host == socket.gethostname():
+        return not _alive(pid)
+    try:
+        return time.time() - path.stat().st_mtime > STALE_S
+    except FileNotFoundError:
+        return False
+
+
+def holder(path: Path) -> tuple[int, str, str] | None:
+    """The live owner of the lock at ``path``; None where it is free or stale."""
+    who = owner(path)
+    return None if who is None or stale(Path(path), who) else who
+
+
+def describe(who: tuple[int, str, str] | None) -> str:
+    return f"process {who[0]} on {who[1]}" if who and who[0] else "another process"
+
+
+class RunLock:
+    """``with RunLock(out):`` holds ``out/NAME`` for the block (``out`` must exist). ``role``: what
+    the holder does (``run`` for a whole single-process run); ``wait``: seconds to wait for a
+    holder in a brief role (BRIEF_ROLES) before giving up."""
+
+    def __init__(self, out: Path, name: str = LOCK_NAME, role: str = "run", wait: float = 0.0):
+        self.path = Path(out) / name
+        self.mine = f"{os.getpid()} {socket.gethostname()} {role}\n"
+        self.wait = wait
+        self._stop: threading.Event | None = None
+
+    def try_acquire(self) -> tuple[int, str, str] | None:
+        """Take the lock if it is free or stale: None when taken, else its live owner."""
+        for _ in range(3):  # create; else take over a stale lock and create again
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                who = owner(self.path)
+                if stale(self.path, who):
+                    self.path.unlink(missing_ok=True)
+                    continue
+                if who is None:  # created, not yet written by its owner: busy for a moment
+                    return 0, "?", "start"
+                return who
+            with os.fdopen(fd, "w") as f:
+                f.write(self.mine)
+            self._beat()
+            return None
+        raise RunLocked(f"could not take the lock {self.path}: it keeps being recreated; pass another --out")
+
+    def acquire(self) -> None:
+        deadline = time.monotonic() + self.wait
+        while True:
+            who = self.try_acquire()
+            if who is None:
+                return
+            if who[2] not in BRIEF_ROLES or time.monotonic() >= deadline:
+                break
+            _pause(0.05)
+        raise RunLocked(f"{self.path.parent} is being written by {describe(who)} (lock "
+                        f"{self.path}); wait for it to finish or pass another --out (delete the lock only if "
+                        f"that process is gone)")
+
+    def _beat(self) -> None:
+        """Refresh the lock's time while held, so hosts that cannot see our pid know we live."""
+        self._stop = stop = threading.Event()
+
+        def beat():
+            while not _next_beat(stop, HEARTBEAT_S):
+                try:
+                    os.utime(self.path)
+                except OSError:
+                    return
+
+        threading.Thread(target=beat, name=f"heartbeat {self.path.name}", daemon=True).start()
+
+    def release(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+        try:
+            if self.path.read_text() == self.mine:
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "RunLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,1 @@
+"""One run over several processes: shards, the merge of their rows, launch and Slurm."""

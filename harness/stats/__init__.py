@@ -1,0 +1,1 @@
+"""The statistics of a report: intervals, pass/fail tests, ranking, effective length."""

@@ -1,0 +1,1 @@
+"""The research codecs, one file each."""

@@ -1,0 +1,190 @@
+"""An inference engine's KV-cache format as a codec: :class:`EnginePreset`, the base of the engines'
+presets (kernels/engines/vllm_kv.py, kernels/engines/vllm_turboquant.py, kernels/engines/sglang_kv.py), and the fp8 casts they
+share. A preset stores keys and values in the engine's format (values at the preset's bits: ``--value-bits``
+does not apply) and reproduces the engine's arithmetic, so a report compares what runs today with the
+research codecs on the same prompts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kernels.base import Codec
+from kernels.encoded import Encoded
+from kernels.token_layout import BlockScale, Element, TokenCodes, TokenLayout
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def fp8_saturate(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """float32 -> fp8 bit patterns (uint8), clamped to the largest finite value (SATFINITE), rounded
+    to nearest even (torch's cast)."""
+    dtype = FP8[kind]
+    top = torch.finfo(dtype).max
+    return x.float().clamp(-top, top).to(dtype).view(torch.uint8)
+
+
+def fp8_value(codes: torch.Tensor, kind: str) -> torch.Tensor:
+    return codes.view(FP8[kind]).float()
+
+
+#: e2m1 magnitudes by their 3 low bits (bit 3 is the sign)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_EDGES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # midpoints between neighbouring magnitudes
+
+
+def e2m1_codes(y: torch.Tensor, ties: str) -> torch.Tensor:
+    """float32 -> fp4 e2m1 codes (uint8, 0..15), saturating at 6; a tie between two magnitudes goes to
+    the even code (``ties='even'``: round to nearest even, the hardware cast) or the larger magnitude
+    (``'away'``). The sign bit is set for every negative input, zeros included."""
+    a = y.abs()
+    mag = torch.zeros_like(a, dtype=torch.uint8)
+    for i, edge in enumerate(_E2M1_EDGES):  # at a tie the odd code i+1 loses under 'even'
+        up = (a > edge) if (ties == "even" and i % 2 == 0) else (a >= edge)
+        mag += up.to(torch.uint8)
+    return mag | ((y < 0).to(torch.uint8) << 3)
+
+
+def e2m1_value(codes: torch.Tensor) -> torch.Tensor:
+    mag = torch.tensor(E2M1, device=codes.device)[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., n] (values < 16) -> [..., n / 2]: element 2i in the low nibble, 2i + 1 in the high."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2)
+
+
+class _PresetValues:
+    """The value side of a preset, in the preset's format (what ``Codec.value_quantizer`` holds)."""
+
+    def __init__(self, codec: "EnginePreset"):
+        self.codec, self.bits, self.head_dim = codec, codec.value_bits, codec.head_dim
+
+    def encode(self, v: torch.Tensor) -> Encoded:
+        return Encoded(self.codec._quantize(v, "v"), tuple(v.shape), v.dtype)
+
+    def decode(self, state: Encoded) -> torch.Tensor:
+        return self.codec._dequantize(state.tensors, "v")
+
+    def expected_nbytes(self, shape) -> int:
+        return self.codec.expected_value_nbytes(shape)
+
+
+class EnginePreset(Codec):
+    """Keys and values in one engine's format; subclasses give ``_quantize`` and ``_dequantize`` over
+    ``[..., T, d]`` (``side`` 'k' or 'v'), ``bytes_per_vector`` (keys) and, where values differ in size,
+    ``expected_value_nbytes``."""
+    engine_preset = True
+
+    #: the preset's value bits (None: the key bits)
+    preset_value_bits: int | None = None
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.value_bits = self.preset_value_bits or config.bits
+        if config.value_bits not in (None, self.value_bits):
+            raise ValueError(f"codec '{self.name}' stores values as its engine does, at {self.value_bits} bits: leave "
+                             f"--value-bits out (got {config.value_bits})")
+        self.value_quantizer = _PresetValues(self)
+
+    def token_layout(self):
+        # built once: the decode dispatch asks at every step, inside CUDA graph captures too
+        if not hasattr(self, "_token_layout"):
+            self._token_layout = self._build_token_layout()
+        return self._token_layout
+
+    def _build_token_layout(self):
+        """The preset's :class:`TokenLayout` (tensors on the CPU), or None where no fused kernel reads it."""
+        return None
+
+    def _encode(self, keys):
+        return Encoded(self._quantize(keys, "k"), tuple(keys.shape), keys.dtype)
+
+    def _decode(self, state):
+        return self._dequantize(state.tensors, "k")
+
+    def expected_nbytes(self, shape):
+        return math.prod(shape[:-1]) * self.bytes_per_vector
+
+    def expected_value_nbytes(self, shape):
+        return self.expected_nbytes(shape)
+
+    def _quantize(self, x: torch.Tensor, side: str) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _dequantize(self, t: dict[str, torch.Tensor], side: str) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PerTensorFp8(EnginePreset):
+    """Keys and values in fp8 (``kind`` 'e4m3' or 'e5m2') after one scale per layer each (``k_scale``,
+    ``v_scale``: 1.0 where the checkpoint has none); subclasses give the engine's ``_quantize``. The two
+    float32 scales are per layer, not per token: one byte per coordinate."""
+    kind = "e4m3"
+
+    @dataclass(frozen=True)
+    class Options:
+        k_scale: float = 1.0  # the per-layer key scale (1.0 without calibrated checkpoint scales)
+        v_scale: float = 1.0
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        if not all(0 < s < math.inf for s in (self.opts.k_scale, self.opts.v_scale)):
+            raise ValueError(f"codec '{self.name}': k_scale and v_scale must be finite and > 0")
+        self.bytes_per_vector = self.head_dim
+
+    def _scale(self, side: str) -> float:
+        return self.opts.k_scale if side == "k" else self.opts.v_scale
+
+    def _dequantize(self, t, side):
+        return fp8_value(t["codes"], self.kind) * self._scale(side)
+
+    def _build_token_layout(self):
+        element = Element(self.kind)
+        return TokenLayout(TokenCodes(element, scale=self.opts.k_scale), TokenCodes(element, scale=self.opts.v_scale))
+
+
+class BlockFp4(EnginePreset):
+    """fp4 e2m1 codes in blocks of 16 coordinates with one scale byte each (NVFP4, MX), two codes per byte
+    (element 2i in the low nibble): ``codes`` uint8 [..., T, d/2] and ``scale`` uint8 [..., T, d/16],
+    ``d / 2 + d / 16`` bytes a token-head. Subclasses give ``_quantize``, the engine's name (``engine``),
+    how a scale byte reads (``block_scale``, :meth:`_block_scale`) and any per-layer scale
+    (:meth:`_tensor_scale`), and ``bits_supported = (4,)``."""
+    group = 16
+    engine: str
+    block_scale: BlockScale
+
+    @classmethod
+    def head_dim_unsupported(cls, head_dim):
+        if head_dim % cls.group:
+            return (f"{cls.engine}'s fp4 cache scales blocks of {cls.group} coordinates: "
+                    f"head dim {head_dim} is no multiple")
+        return None
+
+    def __init__(self, config, device="cpu"):
+        super().__init__(config, device)
+        self.bytes_per_vector = self.head_dim // 2 + self.head_dim // self.group
+
+    def _tensor_scale(self, side: str) -> float:
+        return 1.0
+
+    def _block_scale(self, sf: torch.Tensor) -> torch.Tensor:
+        """uint8 scale bytes -> float32 block scales."""
+        raise NotImplementedError
+
+    def _dequantize(self, t, side):
+        y = e2m1_value(unpack_nibbles(t["codes"])).unflatten(-1, (-1, self.group))
+        return (y * self._block_scale(t["scale"]).unsqueeze(-1)).flatten(-2) * self._tensor_scale(side)
+
+    def _build_token_layout(self):
+        def side(s):
+            return TokenCodes(Element.E2M1, bits=4, scale_field="scale", scale=self._tensor_scale(s), group=self.group,
+                              block_scale=self.block_scale)
+        return TokenLayout(side("k"), side("v"))

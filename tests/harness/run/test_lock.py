@@ -1,0 +1,64 @@
+"""harness/run/lock.py with a real process holding the lock: a second writer on its run folder stops with one
+line and exit code 2; the lock left by the holder, killed, is taken over; the lock goes on exit, errors
+included. The writers run in process (``harness.cli.main.main``): the lock's subject is the other process."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.checkout_env import checkout_env
+from helpers.tiny_lm import save_tiny_checkpoint
+
+from harness.cli.main import main
+from harness.run.lock import RunLock, RunLocked
+from harness.run.folder import RunFolder
+
+ROOT = Path(__file__).resolve().parents[3]
+HOLD = "import sys; from harness.run.lock import RunLock\nwith RunLock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+def _run_args(ckpt, text, out):
+    return ["run", "--model", "hf", "--model-path", str(ckpt), "--codec", "octopus", "--bits", "2", "--task",
+            "perplexity", "--prompts", str(text), "--limit", "1", "--residual", "8", "--quiet", "--task-opt",
+            "perplexity.context=100", "--task-opt", "perplexity.prefix=40", "--task-opt", "perplexity.chunk=20", "--codec-seeds", "0",
+            "--out", str(out)]
+
+
+def test_second_writer_is_refused_and_a_stale_lock_taken_over(ckpt, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    text = tmp_path / "t.txt"
+    text.write_text("The cat sat on the mat and looked at the dog. " * 30)
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=checkout_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert main(_run_args(ckpt, text, out)) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and f"is being written by process {holder.pid}" in lines[0], lines
+        assert sorted(p.name for p in out.iterdir()) == [RunFolder.LOCK]  # nothing written by the second
+    finally:
+        holder.kill()  # killed: its lock stays behind, stale
+        holder.wait()
+    assert (out / RunFolder.LOCK).read_text().split()[0] == str(holder.pid)
+    assert main(_run_args(ckpt, text, out)) == 0, capsys.readouterr().err
+    assert len((out / "rows.jsonl").read_text().splitlines()) == 2 and not (out / RunFolder.LOCK).exists()
+
+
+def test_lock_is_released_on_errors(tmp_path):
+    with pytest.raises(KeyError):
+        with RunLock(tmp_path):
+            assert (tmp_path / RunFolder.LOCK).exists()
+            with pytest.raises(RunLocked, match="is being written by process"):
+                RunLock(tmp_path).acquire()  # a live pid (this one) on this host
+            raise KeyError("boom")
+    assert not (tmp_path / RunFolder.LOCK).exists()

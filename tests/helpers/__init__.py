@@ -1,0 +1,1 @@
+"""Helpers the tests share: tiny models, reference figures, derived tolerances, page checks."""
