@@ -16,8 +16,8 @@ from registry import Registry
 if TYPE_CHECKING:
     from kernels.base import Codec
 
-#: the codecs of the package's modules (subpackages such as triton hold kernels, not codecs)
-REGISTRY: Registry[type[Codec]] = Registry("codec", "kernels", subpackages=False)
+#: the research codecs (kernels/codecs/) and the engines' deployed caches (kernels/engines/)
+REGISTRY: Registry[type[Codec]] = Registry("codec", "kernels.codecs", "kernels.engines")
 CODECS = REGISTRY.entries
 _BY_OPTIONS: dict[type, type[Codec]] = {}
 

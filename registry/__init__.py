@@ -43,34 +43,40 @@ def definer(obj) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
 
 
-def import_modules(package: str, unavailable: dict[str, str], subpackages: bool = True) -> None:
-    """Import every module of ``package`` not named ``_*`` (and its subpackages where ``subpackages``).
-    A module that fails for a missing third-party package is recorded in ``unavailable`` (module
-    name -> why) instead of breaking the others; one that fails on our own code raises."""
+def import_modules(package: str, unavailable: dict[str, str], subpackages: bool = True, root: str = "") -> None:
+    """Import every module of ``package`` not named ``_*``, and, where ``subpackages``, every module of
+    its subpackages, recursively. A module that fails for a missing third-party package is recorded
+    in ``unavailable`` (its name below ``package`` -> why) instead of breaking the others; one that
+    fails on our own code raises."""
+    root = root or package
     own = OURS + (package.split(".")[0],)
     for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
         if info.name.startswith("_") or (info.ispkg and not subpackages):
             continue
+        name = f"{package}.{info.name}"
         try:
-            importlib.import_module(f"{package}.{info.name}")
+            importlib.import_module(name)
         except ImportError as e:
             missing = getattr(e, "name", None) or ""
             if missing.split(".")[0] in own:
                 raise
-            unavailable[info.name] = f"needs '{missing or e}' ({e})"
+            unavailable[name.removeprefix(root + ".")] = f"needs '{missing or e}' ({e})"
+            continue
+        if info.ispkg:
+            import_modules(name, unavailable, subpackages, root)
 
 
 class Registry(Generic[T]):
     """Entries of one ``kind`` ('codec', 'model', ...) by name.
 
-    ``package``: the package whose modules register the entries (None: registered by hand);
-    ``subpackages``: whether discovery imports its subpackages too. ``entries`` is a plain dict
+    ``packages``: the packages whose modules register the entries (none: registered by hand);
+    ``subpackages``: whether discovery imports their subpackages' modules too. ``entries`` is a plain dict
     (what ``CODECS``, ``MODELS``, ``TASKS`` and ``METRICS`` are); ``unavailable`` maps the modules
     that could not be imported to why.
     """
 
-    def __init__(self, kind: str, package: str | None = None, subpackages: bool = True):
-        self.kind, self.package, self.subpackages = kind, package, subpackages
+    def __init__(self, kind: str, *packages: str, subpackages: bool = True):
+        self.kind, self.packages, self.subpackages = kind, packages, subpackages
         self.entries: dict[str, T] = {}
         self.unavailable: dict[str, str] = {}
         self._by: dict[str, str] = {}  # name -> who registered it, for the duplicate error
@@ -87,12 +93,13 @@ class Registry(Generic[T]):
         return entry
 
     def discover(self) -> None:
-        """Import the modules of ``package``, once (see :func:`import_modules`)."""
-        if self.package is None or self._discovered:
+        """Import the modules of ``packages``, once (see :func:`import_modules`)."""
+        if not self.packages or self._discovered:
             return
         self._discovered = True  # first: a module being imported may look a name up
         try:
-            import_modules(self.package, self.unavailable, self.subpackages)
+            for package in self.packages:
+                import_modules(package, self.unavailable, self.subpackages)
         except BaseException:
             self._discovered = False  # a bug in a module: the next lookup raises it again
             raise
