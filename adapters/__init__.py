@@ -1,11 +1,8 @@
-"""Model adapters: per-model hooks that put a model's KV cache behind :mod:`adapters.cache.kv_cache`;
-every adapter is a :class:`adapters.protocol.ModelAdapter`."""
-from adapters.cache.stats import cache_row_stats
-from adapters.cache.config import DEFAULT_RESIDUAL, CacheConfig
-from adapters.cache.kv_cache import CompressedKVCache
-from adapters.cache.layer_kv import LayerKV
+"""Model adapters: every model behind one compressed-cache interface. ``adapters.cache`` is the cache
+every adapter drives (its configuration is :class:`adapters.cache.config.CacheConfig`), ``adapters.hf``
+any transformers decoder, ``adapters.wan`` and ``adapters.aar`` the video and audio generators; each
+loaded model is an :class:`adapters.protocol.ModelAdapter`, found by name in :mod:`adapters.registry`."""
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
 from adapters.registry import MODELS, get_model, list_models, register_model
 
-__all__ = ["CacheConfig", "CompressedKVCache", "LayerKV", "DEFAULT_RESIDUAL", "CachePolicy", "Geometry",
-           "ModelAdapter", "cache_row_stats", "MODELS", "get_model", "list_models", "register_model"]
+__all__ = ["CachePolicy", "Geometry", "ModelAdapter", "MODELS", "get_model", "list_models", "register_model"]

@@ -4,7 +4,7 @@ A loader registered with ``@register_model`` returns a :class:`ModelAdapter`: th
 its ``geometry`` (to check codecs), its ``describe()`` (model.json, the report's header) and
 its ``modality``; the tasks of that modality drive the rest. Where the native window of the
 cache is counted, and how large it is, is the model's :class:`CachePolicy`, applied to the
-run's :class:`~adapters.cache.kv_cache.CacheConfig` in one place, :meth:`ModelAdapter.cache_config`.
+run's :class:`~adapters.cache.config.CacheConfig` in one place, :meth:`ModelAdapter.cache_config`.
 """
 from __future__ import annotations
 

@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from kernels.triton import unavailable as triton_unavailable
+
 BACKENDS = ("auto", "lut", "triton", "torch")
 #: the fused paths of each operation, in the order 'auto' tries them
 ATTENTION_PATHS = ("lut", "triton")
@@ -107,19 +109,6 @@ def use_fused(backend: str | None, device: torch.device, why_not: Callable[[], s
     path 'triton'). With 'triton' a reason is an error:
     ``RuntimeError("backend='triton' cannot {what}: {reason}")``."""
     return decide(backend, device, [(path, why_not) for path in ENCODE_PATHS], what).fused
-
-
-def triton_unavailable(device: torch.device) -> str | None:
-    """None when the Triton kernels can run on ``device``, else why not."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:
-        return f"triton is not importable ({e})"
-    from kernels.triton import available
-
-    if not available(device):
-        return f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1), got {device}"
-    return None
 
 
 def backend_unavailable(backend: str | None, device) -> str | None:

@@ -7,100 +7,19 @@ formula alone, so a codec cannot under-report what it stores.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from kernels.backend import fused_wanted, resolve_backend, triton_unavailable, use_fused
 from kernels.encoded import Encoded
 from kernels.packing import BitField
+from kernels.registry import codec_for
+from kernels.checks import DeferredFinite, check_input
+from kernels.config import CodecConfig
 from kernels.triton.encoders import encoder_unsupported, fused_encoder
 from kernels.values import ValueQuantizer
-
-if TYPE_CHECKING:
-    from kernels.config import CodecConfig
-
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-class DeferredFinite:
-    """Non-finite inputs noted on the device, raised later: :func:`check_finite` given one notes a
-    CUDA tensor's finiteness in a device flag (two launches, no host sync) instead of asking the
-    host at once, and :meth:`raise_if_any` reads every flag in one sync. A decode step, which
-    encodes a layer's keys and values every step, so pays no sync for the check (it cost two per
-    layer); its owner raises where it syncs anyway. The error then cannot name the index."""
-
-    def __init__(self):
-        # what -> the largest magnitude noted so far (float32 on the device): NaN or inf exactly when
-        # some input was not finite (max propagates NaN); two launches a note, in place
-        self._max: dict[str, torch.Tensor] = {}
-
-    def note(self, x: torch.Tensor, what: str) -> None:
-        m = torch.linalg.vector_norm(x.detach(), float("inf"))
-        seen = self._max.get(what)
-        if seen is None:
-            self._max[what] = m.float()
-        else:
-            torch.maximum(seen, m, out=seen)
-
-    def raise_if_any(self, where: str = "") -> None:
-        """Raise the ValueError :func:`check_finite` raises, naming what was not finite; one sync."""
-        if not self._max or bool(torch.isfinite(torch.stack(list(self._max.values()))).all()):
-            return
-        what = next(w for w, m in self._max.items() if not bool(torch.isfinite(m)))
-        raise ValueError(f"{what}{where} contained non-finite values (found after the step that encoded them). Check "
-                         f"the model's activations (fp16 overflow?) before compressing them.")
-
-    def fork(self) -> "DeferredFinite":
-        other = DeferredFinite()
-        other._max = {w: m.clone() for w, m in self._max.items()}  # noted in place: not shared
-        return other
-
-
-def check_finite(x: torch.Tensor, what: str = "keys", defer: DeferredFinite | None = None) -> None:
-    """Raise a ValueError that names the first non-finite entry of ``x``.
-
-    The common case (all finite) costs two launches and one sync: the largest magnitude, which
-    is NaN or inf exactly when some entry is (max propagates NaN). ``defer``: on CUDA, note it
-    there instead, with no sync (:class:`DeferredFinite`); on the CPU a check costs no sync and
-    runs at once."""
-    if x.numel() == 0:
-        return
-    if defer is not None and x.is_cuda:
-        defer.note(x, what)
-        return
-    if math.isfinite(float(x.detach().abs().amax())):
-        return
-    bad = ~torch.isfinite(x)
-    if bool(bad.any()):
-        idx = tuple(int(i) for i in bad.nonzero()[0].tolist())
-        value = x[idx].item()
-        raise ValueError(
-            f"{what} contain {int(bad.sum())} non-finite value(s); the first is {value} at index {idx} "
-            f"of a tensor of shape {tuple(x.shape)}. Check the model's activations (fp16 overflow?) "
-            f"before compressing them."
-        )
-
-
-def check_input(x: torch.Tensor, head_dim: int, what: str = "keys", defer: DeferredFinite | None = None) -> None:
-    if not torch.is_floating_point(x) or x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{what} must be float32, float16 or bfloat16, got {x.dtype}")
-    if x.dim() < 2:
-        raise ValueError(f"{what} must have shape [..., T, d], got {tuple(x.shape)}")
-    if x.shape[-1] != head_dim:
-        raise ValueError(
-            f"{what} have head dim {x.shape[-1]} but the codec was built for head_dim={head_dim}; "
-            f"build it with head_dim={x.shape[-1]}"
-        )
-    check_finite(x, what, defer)
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """The options of a codec that takes none."""
-
+from registry.options import NoOptions
 
 class Codec:
     """Base class. Subclasses set ``name`` (by ``@register_codec``), ``bits_supported`` and
@@ -241,3 +160,32 @@ def bitfield_bytes(shape: tuple[int, ...], n: int, bits: int) -> int:
     for s in shape[:-1]:
         lead *= s
     return lead * BitField(n, bits).nbytes
+
+
+_CONFIG_FIELDS = {"seed", "layer", "num_heads", "value_bits", "value_group", "backend"}
+
+
+def make_codec(config: CodecConfig | Any, bits: int | None = None, head_dim: int | None = None, *,
+               device="cpu", **kwargs) -> Codec:
+    """Build a codec: ``make_codec(config, device=...)``, the codec chosen by the class of
+    ``config.options`` (:func:`kernels.registry.codec_for`).
+
+    Shorthands build the :class:`CodecConfig` first: ``make_codec(options, bits, head_dim, seed=.., layer=..,
+    num_heads=.., value_bits=.., value_group=.., backend=.., device=..)`` from a codec's ``Options`` instance,
+    and ``make_codec(name, bits, head_dim, ..., **options)`` from its name (keywords that are not config
+    fields are the codec's options).
+    """
+    if not isinstance(config, CodecConfig):
+        settings = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS}
+        if isinstance(config, str):
+            options = {k: v for k, v in kwargs.items() if k not in _CONFIG_FIELDS}
+            config = CodecConfig(name=config, bits=bits, head_dim=head_dim, options=options, **settings)
+        else:
+            if set(kwargs) - _CONFIG_FIELDS:
+                raise TypeError(f"make_codec(options, ...) takes the options in the instance, not as keywords "
+                                f"{sorted(set(kwargs) - _CONFIG_FIELDS)}")
+            config = CodecConfig(name=codec_for(config).name, bits=bits, head_dim=head_dim, options=config,
+                                 **settings)
+    elif bits is not None or head_dim is not None or kwargs:
+        raise TypeError("make_codec(config) takes only device=...; bits, head_dim and options live in the config")
+    return codec_for(config.options)(config, device=device)

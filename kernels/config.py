@@ -2,7 +2,7 @@
 chooses of a codec, shared with the rollout's cache config), and :func:`codec_options`, where a codec's
 options enter: a codec declares them as a frozen dataclass ``Options`` (:mod:`registry.options`), and
 every config holds an instance of it, read once from strings or JSON and trusted after that. The
-instance's class names its codec: ``make_codec`` dispatches on it (as torchao's configs do).
+instance's class names its codec: :func:`kernels.base.make_codec` dispatches on it (as torchao's configs do).
 
     cfg = CodecConfig("octopus", 3, 128, options={"split": (4, 2)})
     cfg.options == Octopus.Options(split=(4, 2))           # every option present, typed
@@ -12,14 +12,11 @@ instance's class names its codec: ``make_codec`` dispatches on it (as torchao's 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernels.backend import BACKENDS
 from registry.options import check_fields, options_json, read_options
-from kernels.registry import codec_class, codec_for
-
-if TYPE_CHECKING:
-    from kernels.base import Codec
+from kernels.registry import codec_class
 
 CODEC_CONFIG_VERSION = 1
 #: rows.jsonl's order of a codec config's fields (its base's fields come first in the dataclass)
@@ -101,32 +98,3 @@ class CodecConfig(CodecChoice):
         if unknown:
             raise ValueError(f"unknown CodecConfig field(s) {unknown}; known: {known}")
         return cls(**d)
-
-
-_CONFIG_FIELDS = {"seed", "layer", "num_heads", "value_bits", "value_group", "backend"}
-
-
-def make_codec(config: CodecConfig | Any, bits: int | None = None, head_dim: int | None = None, *,
-               device="cpu", **kwargs) -> Codec:
-    """Build a codec: ``make_codec(config, device=...)``, the codec chosen by the class of
-    ``config.options`` (:func:`kernels.registry.codec_for`).
-
-    Shorthands build the :class:`CodecConfig` first: ``make_codec(options, bits, head_dim, seed=.., layer=..,
-    num_heads=.., value_bits=.., value_group=.., backend=.., device=..)`` from a codec's ``Options`` instance,
-    and ``make_codec(name, bits, head_dim, ..., **options)`` from its name (keywords that are not config
-    fields are the codec's options).
-    """
-    if not isinstance(config, CodecConfig):
-        settings = {k: v for k, v in kwargs.items() if k in _CONFIG_FIELDS}
-        if isinstance(config, str):
-            options = {k: v for k, v in kwargs.items() if k not in _CONFIG_FIELDS}
-            config = CodecConfig(name=config, bits=bits, head_dim=head_dim, options=options, **settings)
-        else:
-            if set(kwargs) - _CONFIG_FIELDS:
-                raise TypeError(f"make_codec(options, ...) takes the options in the instance, not as keywords "
-                                f"{sorted(set(kwargs) - _CONFIG_FIELDS)}")
-            config = CodecConfig(name=codec_for(config).name, bits=bits, head_dim=head_dim, options=config,
-                                 **settings)
-    elif bits is not None or head_dim is not None or kwargs:
-        raise TypeError("make_codec(config) takes only device=...; bits, head_dim and options live in the config")
-    return codec_for(config.options)(config, device=device)

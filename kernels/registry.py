@@ -9,21 +9,16 @@ is the dispatch ``make_codec`` uses (as torchao's configs are the key to their t
 from __future__ import annotations
 
 from dataclasses import is_dataclass, make_dataclass
-from typing import TYPE_CHECKING
-
 from registry import Registry
 
-if TYPE_CHECKING:
-    from kernels.base import Codec
-
 #: the research codecs (kernels/codecs/) and the engines' deployed caches (kernels/engines/)
-REGISTRY: Registry[type[Codec]] = Registry("codec", "kernels.codecs", "kernels.engines")
+REGISTRY: Registry[type] = Registry("codec", "kernels.codecs", "kernels.engines")
 CODECS = REGISTRY.entries
-_BY_OPTIONS: dict[type, type[Codec]] = {}
+_BY_OPTIONS: dict[type, type] = {}
 
 
 def register_codec(name: str):
-    def wrap(cls: type[Codec]) -> type[Codec]:
+    def wrap(cls: type) -> type:
         if not (is_dataclass(cls.Options) and cls.Options.__dataclass_params__.frozen):
             raise TypeError(f"codec '{name}': {cls.__qualname__}.Options must be a frozen dataclass")
         if "Options" not in vars(cls):  # the parent's (or the base's empty) options: a class of its own
@@ -38,11 +33,11 @@ def register_codec(name: str):
     return wrap
 
 
-def codec_class(name: str) -> type[Codec]:
+def codec_class(name: str) -> type:
     return REGISTRY.get(name)
 
 
-def codec_for(options) -> type[Codec]:
+def codec_for(options) -> type:
     """The codec an ``Options`` instance configures (its class is that codec's own)."""
     try:
         return _BY_OPTIONS[type(options)]

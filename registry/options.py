@@ -20,6 +20,11 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a codec or task that takes none."""
+
+
 _NONE_WORDS = ("none", "null")
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
                "off": False}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from kernels import make_codec
 
-from adapters.cache.config import CacheConfig, DEFAULT_RESIDUAL  # noqa: F401  (re-exported: the cache's config)
+from adapters.cache.config import CacheConfig
 from adapters.cache.layer_kv import LayerKV
 
 

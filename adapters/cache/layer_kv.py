@@ -10,7 +10,7 @@ import math
 import torch
 
 from kernels import Codec, Encoded
-from kernels.base import DeferredFinite
+from kernels.checks import DeferredFinite
 from kernels.attention import attend, decide_attention, decode_attention
 from kernels.backend import fused_wanted
 

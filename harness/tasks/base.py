@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from registry.options import read_options
+from registry.options import NoOptions, read_options
 
 from registry import Registry
 
@@ -33,11 +33,6 @@ class Prompt:
     id: str  # stable, unique within a task: rows are keyed by it for resume
     data: Any = None
     meta: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """The options of a task that takes none."""
 
 
 class Task:

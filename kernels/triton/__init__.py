@@ -10,8 +10,8 @@
 The kernels read what a codec declares in ``codec.fused_layout()`` (:mod:`kernels.fused_layout`),
 never its name; the fused-or-reference choice is :mod:`kernels.backend`'s.
 
-Importing this package needs ``triton``; :func:`available` says whether it can run here
-(a CUDA device, or ``TRITON_INTERPRET=1`` on the CPU).
+Importing this package does not import ``triton``; :func:`unavailable` says whether the kernels can run
+here (``triton`` importable, and a CUDA device or ``TRITON_INTERPRET=1`` on the CPU), and why not.
 """
 from __future__ import annotations
 
@@ -30,3 +30,14 @@ def available(device) -> bool:
         return False
     dev = device if isinstance(device, str) else getattr(device, "type", str(device))
     return str(dev).startswith("cuda") or interpreting()
+
+
+def unavailable(device) -> str | None:
+    """None when the Triton kernels can run on ``device``, else why not."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        return f"triton is not importable ({e})"
+    if not available(device):
+        return f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1), got {device}"
+    return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from kernels.backend import triton_unavailable
+from kernels.triton import unavailable as triton_unavailable
 from kernels.fused_layout import FusedLayout, KeyCodes
 
 #: key layout -> (module in kernels.triton, function)

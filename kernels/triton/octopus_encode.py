@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.base import Encoded, check_input
+from kernels.checks import check_input
+from kernels.encoded import Encoded
 from kernels.fused_layout import FusedLayout, KeyCodes
 from kernels.joint_rounding import direction_grid
 from kernels.triton._common import (count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, rows_per_program,

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.backend import triton_unavailable
+from kernels.triton import unavailable as triton_unavailable
 from kernels.encoded import Encoded
 from kernels.triton._common import load_rows, pack_bytes, rows_per_program
 

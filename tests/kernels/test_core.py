@@ -8,7 +8,7 @@ import torch
 from helpers.tolerances import U16, U32, U64, gamma
 
 from kernels import derive_seed, list_codecs, make_codec, private_generator
-from kernels.base import check_finite
+from kernels.checks import check_finite
 from kernels.lloyd_max import SHIPPED_DIR, codebook, density, lloyd_max_grid, mse_of, quantize, train
 from kernels.packing import pack_bits, unpack_bits
 from kernels.rotation import Rotation, fwht, hadamard_matrix, next_pow2

@@ -9,7 +9,7 @@ import torch
 from adapters.cache.config import CacheConfig
 
 from adapters.cache.kv_cache import CompressedKVCache
-from kernels.base import DeferredFinite, check_finite
+from kernels.checks import DeferredFinite, check_finite
 
 HKV, HQ, D = 2, 4, 128
 
