@@ -46,16 +46,21 @@ from typing import Callable
 from adapters.cache.config import CacheConfig
 from adapters.protocol import ModelAdapter
 
+from harness.report.build import finish
+from harness.report.run_data import plot_names, write_registry
+from harness.run.checks import check_limits
+from harness.run.claim import claim_out, make_out, refuse_live_shards, start_out, write_config
 from harness.run.config import RunConfig, RunError, seeded
 from harness.run.environment import environment, environment_diff
+from harness.run.folder import RunFolder
+from harness.run.lines import speed_line, stored_rows
 from harness.run.lock import RunLock, RunLocked, describe
-from harness.scale.merge import MERGE_WAIT_S, complete, finish, stored_rows
+from harness.run.plan import Plan, adopt_plan, write_plan
 from harness.run.rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name, write_via
-from harness.run.checks import check_limits, task_options
-from harness.report.run_data import write_registry
-from harness.run.folder import claim_out, make_out, refuse_live_shards, start_out, write_config
-from harness.scale.shard import ROWS_NAME, Plan, Shard, adopt_plan, write_plan
-from harness.report.speed import SPEED_NAME, speed_line
+from harness.scale.merge import MERGE_WAIT_S, complete
+from harness.scale.shard import Shard
+from harness.tasks import get_task, task_options
+from metrics import modalities
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -64,7 +69,6 @@ def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
     (``RunConfig.validate``: repeats dropped with a note), model, task, codec names, task and codec
     options, each codec against the bit widths. Returns (config, model spec)."""
     from adapters.registry import get_model
-    from harness.tasks import get_task
     from kernels import codec_class
 
     for note in config.validate():
@@ -143,7 +147,7 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
     if spec.modality == "text" and model is None:  # the limits its config file declares, before it loads
         from adapters.hf.models import declared_limits
 
-        check_limits(config, *declared_limits(config.model_path), f"{config.model_path}/config.json")
+        check_limits(config, _options(config), *declared_limits(config.model_path), f"{config.model_path}/config.json")
     work = plan(config, log)
     out = Path(out) if out else config.default_out()
     if shard is not None and shard.count == 1:
@@ -161,7 +165,7 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
             refuse_live_shards(out)
             claim_out(config, out, fresh)
             model, cache_configs, skipped = _load(config, spec, model, log)
-            start_out(config, out, fresh)
+            start_out(config, out, fresh, plot_names(out), modalities())
             started = True
         finally:
             if created and not started:  # ours, and still empty but for the lock: leave nothing behind
@@ -203,6 +207,11 @@ def _run_shard(config, spec, work, out: Path, model, on_row, progress, log, shar
     return out
 
 
+def _options(config: RunConfig) -> dict[str, type]:
+    """Each of the run's tasks' ``Options`` class."""
+    return {t: get_task(t).Options for t in config.tasks}
+
+
 def _load(config: RunConfig, spec, model, log) -> tuple[ModelAdapter, list[CacheConfig], list[dict]]:
     """The model (loaded unless given) and the cache configurations it can run, with the skipped."""
     if model is None:
@@ -216,15 +225,13 @@ def _load(config: RunConfig, spec, model, log) -> tuple[ModelAdapter, list[Cache
                        f"got {type(model).__name__} ({getattr(model, 'modality', '?')})")
     from adapters.hf.models import max_positions
 
-    check_limits(config, model.geometry.layers, max_positions(model), f"model '{config.model}'")
+    check_limits(config, _options(config), model.geometry.layers, max_positions(model), f"model '{config.model}'")
     cache_configs, skipped = check_pairs(config.cache_configs(), model.geometry)
     return model, cache_configs, skipped
 
 
 def plan(config: RunConfig, log=print) -> list[tuple[str, object, list]]:
     """(task name, task, its prompts) per task: prompt sources are read before the model loads."""
-    from harness.tasks import get_task
-
     out = []
     for name in config.tasks:
         task = get_task(name)(**config.task_options.get(name, {}))
@@ -250,9 +257,10 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
     codec_json = {(c.label, c.seed): {k: v for k, v in c.codec_config(geometry.head_dim, geometry.kv_heads)
                                       .to_json().items() if k != "layer"} for c in runs}
     env = environment(model.describe().get("device"))
-    _note_other_environment(out / "model.json", env, log)
+    folder = RunFolder(out)
+    _note_other_environment(folder.model, env, log)
     described = {"model": model.describe(), "skipped": skipped, "environment": env}
-    atomic_write(out / "model.json", dumps(described, indent=2) + "\n")
+    atomic_write(folder.model, dumps(described, indent=2) + "\n")
     write_registry(out, config.to_json(), described)  # what the reports need of the registries, as they are now
     # the batches one process runs, in its order; a shard runs those the plan assigns it
     batched = [(name, task, task.batches(model, prompts)) for name, task, prompts in work]
@@ -271,9 +279,8 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
         (name, task, [b for b, o in zip(batches, owner) if o == shard.index])
         for (name, task, batches), owner in zip(batched, the_plan.owners(shard.count))]
 
-    rows_path = out / (shard.rows_name if shard else ROWS_NAME)
-    timings_path = out / (shard.timings_name if shard else "timings.jsonl")
-    speed_path = out / (shard.speed_name if shard else SPEED_NAME)
+    tag = shard.tag if shard else None
+    rows_path, timings_path, speed_path = (folder.lines(stem, tag) for stem in folder.LINE_STEMS)
     cut_torn_line(speed_path)  # before this process appends; a damaged speed file never stops a run
     device = env.get("device_name") or env.get("device")
     done = {row_key(r) for r in stored_rows(out, repair=rows_path)}
@@ -359,7 +366,7 @@ def _baselines(task, name: str, model, batch: list, seed: int, out: Path) -> lis
     computed together (as the codecs' rollouts of this batch are) and stored, one safetensors file
     per prompt. Run folders written before the files were named ``.safetensors`` hold the same
     format (or an older tensors-only torch.save) under ``.pt``: a resumed run reads those."""
-    stem = [inside(out, "baselines", safe_name(name), safe_name(p.id)) for p in batch]
+    stem = [inside(out, RunFolder.BASELINES, safe_name(name), safe_name(p.id)) for p in batch]
     paths = [s.with_name(s.name + ".safetensors") for s in stem]
     stored = [p if p.exists() else s.with_name(s.name + ".pt") for p, s in zip(paths, stem)]
     if all(p.exists() for p in stored):
@@ -374,7 +381,6 @@ def _baselines(task, name: str, model, batch: list, seed: int, out: Path) -> lis
 
 def check_modality(spec) -> None:
     """A model's modality must be one a metrics module declares (registry.MODALITIES), and not the probe's."""
-    from metrics import modalities
     from metrics.registry import REGISTRY as METRICS
     from registry import NO_MODEL
 

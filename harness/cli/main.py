@@ -27,6 +27,8 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.run.folder import RunFolder
+
 if TYPE_CHECKING:
     from harness.cli.commands import CompareCommand, ListCommand, ReportCommand
 
@@ -39,8 +41,8 @@ def cmd_run(argv: list[str]) -> int:
     pin_local_gpu(os.environ)  # torchrun / accelerate: this process's GPU, before CUDA starts
     cmd = parse_run(argv)
     shard = Shard.parse(cmd.shard) if cmd.shard else Shard.from_env(os.environ)
-    out = run(cmd.config, out=cmd.out, fresh=cmd.fresh, progress=not cmd.quiet, shard=shard)
-    print(f"report: {out / 'report.md'} and {out / 'report.html'}")
+    folder = RunFolder(run(cmd.config, out=cmd.out, fresh=cmd.fresh, progress=not cmd.quiet, shard=shard))
+    print(f"report: {folder.report_md} and {folder.report_html}")
     return 0
 
 
@@ -61,10 +63,10 @@ def cmd_compare(a: CompareCommand) -> int:
 
 
 def cmd_report(a: ReportCommand) -> int:
-    from harness.scale.merge import report
+    from harness.report.build import report
 
     report(a.run)
-    print(f"report: {Path(a.run) / 'report.md'} and {Path(a.run) / 'report.html'}")
+    print(f"report: {RunFolder(a.run).report_md} and {RunFolder(a.run).report_html}")
     return 0
 
 
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
 #: the commands whose module parses its own arguments: the benchmarks and the probe, launch (its options, then
 #: ``--`` and the run's), lm-eval (its own command line, with the kvcodec model registered) and the lm-eval sweep
-DELEGATED = {"probe": "harness.bench.probe", "bench": "harness.bench", "launch": "harness.scale.launch",
+DELEGATED = {"probe": "harness.bench.probe", "bench": "harness.bench", "launch": "harness.cli.launch",
              "lm-eval": "harness.lm_eval.model", "lm-eval-sweep": "harness.lm_eval.sweep"}
 
 

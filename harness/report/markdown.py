@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.run.folder import RunFolder
 from harness.report.formatting import (arrow, display, fmt, fmt_bytes, fmt_ci, fmt_diff, html_text, md_link, md_text, plot_file,
                          point, values)
 from harness.report.text import header, task_order, unavailable
@@ -126,8 +127,9 @@ def write_markdown(run: RunData, summary: dict, speed: dict[str, list[dict]], no
         md += _task_section(out, task, summary["tasks"][task], run.rows, speed.get(task, []))
     md += unavailable(run.rows)
     md += _artifacts(out, run.rows)
-    atomic_write(out / "report.md", "\n".join(md).rstrip() + "\n")
-    return out / "report.md"
+    path = RunFolder(out).report_md
+    atomic_write(path, "\n".join(md).rstrip() + "\n")
+    return path
 
 
 def pivot(groups: list[dict], value, title: str) -> list[str]:

@@ -17,14 +17,16 @@ summary and the reports consult a registry.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.report.formatting import plot_file
+from harness.run.folder import RunFolder
 from harness.run.input_files import InputError, read_run_json
+from harness.run.lines import read_speed
 from harness.run.rows import atomic_write, dumps, read_rows
-from harness.report.speed import read_speed
 
-REGISTRY_NAME = "registry.json"
 REGISTRY_VERSION = 1
 
 
@@ -35,7 +37,7 @@ class RunData:
     config: dict  # config.json
     model: dict  # model.json ({} where absent)
     rows: list[dict]  # rows.jsonl
-    speed: list[dict]  # speed.jsonl's lines (and its shard files'), one per row key: harness.report.speed.read_speed
+    speed: list[dict]  # speed.jsonl's lines (and its shard files'), one per row key: harness.run.lines.read_speed
     speed_problem: str | None  # why speed.jsonl could not be read (None: it could, or there is none)
     registry: dict  # registry.json
 
@@ -47,23 +49,23 @@ class RunData:
 def read_run(out: Path, rows: list[dict] | None = None) -> RunData:
     """Run folder ``out``; ``rows``: its rows where the caller holds them already (a merge that just wrote
     them to rows.jsonl), else rows.jsonl's."""
-    out = Path(out)
-    config = read_run_json(out / "config.json")
-    model = read_run_json(out / "model.json", {})
-    rows = read_rows(out / "rows.jsonl") if rows is None else rows
+    folder = RunFolder(out)
+    config = read_run_json(folder.config)
+    model = read_run_json(folder.model, {})
+    rows = read_rows(folder.rows) if rows is None else rows
     speed, problem = read_speed(out)
-    registry = read_run_json(out / REGISTRY_NAME, None)
+    registry = read_run_json(folder.registry, None)
     if registry is None:  # a run made before registry.json: the registries as they are now
         registry = declared(config, model, rows)
     elif registry.get("version") != REGISTRY_VERSION:
-        raise InputError(f"{out / REGISTRY_NAME}: version {registry.get('version')!r}, this harness reads version "
+        raise InputError(f"{folder.registry}: version {registry.get('version')!r}, this harness reads version "
                          f"{REGISTRY_VERSION}; delete it to rebuild it from the registries")
-    return RunData(out, config, model, rows, speed, problem, registry)
+    return RunData(folder.path, config, model, rows, speed, problem, registry)
 
 
 def write_registry(out: Path, config: dict, model: dict) -> None:
     """registry.json of run folder ``out`` (``config``: config.json's; ``model``: model.json's)."""
-    atomic_write(Path(out) / REGISTRY_NAME, dumps(declared(config, model), indent=2) + "\n")
+    atomic_write(RunFolder(out).registry, dumps(declared(config, model), indent=2) + "\n")
 
 
 # --- what the registries declare ------------------------------------------------------------------
@@ -114,3 +116,20 @@ def declared(config: dict, model: dict, rows: list[dict] = ()) -> dict:
         codecs[n] = {"engine_preset": bool(CODECS[n].engine_preset), "native_layers": sorted(native)}
     return {"version": REGISTRY_VERSION, "metrics": {m: describe_metric(m) for m in dict.fromkeys(named)},
             "tasks": tasks, "codecs": codecs}
+
+
+def plot_names(out: Path | None = None) -> set[str]:
+    """Every name a report's plot can have (``<task>_<metric>.png``, :mod:`harness.report.markdown`), over
+    the registered tasks and metrics and the metrics ``out``'s summary.json names (a task's own): the PNG
+    files of a run folder that are the harness's (``--fresh`` removes them)."""
+    from metrics import list_metrics
+
+    from harness.tasks import list_tasks
+
+    pairs = {(t, m) for t in list_tasks() for m in list_metrics()}
+    try:
+        tasks = json.loads(RunFolder(out).summary.read_text(encoding="utf-8"))["tasks"] if out else {}
+        pairs |= {(t, m["name"]) for t, v in tasks.items() for m in v["metrics"]}
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # no summary, or not ours: the registered names only
+    return {plot_file(str(t), str(m)) for t, m in pairs}

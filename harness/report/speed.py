@@ -1,14 +1,5 @@
-"""speed.jsonl: the prefill seconds, decode rate and peak device memory of each row's rollout.
-
-A file of its own because the figures are measured: two identical runs give different ones, and
-rows.jsonl and summary.json must stay byte-identical (they hold none of them). One line per row,
-keyed like it by (task, prompt, label, codec seed), so it is appended, resumed (a row's line
-follows the row: a resumed run skips stored rows and their lines with them) and merged from shards
-(``speed.shard-I-of-N.jsonl``, :mod:`harness.scale.merge`) as rows are; where a key has two lines (its
-row deleted by hand and computed again), the latest counts. A line holds its
-rollout's :meth:`adapters.cache.rollout_clock.RolloutClock.record`, the device it ran on, and
-``rollout``: the first prompt of the rows that rollout produced (a batched rollout scores several
-prompts at once; its rows share its figures).
+"""The reports' speed sections: the prefill seconds, decode rate and peak device memory of each row's
+rollout, from speed.jsonl (its lines: :mod:`harness.run.lines`).
 
 Reports show, per task and configuration, each figure's mean ± 95% interval over rollouts × codec
 seeds (:func:`harness.stats.intervals.interval`, a rollout in the place of a prompt, so a batch counts once,
@@ -19,44 +10,16 @@ it existed) shows no speed section.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from harness.report.formatting import fmt_ci
-from harness.run.rows import CorruptRows, atomic_write, codec_seed, dumps, num
-from harness.scale.shard import SPEED_STEM, Plan, in_plan_order, shard_files, stored_lines
+from harness.run.folder import RunFolder
+from harness.run.rows import num, codec_seed
 from harness.stats.intervals import interval
 
-SPEED_NAME = f"{SPEED_STEM}.jsonl"
+SPEED_NAME = RunFolder.lines_name(RunFolder.SPEED)
 #: report.md's speed sections are between these (comments: Markdown viewers show nothing of them)
 BEGIN, END = "<!-- speed: measured, differs between identical runs -->", "<!-- /speed -->"
 MIB = 2 ** 20
-
-
-def speed_line(key: tuple[str, str, str, int], rollout: str, record: dict, device: str | None) -> str:
-    """A row's line: its key, the rollout that produced it, the device's name, the clock's record."""
-    task, prompt, label, seed = key
-    return dumps({"task": task, "prompt": prompt, "label": label, "codec_seed": seed, "rollout": rollout,
-                  "device": device, **record})
-
-
-def read_speed(out: Path) -> tuple[list[dict], str | None]:
-    """(every stored line of speed.jsonl and its shard files, one per row key; why they could not
-    be read, or None). A damaged speed file never stops a merge or a report: it is named instead."""
-    try:  # the latest line of a key: a row deleted by hand and run again was timed again
-        return stored_lines(out, SPEED_STEM, last=True), None
-    except CorruptRows as e:
-        return [], str(e)
-
-
-def merge_speed(out: Path, plan: Plan | None) -> bool:
-    """speed.jsonl := the union of the speed files in plan order (where shard files exist). Returns
-    False where a damaged file kept it from merging: the shard files must then stay."""
-    if not shard_files(out, SPEED_STEM):
-        return True
-    lines, problem = read_speed(out)
-    if problem is None:
-        atomic_write(Path(out) / SPEED_NAME, "".join(dumps(r) + "\n" for r in in_plan_order(lines, plan)))
-    return problem is None
 
 
 # --- summaries ------------------------------------------------------------------------------------

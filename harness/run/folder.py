@@ -1,168 +1,122 @@
-"""Claiming a run folder: it must be new, empty, or a harness run of the same configuration; and
-starting it over (``--fresh``). The files themselves are described in :mod:`harness.runner`."""
+"""A run folder's files and folders, by name: :class:`RunFolder` is the one place they are written.
+
+    RUN/config.json      the run's configuration (harness.run.config.RunConfig)
+    RUN/model.json       what the run ran on (harness.run.environment)
+    RUN/registry.json    what the summary needs of the tasks, metrics and codecs (harness.report.run_data)
+    RUN/plan.json        the batches and configurations in the order one process runs them (harness.run.plan)
+    RUN/rows.jsonl       one line per prompt x configuration x codec seed; speed.jsonl and timings.jsonl
+                         beside it, keyed like it (the *line files*, by stem: rows, speed, timings)
+    RUN/STEM.shard-I-of-N.jsonl   shard I of N's lines, merged into STEM.jsonl (harness.scale)
+    RUN/summary.json, report.md, report.html, plotly.min.js, <task>_<metric>.png   the reports
+    RUN/slurm.json, RUN/slurm/   a Slurm array's settings and submitit's files (harness.scale.slurm)
+    RUN/.lock, RUN/.lock.shard-I-of-N   who writes the folder (harness.run.lock)
+    RUN/logs/shard-I-of-N.log    each launched shard's output (harness.scale.launch)
+    RUN/baselines/, RUN/<modality>/   the baselines, the tasks' media
+"""
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 
-from harness.run.config import RunConfig, RunError
-from harness.run.lock import LOCK_NAME, holder
-from harness.run.rows import atomic_write, dumps
+class RunFolder:
+    """The files and folders of the run folder at ``path``. Names are class attributes (a file's name,
+    or a line file's stem); paths are properties and methods. A shard is ``(index, count)``."""
 
-RUN_FILES = ("rows.jsonl", "summary.json", "report.md", "report.html", "plotly.min.js", "speed.jsonl", "timings.jsonl",
-             "model.json", "registry.json", "config.json", "plan.json", "slurm.json")
-#: the other top-level files a run writes, by exact pattern (so --fresh never takes a user's file): the
-#: shards' files (harness.scale.shard) and atomic_write's temporary files
-RUN_PATTERNS = (r"(rows|speed|timings)\.shard-\d+-of-\d+\.jsonl",
-                "(" + "|".join(re.escape(f) for f in RUN_FILES) + r")\.\d+\.tmp",
+    CONFIG, MODEL, REGISTRY, PLAN = "config.json", "model.json", "registry.json", "plan.json"
+    SUMMARY, REPORT_MD, REPORT_HTML, PLOTLY_JS = "summary.json", "report.md", "report.html", "plotly.min.js"
+    SLURM_JSON = "slurm.json"
+    ROWS, SPEED, TIMINGS = "rows", "speed", "timings"  # the line files' stems
+    LINE_STEMS = (ROWS, SPEED, TIMINGS)
+    LOCK = ".lock"
+    BASELINES, LOGS, SLURM_DIR = "baselines", "logs", "slurm"
+    #: every top-level file a run writes by a fixed name (the reports' plots aside: :meth:`is_run_file`)
+    FILES = (f"{ROWS}.jsonl", SUMMARY, REPORT_MD, REPORT_HTML, PLOTLY_JS, f"{SPEED}.jsonl", f"{TIMINGS}.jsonl",
+             MODEL, REGISTRY, CONFIG, PLAN, SLURM_JSON)
+    #: the other top-level files a run writes, by exact pattern (so --fresh never takes a user's file): the
+    #: shards' line files and atomic_write's temporary files
+    PATTERNS = (rf"({'|'.join(LINE_STEMS)})\.shard-\d+-of-\d+\.jsonl",
+                "(" + "|".join(re.escape(f) for f in FILES) + r")\.\d+\.tmp",
                 r"\.[A-Za-z0-9._-]+\.\d+\.tmp\.(png|html|js|md)")  # rows.write_via's, for a plot or a page
-#: `harness launch`'s per-shard logs: only these files of logs/ are the harness's (the folder goes once empty)
-LOG_PATTERN = r"shard-\d+-of-\d+\.log"
+    #: the files of logs/ that are the harness's (the folder goes once empty)
+    LOG_PATTERN = r"shard-\d+-of-\d+\.log"
 
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
 
-def check_out(out: Path) -> None:
-    """``out`` is a folder, or can be created as one, and can be written."""
-    if out.exists() and not out.is_dir():
-        raise RunError(f"--out {out} is a file, not a folder; pass a folder path")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise RunError(f"--out {out}: {parent} is a file, not a folder; pass another --out")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RunError(f"--out {out}: {parent} is not writable; pass a folder you can write")
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
 
+    # --- names ---------------------------------------------------------------------------------
+    @staticmethod
+    def shard_tag(index: int, count: int) -> str:
+        return f"shard-{index}-of-{count}"
 
-def make_out(out: Path) -> bool:
-    """Check ``out`` and create it; True where this call created it."""
-    check_out(out)
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RunError(f"--out {out}: cannot create it ({e.strerror}); pass another --out") from None
-    return created
+    @classmethod
+    def lines_name(cls, stem: str, tag: str | None = None) -> str:
+        """``STEM.jsonl``, or a shard's ``STEM.shard-I-of-N.jsonl`` (``tag``: :meth:`shard_tag`)."""
+        return f"{stem}.{tag}.jsonl" if tag else f"{stem}.jsonl"
 
+    @classmethod
+    def lock_name(cls, tag: str | None = None) -> str:
+        return f"{cls.LOCK}.{tag}" if tag else cls.LOCK
 
-def _run_config(path: Path) -> dict | None:
-    """The RunConfig JSON of a harness run folder's config.json; None where it is not one."""
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-        RunConfig.from_json(d)
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError):  # AttributeError: not an object
-        return None
-    return d if isinstance(d, dict) and "version" in d else None
+    # --- paths ---------------------------------------------------------------------------------
+    config = property(lambda self: self.path / self.CONFIG)
+    model = property(lambda self: self.path / self.MODEL)
+    registry = property(lambda self: self.path / self.REGISTRY)
+    plan = property(lambda self: self.path / self.PLAN)
+    summary = property(lambda self: self.path / self.SUMMARY)
+    report_md = property(lambda self: self.path / self.REPORT_MD)
+    report_html = property(lambda self: self.path / self.REPORT_HTML)
+    plotly_js = property(lambda self: self.path / self.PLOTLY_JS)
+    slurm_json = property(lambda self: self.path / self.SLURM_JSON)
+    slurm_dir = property(lambda self: self.path / self.SLURM_DIR)
+    logs = property(lambda self: self.path / self.LOGS)
+    baselines = property(lambda self: self.path / self.BASELINES)
+    rows = property(lambda self: self.lines(self.ROWS))
 
+    def lines(self, stem: str, tag: str | None = None) -> Path:
+        return self.path / self.lines_name(stem, tag)
 
-def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
-    """Under the folder's lock, before anything is written: ``out`` must be empty or a harness run
-    folder (by its config.json) of this configuration, or of any configuration with ``fresh``."""
-    entries = sorted(p.name for p in out.iterdir() if not p.name.startswith(LOCK_NAME))
-    if not entries:
-        return
-    old = _run_config(out / "config.json")
-    if old is None:
-        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
-        raise RunError(f"--out {out} holds files that are not a harness run ({shown}); pass a new or "
-                       f"empty folder (--fresh only starts over a harness run folder)")
-    try:  # a folder written before a field was added: that field takes its default
-        old = json.loads(dumps(RunConfig.from_json(old).to_json()))
-    except (TypeError, ValueError):
-        pass  # an unreadable config is reported as differing below
-    new = json.loads(dumps(config.to_json()))
-    if old != new and not fresh:
-        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        raise RunError(f"{out} holds a run with another configuration (differs in: {', '.join(diff)}); "
-                       f"pass another --out, or --fresh to start it over")
+    def lock(self, tag: str | None = None) -> Path:
+        return self.path / self.lock_name(tag)
 
+    def log(self, tag: str) -> Path:
+        return self.logs / f"{tag}.log"
 
-def live_shards(out: Path) -> dict[str, tuple[int, str, str]]:
-    """{lock file name: its live owner} of the shards running on ``out``."""
-    found = {}
-    for p in sorted(Path(out).glob(f"{LOCK_NAME}.shard-*")):
-        who = holder(p)
-        if who is not None:
-            found[p.name] = who
-    return found
+    def shard_files(self, stem: str) -> dict[tuple[int, int], Path]:
+        """The shard files ``STEM.shard-I-of-N.jsonl`` present, ``(I, N) -> path``, ordered by (N, I)."""
+        found, pattern = {}, re.compile(re.escape(stem) + r"\.shard-(\d+)-of-(\d+)\.jsonl")
+        for p in self.path.glob(f"{stem}.shard-*.jsonl"):
+            m = pattern.fullmatch(p.name)
+            if m and 0 <= int(m[1]) < int(m[2]):
+                found[(int(m[1]), int(m[2]))] = p
+        return dict(sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0])))
 
+    def shard_locks(self) -> list[Path]:
+        return sorted(self.path.glob(f"{self.LOCK}.shard-*"))
 
-def refuse_live_shards(out: Path, allowed_count: int | None = None) -> None:
-    """Raise :class:`RunLocked` where shards run on ``out`` (of another shard count than
-    ``allowed_count``): their rows would be computed twice."""
-    from harness.run.lock import RunLocked
+    def shard_counts(self) -> list[int]:
+        """Shard counts seen (row files and locks), the most recently written first."""
+        seen: dict[int, float] = {}
+        for p in [*self.path.glob(f"{self.ROWS}.shard-*-of-*.jsonl"), *self.path.glob(f"{self.LOCK}.shard-*-of-*")]:
+            tail = p.name.removesuffix(".jsonl").rpartition("-of-")[2]
+            if tail.isdigit() and int(tail) > 0:
+                try:
+                    seen[int(tail)] = max(seen.get(int(tail), 0.0), p.stat().st_mtime)
+                except FileNotFoundError:
+                    continue
+        return sorted(seen, key=lambda n: -seen[n])
 
-    busy = {n: w for n, w in live_shards(out).items() if allowed_count is None
-            or not n.endswith(f"-of-{allowed_count}")}
-    if busy:
-        who = ", ".join(f"{n.removeprefix(LOCK_NAME + '.').replace('-', ' ')} (process {w[0]} on {w[1]})"
-                        for n, w in busy.items())
-        raise RunLocked(f"{out} is being written by {who}; wait for them to finish (or stop them), or run "
-                        f"the same shards (shard count {next(iter(busy)).rpartition('-of-')[2]})")
+    # --- what is the harness's -------------------------------------------------------------------
+    def is_run_file(self, name: str, plots: set[str] | frozenset = frozenset()) -> bool:
+        """Whether a top-level file ``name`` is one the harness writes (``plots``: the reports' plot names,
+        :func:`harness.report.plot_names`)."""
+        return name in self.FILES or name in plots or any(re.fullmatch(p, name) for p in self.PATTERNS)
 
-
-def report_plots(out: Path | None = None) -> set[str]:
-    """Every name a report's plot can have (``<task>_<metric>.png``, harness.report.markdown), over the
-    registered tasks and metrics and the metrics ``out``'s summary.json names (a task's own): the
-    PNG files of a run folder that are the harness's."""
-    from metrics import list_metrics
-
-    from harness.report.formatting import plot_file
-    from harness.tasks import list_tasks
-
-    pairs = {(t, m) for t in list_tasks() for m in list_metrics()}
-    try:
-        tasks = json.loads((out / "summary.json").read_text(encoding="utf-8"))["tasks"] if out else {}
-        pairs |= {(t, m["name"]) for t, v in tasks.items() for m in v["metrics"]}
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # no summary, or not ours: the registered names only
-    return {plot_file(str(t), str(m)) for t, m in pairs}
-
-
-def is_run_file(name: str, plots: set[str] | frozenset = frozenset()) -> bool:
-    """Whether a top-level file ``name`` of a run folder is one the harness writes (``plots``:
-    :func:`report_plots`)."""
-    return name in RUN_FILES or name in plots or any(re.fullmatch(p, name) for p in RUN_PATTERNS)
-
-
-def run_dirs() -> tuple[str, ...]:
-    """The folders only the harness writes into (its namespaces in a run folder): baselines, the tasks' media
-    (a task files them under its modality's folder: video/, audio/) and submitit's files."""
-    from metrics import modalities
-
-    return ("baselines", *modalities(), "slurm")
-
-
-def wipe(out: Path) -> None:
-    """--fresh: delete the run files of ``out`` (claimed by ``claim_out``; live writers refused): the
-    files the harness writes, by exact name or pattern, and its own folders; never another file."""
-    plots = report_plots(out)
-    for p in out.iterdir():
-        if (p.is_file() or p.is_symlink()) and is_run_file(p.name, plots):
-            p.unlink(missing_ok=True)
-    for name in run_dirs():
-        if (out / name).is_symlink():  # a link is removed, never followed
-            (out / name).unlink()
-        else:
-            shutil.rmtree(out / name, ignore_errors=True)
-    logs = out / "logs"
-    if logs.is_dir() and not logs.is_symlink():
-        for f in logs.iterdir():
-            if re.fullmatch(LOG_PATTERN, f.name) and (f.is_file() or f.is_symlink()):
-                f.unlink()
-        if not any(logs.iterdir()):
-            logs.rmdir()
-
-
-def start_out(config: RunConfig, out: Path, fresh: bool) -> None:
-    """Once the model has loaded: with ``fresh`` delete the run files of ``out``, then write config.json."""
-    if fresh:
-        wipe(out)
-    write_config(config, out)
-
-
-def write_config(config: RunConfig, out: Path) -> None:
-    atomic_write(out / "config.json", dumps(config.to_json(), indent=2) + "\n")
+    @classmethod
+    def dirs(cls, modalities: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+        """The folders only the harness writes into: baselines, each modality's media (a task files them
+        under its modality's folder: video/, audio/) and submitit's files."""
+        return (cls.BASELINES, *modalities, cls.SLURM_DIR)

@@ -20,7 +20,8 @@ import threading
 import time
 from pathlib import Path
 
-LOCK_NAME = ".lock"
+from harness.run.folder import RunFolder
+
 BRIEF_ROLES = ("start", "merge", "report")
 HEARTBEAT_S = 30.0
 #: a lock from another host is stale after this long without a heartbeat (generous: clocks of two
@@ -90,7 +91,7 @@ class RunLock:
     the holder does (``run`` for a whole single-process run); ``wait``: seconds to wait for a
     holder in a brief role (BRIEF_ROLES) before giving up."""
 
-    def __init__(self, out: Path, name: str = LOCK_NAME, role: str = "run", wait: float = 0.0):
+    def __init__(self, out: Path, name: str = RunFolder.LOCK, role: str = "run", wait: float = 0.0):
         self.path = Path(out) / name
         self.mine = f"{os.getpid()} {socket.gethostname()} {role}\n"
         self.wait = wait

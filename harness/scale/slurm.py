@@ -24,6 +24,7 @@ from tyro.conf import arg
 
 from harness.run.config import RunConfig, RunError
 from harness.run.flags import values
+from harness.run.folder import RunFolder
 from harness.run.rows import atomic_write, dumps
 from harness.scale.shard import Shard
 
@@ -98,17 +99,16 @@ def _submitit():
 
 
 class ShardJob:
-    """What each array task runs: shard ``index`` of ``count`` of the run in ``out``. Checkpointable:
+    """What each array task runs: shard ``index`` of ``count`` of the run in ``out``, by ``run`` (the run
+    loop, :func:`harness.runner.run`, given by the launcher; pickled by reference). Checkpointable:
     submitit requeues it unchanged after a preemption or time-out, and the shard resumes its rows."""
 
-    def __init__(self, config: dict, out: str):
-        self.config, self.out = config, out  # JSON, so the pickle holds data and a reference to this class
+    def __init__(self, config: dict, out: str, run):
+        self.config, self.out, self.run = config, out, run  # JSON and a function's name: data, no state
 
     def __call__(self, index: int, count: int) -> str:
-        from harness.runner import run  # here: the launcher importing this module loads no model code
-
-        run(RunConfig.from_json(self.config), out=Path(self.out), shard=Shard(index, count, "slurm array"),
-            progress=False)
+        self.run(RunConfig.from_json(self.config), out=Path(self.out), shard=Shard(index, count, "slurm array"),
+                 progress=False)
         return f"shard {index} of {count} done"
 
     def checkpoint(self, *args, **kwargs):
@@ -118,21 +118,22 @@ class ShardJob:
 
 def executor(out: Path, slurm: SlurmConfig):
     submitit = _submitit()
-    ex = submitit.AutoExecutor(folder=out / "slurm" / "%j", cluster=slurm.executor,
+    ex = submitit.AutoExecutor(folder=RunFolder(out).slurm_dir / "%j", cluster=slurm.executor,
                                slurm_max_num_timeout=slurm.max_timeouts, local_max_num_timeout=slurm.max_timeouts)
     ex.update_parameters(**slurm.parameters())
     return ex
 
 
-def submit(config: RunConfig, out: Path, todo: list[int], count: int, slurm: SlurmConfig) -> dict:
-    """Submit shards ``todo`` of ``count`` of the run in ``out`` as one array (the options kept in
-    ``out/slurm.json``): shard index -> its submitit job, for :func:`job_status` and :func:`job_failure`."""
-    atomic_write(out / "slurm.json", dumps(slurm.to_json(), indent=2) + "\n")
+def submit(config: dict, out: Path, todo: list[int], count: int, slurm: SlurmConfig, run) -> dict:
+    """Submit shards ``todo`` of ``count`` of the run in ``out`` (``config``: its config.json) as one array
+    of ``run`` (:class:`ShardJob`; the options kept in ``out/slurm.json``): shard index -> its submitit job,
+    for :func:`job_status` and :func:`job_failure`."""
+    atomic_write(RunFolder(out).slurm_json, dumps(slurm.to_json(), indent=2) + "\n")
     ex = executor(out, slurm)
-    job = ShardJob(config.to_json(), str(out))
+    job = ShardJob(config, str(out), run)
     jobs = ex.map_array(job, todo, [count] * len(todo)) if todo else []
     ids = ", ".join(j.job_id for j in jobs)
-    print(f"submitted {len(jobs)} of {count} shards ({ids or 'all were complete'}); logs in {out / 'slurm'}",
+    print(f"submitted {len(jobs)} of {count} shards ({ids or 'all were complete'}); logs in {RunFolder(out).slurm_dir}",
           file=sys.stderr)
     return dict(zip(todo, jobs))
 

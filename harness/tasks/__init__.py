@@ -4,7 +4,7 @@ is recorded in ``UNAVAILABLE`` (shown by ``harness list`` and by the unknown-tas
 breaking every other task."""
 from __future__ import annotations
 
-from harness.tasks.base import REGISTRY, TASKS, Prompt, Task, register_task
+from harness.tasks.base import REGISTRY, TASKS, Prompt, Task, register_task, task_options
 
 #: module name -> why it could not be imported (a missing optional dependency)
 UNAVAILABLE = REGISTRY.unavailable
@@ -18,4 +18,4 @@ def list_tasks() -> dict[str, type[Task]]:
     return REGISTRY.all()
 
 
-__all__ = ["TASKS", "UNAVAILABLE", "Prompt", "Task", "get_task", "list_tasks", "register_task"]
+__all__ = ["TASKS", "UNAVAILABLE", "Prompt", "Task", "get_task", "list_tasks", "register_task", "task_options"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
-from registry.options import NoOptions, read_options
+from registry.options import NoOptions, options_json, read_options
 
 from registry import Registry
 
@@ -102,8 +102,6 @@ class Task:
     def prompts_per_batch(self, model) -> int:
         """How many prompts a batch holds: ``batch_size``, or the model's device's default (1 for a
         model with sliding-window layers)."""
-        from harness.run.config import batch_size_for
-
         if self.batch_size is None and getattr(model, "sliding_layers", ()):
             return 1  # sliding-window layers take no padded batch (adapters.hf.arch.refuse_padding)
         return batch_size_for(self.batch_size, getattr(model, "device", "cpu"))
@@ -148,3 +146,17 @@ def register_task(name: str):
         return cls
 
     return wrap
+
+
+def task_options(cls, given: dict) -> dict:
+    """Every option of a task, given values read by the types of its ``Options`` and checked where they may
+    lie, then the task's own cross-option checks; as JSON, so config.json names each value the run used."""
+    try:
+        options = read_options("task", cls.name, cls.Options, given)
+    except ValueError as e:
+        raise RunError(f"{e} (harness list shows every task option)") from None
+    try:
+        cls.check_options(options)
+    except ValueError as e:
+        raise RunError(f"task options of '{cls.name}': {e}") from None
+    return options_json(options)

@@ -5,7 +5,7 @@ self-contained: no network; the page's style and script inline, plotly.js in ``p
 beside it, media (MP4s, WAVs, PNGs) referenced by their paths in the run folder.
 
 - :func:`write_run_page` (``run_page.py``): report.html of a run folder; ``harness run`` and
-  ``harness report`` write it beside report.md (:func:`harness.scale.merge.summarize_and_render`).
+  ``harness report`` write it beside report.md (:func:`harness.report.build.write_reports`).
 - :func:`write_compare_page` (``compare_page.py``): ``harness compare ... --html PAGE``.
 - ``plots.py``: the plotly figures; ``media.py``: the synchronized video players and the audio
   players per prompt, as each task declares its media; ``page.py``: tables, prose and rendering; the
@@ -20,6 +20,6 @@ except ModuleNotFoundError as e:  # pragma: no cover - plotly is a dependency; a
                               "`harness report RUN` rebuilds the report once it is installed", name=e.name) from None
 
 from harness.report.html.compare_page import write_compare_page
-from harness.report.html.run_page import HTML_NAME, write_run_page
+from harness.report.html.run_page import write_run_page
 
-__all__ = ["HTML_NAME", "write_compare_page", "write_run_page"]
+__all__ = ["write_compare_page", "write_run_page"]

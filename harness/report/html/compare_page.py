@@ -11,7 +11,7 @@ from harness.report.compare import Run, load_checked, notes, pair_runs, per_prom
 from harness.report.formatting import display, metric_title
 from harness.report.html import plots
 from harness.report.html.page import cell, diff_cell, inline, mean_cell, number, per_prompt, render, slug, table, word_cell
-from harness.report.html.run_page import HTML_NAME
+from harness.run.folder import RunFolder
 
 
 def _pair_tables(a: Run, b: Run, task: str) -> list[tuple[str, dict]]:
@@ -54,7 +54,7 @@ def write_compare_page(run_dirs: list[Path], path: Path) -> Path:
     path = Path(path)
     links = []
     for d, r in zip(run_dirs, runs):
-        page = Path(d) / HTML_NAME
+        page = RunFolder(d).report_html
         href = quote(Path(os.path.relpath(page, path.parent)).as_posix()) if page.is_file() else None
         links.append({"name": r.name, "href": href, "model": r.config.get("model")})
     tasks = list(dict.fromkeys(t for r in runs for t in r.summary["tasks"]))

@@ -13,11 +13,11 @@ import math
 import re
 from pathlib import Path
 
+from harness.run.folder import RunFolder
 from harness.run.rows import atomic_write, num
 from harness.report.formatting import fmt, fmt_ci, fmt_delta, fmt_diff, per_prompt_row
 
 HERE = Path(__file__).resolve().parent
-PLOTLY_JS = "plotly.min.js"
 
 
 # --- table cells --------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ def render(template: str, path: Path, **context) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_plotly_js(path.parent)
     text = env.get_template(template).render(
-        style=(HERE / "style.css").read_text(), script=(HERE / "page.js").read_text(), plotly_js=PLOTLY_JS,
+        style=(HERE / "style.css").read_text(), script=(HERE / "page.js").read_text(), plotly_js=RunFolder.PLOTLY_JS,
         plotly_version=plotly.__version__, **context)
     atomic_write(path, text)
     return path
@@ -127,7 +127,7 @@ def write_plotly_js(folder: Path) -> Path:
     """plotly.min.js of the installed plotly in ``folder`` (rewritten only where it differs)."""
     from plotly.offline import get_plotlyjs
 
-    path = Path(folder) / PLOTLY_JS
+    path = RunFolder(folder).plotly_js
     js = get_plotlyjs().encode("utf-8")
     if path.is_symlink() or not path.is_file() or path.stat().st_size != len(js) or path.read_bytes() != js:
         atomic_write(path, js)

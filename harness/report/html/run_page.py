@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.run.folder import RunFolder
 from harness.report import speed as speed_mod
 from harness.report.formatting import display, fmt, fmt_bytes, fmt_ci, fmt_diff, metric_title, values, verdict
 from harness.report.text import INTERVALS, header, task_order, unavailable
@@ -21,7 +22,6 @@ from harness.report.html.page import (cell, diff_cell, interval_cell, mean_cell,
 if TYPE_CHECKING:
     from harness.report.run_data import RunData
 
-HTML_NAME = "report.html"
 
 
 def ranking(t: dict, head: dict) -> dict | None:
@@ -149,8 +149,9 @@ def write_run_page(run: RunData, summary: dict, speed: dict[str, list[dict]] | N
     if run.speed_problem:  # between the markers, as in report.md: the one part that differs between identical runs
         html_header += ("\n" + speed_mod.BEGIN + prose([f"**Speed and memory** not shown: {run.speed_problem}"])
                         + speed_mod.END)
-    files = [name for name in ("report.md", "config.json", "model.json", "summary.json", "rows.jsonl")
+    files = [name for name in (RunFolder.REPORT_MD, RunFolder.CONFIG, RunFolder.MODEL, RunFolder.SUMMARY,
+                               RunFolder.lines_name(RunFolder.ROWS))
              if (out / name).is_file()]
-    return render("report.html.j2", out / HTML_NAME, title=f"KV-cache codec report: {config['model']}",
+    return render("report.html.j2", RunFolder(out).report_html, title=f"KV-cache codec report: {config['model']}",
                   files=files, header=html_header, intervals=prose([INTERVALS]), tasks=tasks,
                   unavailable=prose(unavailable(run.rows)), speed_markers=(speed_mod.BEGIN, speed_mod.END))

@@ -1,0 +1,126 @@
+"""Claiming a run folder: it must be new, empty, or a harness run of the same configuration; and
+starting it over (``--fresh``). The files themselves are named in :mod:`harness.run.folder`."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+
+from harness.run.config import RunConfig, RunError
+from harness.run.folder import RunFolder
+from harness.run.lock import RunLocked, holder
+from harness.run.rows import atomic_write, dumps
+
+def check_out(out: Path) -> None:
+    """``out`` is a folder, or can be created as one, and can be written."""
+    if out.exists() and not out.is_dir():
+        raise RunError(f"--out {out} is a file, not a folder; pass a folder path")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RunError(f"--out {out}: {parent} is a file, not a folder; pass another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunError(f"--out {out}: {parent} is not writable; pass a folder you can write")
+
+
+def make_out(out: Path) -> bool:
+    """Check ``out`` and create it; True where this call created it."""
+    check_out(out)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"--out {out}: cannot create it ({e.strerror}); pass another --out") from None
+    return created
+
+
+def _run_config(path: Path) -> dict | None:
+    """The RunConfig JSON of a harness run folder's config.json; None where it is not one."""
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        RunConfig.from_json(d)
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError):  # AttributeError: not an object
+        return None
+    return d if isinstance(d, dict) and "version" in d else None
+
+
+def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
+    """Under the folder's lock, before anything is written: ``out`` must be empty or a harness run
+    folder (by its config.json) of this configuration, or of any configuration with ``fresh``."""
+    entries = sorted(p.name for p in out.iterdir() if not p.name.startswith(RunFolder.LOCK))
+    if not entries:
+        return
+    old = _run_config(RunFolder(out).config)
+    if old is None:
+        shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+        raise RunError(f"--out {out} holds files that are not a harness run ({shown}); pass a new or "
+                       f"empty folder (--fresh only starts over a harness run folder)")
+    try:  # a folder written before a field was added: that field takes its default
+        old = json.loads(dumps(RunConfig.from_json(old).to_json()))
+    except (TypeError, ValueError):
+        pass  # an unreadable config is reported as differing below
+    new = json.loads(dumps(config.to_json()))
+    if old != new and not fresh:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise RunError(f"{out} holds a run with another configuration (differs in: {', '.join(diff)}); "
+                       f"pass another --out, or --fresh to start it over")
+
+
+def live_shards(out: Path) -> dict[str, tuple[int, str, str]]:
+    """{lock file name: its live owner} of the shards running on ``out``."""
+    found = {}
+    for p in RunFolder(out).shard_locks():
+        who = holder(p)
+        if who is not None:
+            found[p.name] = who
+    return found
+
+
+def refuse_live_shards(out: Path, allowed_count: int | None = None) -> None:
+    """Raise :class:`RunLocked` where shards run on ``out`` (of another shard count than
+    ``allowed_count``): their rows would be computed twice."""
+    busy = {n: w for n, w in live_shards(out).items() if allowed_count is None
+            or not n.endswith(f"-of-{allowed_count}")}
+    if busy:
+        who = ", ".join(f"{n.removeprefix(RunFolder.LOCK + '.').replace('-', ' ')} (process {w[0]} on {w[1]})"
+                        for n, w in busy.items())
+        raise RunLocked(f"{out} is being written by {who}; wait for them to finish (or stop them), or run "
+                        f"the same shards (shard count {next(iter(busy)).rpartition('-of-')[2]})")
+
+
+def wipe(out: Path, plots: set[str], modalities: list[str]) -> None:
+    """--fresh: delete the run files of ``out`` (claimed by ``claim_out``; live writers refused): the
+    files the harness writes, by exact name or pattern (``plots``: the reports' plot names), and its own
+    folders (``modalities``' media among them); never another file."""
+    folder = RunFolder(out)
+    for p in out.iterdir():
+        if (p.is_file() or p.is_symlink()) and folder.is_run_file(p.name, plots):
+            p.unlink(missing_ok=True)
+    for name in RunFolder.dirs(modalities):
+        if (out / name).is_symlink():  # a link is removed, never followed
+            (out / name).unlink()
+        else:
+            shutil.rmtree(out / name, ignore_errors=True)
+    logs = folder.logs
+    if logs.is_dir() and not logs.is_symlink():
+        for f in logs.iterdir():
+            if re.fullmatch(RunFolder.LOG_PATTERN, f.name) and (f.is_file() or f.is_symlink()):
+                f.unlink()
+        if not any(logs.iterdir()):
+            logs.rmdir()
+
+
+def start_out(config: RunConfig, out: Path, fresh: bool, plots: set[str], modalities: list[str]) -> None:
+    """Once the model has loaded: with ``fresh`` delete the run files of ``out`` (:func:`wipe`), then write
+    config.json."""
+    if fresh:
+        wipe(out, plots, modalities)
+    write_config(config, out)
+
+
+def write_config(config: RunConfig, out: Path) -> None:
+    atomic_write(RunFolder(out).config, dumps(config.to_json(), indent=2) + "\n")
