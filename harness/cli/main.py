@@ -24,7 +24,6 @@ import importlib
 import os
 import sys
 import typing
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.run.folder import RunFolder

@@ -106,15 +106,6 @@ def complete_shards(out: Path, count: int) -> set[int]:
     return {i for i, s in enumerate(states(out, plan, keys, count)) if s.complete}
 
 
-def complete_shards(out: Path, count: int) -> set[int]:
-    """The shards of ``count`` whose planned rows are all stored (none where there is no plan yet)."""
-    plan = read_plan(out)
-    if plan is None:
-        return set()
-    keys = {row_key(r) for r in stored_rows(out)}
-    return {i for i, s in enumerate(states(out, plan, keys, count)) if s.complete}
-
-
 def watch(out: Path, workers: dict[int, object], count: int, quiet: bool, poll, failure) -> dict[int, str]:
     """Show progress until every worker ended; ``poll(worker)``: exit status or None; ``failure(i,
     worker)``: a line naming what failed and where its log is. Returns {shard index: that line} of the

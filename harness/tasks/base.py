@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
+from registry import Registry
 from registry.options import NoOptions, options_json, read_options
 
-from registry import Registry
+from harness.run.config import RunError, batch_size_for
 
 
 @dataclass
