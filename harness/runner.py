@@ -280,7 +280,7 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
         for (name, task, batches), owner in zip(batched, the_plan.owners(shard.count))]
 
     tag = shard.tag if shard else None
-    rows_path, timings_path, speed_path = (folder.lines(stem, tag) for stem in folder.LINE_STEMS)
+    rows_path, timings_path, speed_path = (folder.lines(stem, tag) for stem in (folder.ROWS, folder.TIMINGS, folder.SPEED))
     cut_torn_line(speed_path)  # before this process appends; a damaged speed file never stops a run
     device = env.get("device_name") or env.get("device")
     done = {row_key(r) for r in stored_rows(out, repair=rows_path)}
