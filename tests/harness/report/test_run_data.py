@@ -1,18 +1,18 @@
 """harness/report/run_data.py and the report pipeline it starts: registry.json written before a run's first row, built
 from the registries for an older run folder; the summary a function of rows, registry and config alone; a merge
-that reads the rows once; and the import graph of the report modules (one way, no private names)."""
+that reads the rows once; and the report wing's imports (rows -> summary -> renderers)."""
 from __future__ import annotations
 
-import ast
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+from helpers.checkout_env import ROOT
+from helpers.imports import imports, module_name
 from helpers.run_folder import rebuild, summary_of, synthetic_rows, write_run
 from helpers.tiny_lm import text_run_config, tiny_causal_lm
 
-import harness
 from harness.run.input_files import InputError
 from harness.run.rows import dumps
 from harness.report.run_data import declared, describe_task, read_run, write_registry
@@ -32,7 +32,6 @@ def _registry(out: Path) -> dict:
 
 
 def test_the_runner_writes_the_registry_before_the_first_row(tmp_path):
-    from harness.run.folder import is_run_file
     from harness.runner import run
 
     seen = []
@@ -48,7 +47,7 @@ def test_the_runner_writes_the_registry_before_the_first_row(tmp_path):
     assert set(stored["metrics"]) == set(get_task("perplexity").metrics)
     assert stored["metrics"]["kl"]["higher_is_better"] is False and stored["metrics"]["kl"]["description"]
     assert stored["codecs"] == {"kivi": {"engine_preset": False, "native_layers": []}}
-    assert is_run_file(RunFolder.REGISTRY)  # --fresh clears it with the rest
+    assert RunFolder(out).is_run_file(RunFolder.REGISTRY)  # --fresh clears it with the rest
 
 
 def test_an_older_run_gets_its_registry_from_the_registries(tmp_path):
@@ -129,48 +128,34 @@ def test_finish_reads_the_rows_once(tmp_path, monkeypatch):
     assert {n: (out / n).read_bytes() for n in expected} == expected
 
 
-# --- the import graph of the report modules ---------------------------------------------------------
-HARNESS = Path(harness.__file__).parent
-HTML = [f"html_report.{p.stem}" for p in sorted((HARNESS / "html_report").glob("*.py"))]
-PIPELINE = ["run_data", "summary", "effective_length", "ranking", "formatting", "report_text", "tables", "report",
-            "speed", "merge", "compare", *HTML]
+# --- the report wing runs one way -------------------------------------------------------------------------
+REPORT = sorted(p for p in (ROOT / "harness" / "report").rglob("*.py"))
 
 
-def _imports(module: str) -> list[tuple[str, list[str]]]:
-    """(harness module, names) of every import of ``module`` (a harness module) outside ``if TYPE_CHECKING``."""
-    path = HARNESS / (module.replace(".", "/") + ".py")
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
-    package = module.split(".")[:-1]
-    found = []
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module is None:  # from . import plots: modules
-            base = package[:len(package) - node.level + 1]
-            found += [(".".join([*base, a.name]), []) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
-            name = ".".join([*base, *node.module.split(".")])
-            found.append((name if node.level else name.removeprefix("harness."), [a.name for a in node.names]))
-        elif isinstance(node, ast.Import):
-            found += [(a.name.removeprefix("harness."), []) for a in node.names]
-    return found
+def _graph() -> dict[str, set[str]]:
+    return {module_name(p): {name for _, name in imports(p)} for p in REPORT}
 
 
-@pytest.mark.parametrize("module", PIPELINE)
-def test_no_private_name_crosses_a_module(module):
-    assert not [(m, n) for m, names in _imports(module) for n in names if n.startswith("_") and n != "__future__"]
+def _reaches(names: set[str], module: str) -> bool:
+    return any(n == module or n.startswith(module + ".") for n in names)
 
 
 def test_the_pipeline_runs_one_way():
-    graph = {m: {name for name, _ in _imports(m)} for m in PIPELINE}
+    """rows -> summary -> renderers (the package layering itself: tests/test_architecture.py)."""
+    graph = _graph()
     # the summary: no registry, no disk (the loader reads the folder)
-    assert not {"tasks", "metrics", "kernels", "run_data", "input_files"} & graph["summary"]
-    assert "summary" not in graph["effective_length"]  # no cycle: the summary hands it the cells
+    summary = graph["harness.report.summary"]
+    for upstream in ("harness.tasks", "metrics", "kernels", "harness.report.run_data", "harness.run.input_files"):
+        assert not _reaches(summary, upstream), upstream
+    assert not _reaches(graph["harness.stats.effective_length"] if "harness.stats.effective_length" in graph
+                        else set(), "harness.report.summary")
     # the renderers: report.md's and report.html's never import each other, nor anything upstream of the summary
-    assert not {"html_report", *HTML} & graph["report"]
-    assert not {"report", "tables"} & set().union(*map(graph.get, HTML))
-    for renderer in ["report", *HTML]:
-        assert not {"summary", "run_data", "tasks", "metrics"} & graph[renderer], renderer
+    html = [m for m in graph if m.startswith("harness.report.html")]
+    markdown = ["harness.report.markdown", "harness.report.tables"]
+    for m in markdown:
+        assert not _reaches(graph[m], "harness.report.html"), m
+    for m in html:
+        assert not any(_reaches(graph[m], md) for md in markdown), m
+    for m in [*markdown, *html]:
+        for upstream in ("harness.report.summary", "harness.report.run_data", "harness.tasks", "metrics"):
+            assert not _reaches(graph[m], upstream), (m, upstream)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import threading
 import time
@@ -41,9 +42,12 @@ def test_slurm_config_round_trip_and_parameters():
 
 
 def test_the_checkpoint_hook_resubmits_the_same_shard():
-    job = ShardJob({"model": "hf"}, "/runs/x")
+    from harness.runner import run
+
+    job = ShardJob({"model": "hf"}, "/runs/x", run)
     again = job.checkpoint(1, 3)
     assert again.function is job and again.args == (1, 3) and again.kwargs == {}
+    assert pickle.loads(pickle.dumps(job)).run is run  # the run loop travels by reference, as data
 
 
 @pytest.mark.slow
