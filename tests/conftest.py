@@ -3,8 +3,8 @@ set before any @triton.jit function is defined, so it is set here, before test m
 import os
 import sys
 
-# Tests mirror the source tree (tests/kernels/, tests/adapters/, ...); shared helpers such as
-# tiny_lm.py sit here, at the top, for every folder's tests to import.
+# Tests mirror the source tree (tests/kernels/, tests/adapters/, ...); the helpers they share are the package
+# tests/helpers/ (``from helpers.tiny_lm import ...``), importable from every folder's tests.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Under pytest-xdist each worker gets its share of the cores as threads (scripts/gpu-test does the same): two

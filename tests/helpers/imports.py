@@ -15,13 +15,18 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
-    """(line, absolute module) of every import of ours in ``path``."""
+def imports(path: Path, typing: bool = True) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import of ours in ``path``; ``typing`` False leaves out those under
+    ``if TYPE_CHECKING`` (names for annotations only)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     mod = module_name(path)
     package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+    skip = set() if typing else {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                                 and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
     found = []
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.ImportFrom):
             base = package[:len(package) - node.level + 1] if node.level else []
             name = ".".join([*base, *(node.module.split(".") if node.module else [])])

@@ -133,7 +133,7 @@ REPORT = sorted(p for p in (ROOT / "harness" / "report").rglob("*.py"))
 
 
 def _graph() -> dict[str, set[str]]:
-    return {module_name(p): {name for _, name in imports(p)} for p in REPORT}
+    return {module_name(p): {name for _, name in imports(p, typing=False)} for p in REPORT}
 
 
 def _reaches(names: set[str], module: str) -> bool:
