@@ -11,11 +11,12 @@ instance's class names its codec: :func:`kernels.base.make_codec` dispatches on 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from kernels.backend import BACKENDS
-from registry.options import check_fields, options_json, read_options
+from registry.options import check_fields, read_options
+from registry.versioned import VersionedJSON
 from kernels.registry import codec_class
 
 CODEC_CONFIG_VERSION = 1
@@ -34,6 +35,13 @@ def codec_options(name: str, given: Any = None, strings: bool = False):
     if given is None or isinstance(given, dict):
         return read_options("codec", name, cls, given or {}, strings=strings)
     raise ValueError(f"codec '{name}' takes its options as a dict or a {cls.__qualname__}, got {given!r}")
+
+
+def check_bits(name: str, bits: int) -> None:
+    """ValueError unless codec ``name`` takes the key bit width ``bits`` (its ``bits_supported``)."""
+    supported = codec_class(name).bits_supported
+    if bits not in supported:
+        raise ValueError(f"codec '{name}' does not support bits={bits}; supported: {list(supported)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,9 +69,10 @@ class CodecChoice:
 
 
 @dataclass(frozen=True)
-class CodecConfig(CodecChoice):
+class CodecConfig(CodecChoice, VersionedJSON, what="codec config", version=CODEC_CONFIG_VERSION, order=_JSON_ORDER):
     """Everything that builds a codec (the device aside): a :class:`CodecChoice` for one layer of
-    ``num_heads`` KV heads of ``head_dim``; round-trips to JSON with a version."""
+    ``num_heads`` KV heads of ``head_dim``; round-trips to JSON (:class:`registry.versioned.VersionedJSON`: every
+    field in the order rows.jsonl has always carried it, every option named; the version required)."""
 
     name: str
     bits: int
@@ -73,28 +82,9 @@ class CodecConfig(CodecChoice):
 
     def __post_init__(self):
         self._settle(self.name, "codec config", ("bits", "head_dim", "layer", "num_heads"))
-        cls = codec_class(self.name)
-        if self.bits not in cls.bits_supported:
-            raise ValueError(f"codec '{self.name}' does not support bits={self.bits}; "
-                             f"supported: {list(cls.bits_supported)}")
+        check_bits(self.name, self.bits)
         if self.head_dim < 2:
             raise ValueError(f"head_dim must be >= 2, got {self.head_dim}")
         if self.num_heads < 1:
             raise ValueError(f"num_heads must be >= 1, got {self.num_heads}")
 
-    def to_json(self) -> dict:
-        """Every field in the order rows.jsonl has always carried it, every option named."""
-        head = {k: getattr(self, k) for k in _JSON_ORDER if k != "options"}
-        return {"version": CODEC_CONFIG_VERSION, **head, "options": options_json(self.options)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "CodecConfig":
-        d = dict(d)
-        version = d.pop("version", None)
-        if version != CODEC_CONFIG_VERSION:
-            raise ValueError(f"codec config version {version!r} is not the supported {CODEC_CONFIG_VERSION}")
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ValueError(f"unknown CodecConfig field(s) {unknown}; known: {known}")
-        return cls(**d)

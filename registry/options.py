@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def check_fields(obj, where: str, names: tuple[str, ...]) -> None:
 
 def options_json(options) -> dict:
     """Every field of an ``Options`` instance, in declaration order, as JSON holds it (tuples as lists)."""
-    return {f.name: _jsonable(getattr(options, f.name)) for f in fields(options)}
+    return {f.name: jsonable(getattr(options, f.name)) for f in fields(options)}
 
 
 def check_options(kind: str, owner: str, options_cls: type, given: dict, shown: dict | None = None) -> dict:
@@ -147,11 +147,15 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _jsonable(value):
+def jsonable(value):
+    """``value`` as JSON holds it, in new containers: tuples as lists, a dataclass instance (an ``Options``)
+    as :func:`options_json` writes it."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return options_json(value)
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 

@@ -7,14 +7,17 @@
                loads it: :func:`adapters.hf.models.load_checkpoint`)
   codec, bits  the key codec and its bit width (``codec=none``: the native cache; bits not needed)
   value_bits   value bit width (default: bits)     residual  native window in tokens (default 32)
-  protect      none | boundary-1 | layer indices joined by ':' (e.g. 0:23)
+  protect      none | boundary-1 | layer indices joined by ':' (e.g. 0:23; model_args are split on ',')
   codec_seed   the codec's own seed (rotations, projections)
   chunk        tokens per teacher-forced chunk after the prefill (default 64)
   device, dtype  as ``harness run`` takes them (auto: cuda + bfloat16 where available, else cpu + float32)
-  graphs       auto (decode steps from CUDA graphs on CUDA where the cache allows) | off (eager)
+  graphs       auto (decode steps from CUDA graphs on CUDA where the cache allows) | static | off (eager)
   batch_size   (lm-eval's ``--batch_size``) requests run together through one cache, left-padded
                (:mod:`adapters.cache.padded_batch`): every answer is the one it gets alone, to float
                rounding; a number ('auto' is not supported)
+
+Each is checked before the checkpoint loads as ``harness run`` checks its flag (:func:`check_args`: the run's
+typed configuration, its checks and their words), the argument named as it is here.
 
 How each request type meets the cache:
 
@@ -53,6 +56,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -65,24 +69,13 @@ from adapters.hf.cache import attach
 from adapters.hf.compat import cache_kwargs
 from adapters.hf.models import load_checkpoint
 from adapters.cache.config import DEFAULT_RESIDUAL, CacheConfig
+from registry.options import Allowed, option, read_options
+
+from harness.run.config import RunConfig
 
 MODEL_NAME = "kvcodec"
 STAT_FIELDS = ("bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord", "cache_bytes",
                "uncompressed_bytes", "compressed_bytes", "committed_tokens")
-
-
-def parse_protect(protect) -> str | list[int]:
-    """``none`` | ``boundary-1`` | a layer index | indices joined by ':' ("0:23")."""
-    if protect is None:  # lm-eval's argument parser reads "none" as None
-        return "none"
-    if isinstance(protect, int):
-        return [protect]
-    if isinstance(protect, str) and protect not in ("none", "boundary-1"):
-        try:
-            return [int(i) for i in protect.split(":")]
-        except ValueError:
-            raise ValueError(f"protect= takes none, boundary-1 or layer indices joined by ':', got '{protect}'") from None
-    return protect
 
 
 def chunk_plan(n_context: int, n_scored: int, chunk: int) -> list[int]:
@@ -92,66 +85,82 @@ def chunk_plan(n_context: int, n_scored: int, chunk: int) -> list[int]:
     return [n_context] + [min(chunk, n_scored - i) for i in range(0, n_scored, chunk)]
 
 
-def _int(args: dict, key: str, default, lo: int) -> int:
-    value = args.get(key, default)
-    if value is None:
-        value = default
-    try:
-        if isinstance(value, bool) or float(value) != int(value):
-            raise ValueError
-        n = int(value)
-    except (TypeError, ValueError):
-        n = None
-    if n is None or n < lo:
-        raise ValueError(f"model '{MODEL_NAME}': {key}= must be an integer >= {lo}, got {value!r}")
-    return n
+#: the model_args (and lm-eval's own ``--batch_size``, ``--device``) that are ``harness run`` options -> the
+#: RunConfig field each one sets: its declaration and :meth:`RunConfig.validate` check them as they check the
+#: flag, in the same words, the option named as model_args name it
+RUN_FIELDS = {"pretrained": "model_path", "codec": "codecs", "bits": "bits", "value_bits": "value_bits",
+              "residual": "residual", "protect": "protect", "codec_seed": "codec_seeds", "device": "device",
+              "dtype": "dtype", "batch_size": "batch_size", "graphs": "graphs"}
+_LISTS = ("codecs", "bits", "codec_seeds")  # one value here, a list in the run's config
+_ARG_NAMES = {field: arg for arg, field in RUN_FIELDS.items()}
 
 
-def check_args(args: dict) -> None:
-    """Every ``model_args`` value (and lm-eval's ``--batch_size`` / ``--device``), checked before the
-    checkpoint loads: ValueError naming the argument and what it takes (module docstring)."""
-    import re
+@dataclass(frozen=True)
+class Options:
+    """The model_args of lm-eval alone (no ``harness run`` flag has them), declared as a codec's or a task's
+    options are (:mod:`registry.options`)."""
 
+    chunk: int = option(64, "tokens per teacher-forced chunk after the prefill", Allowed(lo=1))
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """model_args, checked (:func:`check_args`): the run configuration they describe (validated), the cache's
+    configuration, lm-eval's own options, and the dtype as given (a torch.dtype from Python is taken as it is)."""
+
+    run: RunConfig
+    cache: CacheConfig
+    options: Options
+    dtype: object
+
+
+def check_args(args: dict) -> ModelArgs:
+    """Every ``model_args`` value (and lm-eval's ``--batch_size`` / ``--device``), checked before the checkpoint
+    loads by the typed configuration ``harness run`` uses (:data:`RUN_FIELDS`: RunConfig's declarations and
+    :meth:`~harness.run.config.RunConfig.validate`, then CacheConfig and the codec's ``Options``) and by
+    :class:`Options`: a ValueError in one line, ``model 'kvcodec': `` and the CLI's own words with the argument
+    named as here (``model option kvcodec.chunk=0: ...`` for :class:`Options`, which names the model itself).
+    lm-eval reads 'none' as None: an argument given as none takes its default."""
     from adapters.cache.config import check_protect
-    from adapters.hf.causal_lm import GRAPH_MODES
     from adapters.hf.models import declared_limits
-    from adapters.loading import DTYPES
     from kernels import codec_class
+    from kernels.config import check_bits
 
+    args = {k: v for k, v in args.items() if v is not None}
     pretrained = args.get("pretrained")
     if not pretrained:
         raise ValueError(f"model '{MODEL_NAME}' needs pretrained= in --model_args: a local checkpoint folder "
                          f"(config.json, tokenizer, *.safetensors) or a .gguf file")
     codec = args.get("codec") or "none"
-    bits_supported = codec_class(str(codec)).bits_supported  # unknown codec -> "Unknown codec ... Available"
-    if codec != "none":
-        if args.get("bits") is None:
-            raise ValueError(f"model '{MODEL_NAME}': codec={codec} needs bits= ({', '.join(map(str, bits_supported))})")
-        if _int(args, "bits", None, 1) not in bits_supported:
-            raise ValueError(f"model '{MODEL_NAME}': bits={args['bits']} is not a bit width of codec '{codec}' "
-                             f"({', '.join(map(str, bits_supported))})")
-    if args.get("value_bits") is not None and _int(args, "value_bits", None, 1) > 16:
-        raise ValueError(f"model '{MODEL_NAME}': value_bits= takes 1..16, got {args['value_bits']}")
-    _int(args, "residual", DEFAULT_RESIDUAL, 0), _int(args, "chunk", 64, 1), _int(args, "codec_seed", 0, 0)
-    batch = args.get("batch_size", 1)
-    if str(batch) == "auto" or _int(args, "batch_size", 1, 1) < 1:
-        raise ValueError(f"model '{MODEL_NAME}': batch_size must be a positive number of requests ('auto' is not "
-                         f"supported), got {batch!r}")
-    device = str(args.get("device") or "auto")
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", device):
-        raise ValueError(f"model '{MODEL_NAME}': device '{device}' is not a device; use auto, cpu, cuda or cuda:N")
-    dtype = args.get("dtype") or "auto"
-    if not isinstance(dtype, torch.dtype) and dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"model '{MODEL_NAME}': dtype '{dtype}' is not a dtype; use auto, {', '.join(sorted(DTYPES))}")
-    if str(args.get("graphs", "auto")) not in GRAPH_MODES:
-        raise ValueError(f"model '{MODEL_NAME}': graphs= takes {', '.join(GRAPH_MODES)}, got {args['graphs']!r}")
-    protect = parse_protect(args.get("protect", "none"))
+    given = {field: args[arg] for arg, field in RUN_FIELDS.items() if arg in args}
+    given.update({field: [given[field]] for field in _LISTS if field in given})
+    if isinstance(given.get("batch_size"), str) and given["batch_size"].strip().isdigit():
+        given["batch_size"] = int(given["batch_size"])  # lm-eval's --batch_size is text ('auto' too)
+    if str(given.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+        given["device"] = "auto"  # lm-eval's CLI default is cuda:0; --model hf falls back to the CPU too
+    if isinstance(given.get("dtype"), torch.dtype):
+        given["dtype"] = "auto"  # a torch.dtype from Python: taken as given (ModelArgs.dtype)
+    config = RunConfig(**{"model": "hf", "batch_size": 1, "codec_seeds": [0], "bits": [16], **given,
+                          "codecs": [] if codec == "none" else [codec], "baseline": codec == "none"})
+    try:
+        bits_supported = codec_class(str(codec)).bits_supported  # unknown codec -> "Unknown codec ... Available"
+        if codec != "none" and "bits" not in args:
+            raise ValueError(f"codec={codec} needs bits= ({', '.join(map(str, bits_supported))})")
+        config.validate(lambda field: _ARG_NAMES.get(field, field))
+        if codec != "none":
+            check_bits(codec, config.bits[0])
+        [cache] = config.cache_configs()
+    except ValueError as e:
+        raise ValueError(f"model '{MODEL_NAME}': {e}") from None
+    own = {f.name: args[f.name] for f in fields(Options) if f.name in args}
+    options = read_options("model", MODEL_NAME, Options, own, strings=False)  # names the model itself
     layers, _ = declared_limits(pretrained)
     if layers is not None:
         try:
-            check_protect(protect, layers)
+            check_protect(cache.protect, layers)
         except ValueError as e:
-            raise ValueError(f"model '{MODEL_NAME}': protect={args.get('protect')} ({pretrained}): {e}") from None
+            raise ValueError(f"model '{MODEL_NAME}': protect={args.get('protect')}: {e} ({pretrained})") from None
+    return ModelArgs(config, cache, options, args.get("dtype", "auto"))
 
 
 @register_model(MODEL_NAME)
@@ -167,7 +176,7 @@ class KVCodecLM(HFLM):
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
         """lm-eval's constructor: ``model_args`` and its own options (batch_size, device), checked
-        (:func:`check_args`) before the checkpoint loads; one given twice is refused."""
+        (:func:`check_args`, by ``__init__``) before the checkpoint loads; one given twice is refused."""
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
         twice = sorted(set(arg_dict) & set(extra) - {"batch_size"})
         if "batch_size" in arg_dict and str(extra.get("batch_size", 1)) != "1":  # lm-eval's default is 1
@@ -175,38 +184,25 @@ class KVCodecLM(HFLM):
         if twice:
             raise ValueError(f"model '{MODEL_NAME}': {', '.join(twice)} given both in --model_args and as lm-eval's "
                              f"own option; give each once")
-        args = {**extra, **arg_dict}
-        check_args(args)
-        return cls(**args)
+        return cls(**{**extra, **arg_dict})
 
-    def __init__(self, pretrained: str, codec: str = "none", bits: int | None = None, value_bits: int | None = None,
-                 residual: int = DEFAULT_RESIDUAL, protect="none", codec_seed: int = 0, chunk: int = 64,
-                 device: str | None = "auto", dtype="auto", batch_size=1, graphs: str = "auto", **kwargs):
-        codec = codec or "none"  # lm-eval's argument parser reads "none" as None
-        try:
-            batch = int(batch_size)
-        except (TypeError, ValueError):
-            batch = 0
-        if batch < 1:
-            raise ValueError(f"model '{MODEL_NAME}': batch_size must be a positive number of requests "
-                             f"('auto' is not supported), got {batch_size!r}")
-        if bits is None:
-            if codec != "none":
-                raise ValueError(f"model '{MODEL_NAME}': codec={codec} needs bits=")
-            bits = 16
-        if str(device).startswith("cuda") and not torch.cuda.is_available():
-            device = "auto"  # lm-eval's CLI default is cuda:0; --model hf falls back to the CPU too
-        self.lm = load_checkpoint(pretrained, MODEL_NAME, device or "auto", dtype, graphs=str(graphs))
-        super().__init__(pretrained=self.lm.model, tokenizer=self.lm.tokenizer, batch_size=batch, **kwargs)
+    def __init__(self, pretrained: str | None = None, codec: str = "none", bits: int | None = None,
+                 value_bits: int | None = None, residual: int = DEFAULT_RESIDUAL, protect="none", codec_seed: int = 0,
+                 chunk: int = 64, device: str | None = "auto", dtype="auto", batch_size=1, graphs: str = "auto",
+                 **kwargs):
+        """Every argument checked first (:func:`check_args`; ``pretrained`` None: refused there, in one line)."""
+        checked = check_args(dict(pretrained=pretrained, codec=codec, bits=bits, value_bits=value_bits,
+                                  residual=residual, protect=protect, codec_seed=codec_seed, chunk=chunk,
+                                  device=device, dtype=dtype, batch_size=batch_size, graphs=graphs))
+        run = checked.run
+        self.lm = load_checkpoint(pretrained, MODEL_NAME, run.device, checked.dtype, graphs=run.graphs)
+        super().__init__(pretrained=self.lm.model, tokenizer=self.lm.tokenizer, batch_size=run.batch_size, **kwargs)
         self.pretrained_path = str(pretrained)
-        self.chunk = int(chunk)
-        chunk_plan(1, 1, self.chunk)  # checks chunk
-        self.cache_cfg = self.lm.cache_config(CacheConfig(codec=codec, bits=int(bits), residual=int(residual),
-                                                          protect=parse_protect(protect), seed=int(codec_seed),
-                                                          value_bits=None if value_bits is None else int(value_bits)))
+        self.chunk = checked.options.chunk
+        self.cache_cfg = self.lm.cache_config(checked.cache)
         _, n_kv, head_dim = self.lm.geometry
         self.codec_json = {k: v for k, v in self.cache_cfg.codec_config(head_dim, n_kv).to_json().items() if k != "layer"}
-        if codec != "none":
+        if self.cache_cfg.codec != "none":
             from kernels import make_codec
 
             make_codec(self.cache_cfg.codec_config(head_dim, n_kv))  # bits and geometry checked before any request

@@ -2,18 +2,20 @@
 declares its ``harness run`` flag (:mod:`harness.run.flags` has tyro generate the command line from them)."""
 from __future__ import annotations
 
-import math
-
+import functools
 import hashlib
+import math
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+import typing
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Literal
 
 from tyro.conf import arg
 
-from adapters.cache.config import DEFAULT_RESIDUAL, CacheConfig
+from adapters.cache.config import DEFAULT_RESIDUAL, CacheConfig, parse_protect, protect_text
 from kernels.backend import BACKENDS
+from registry.versioned import VersionedJSON
 
 from harness.run.flags import owner_options, parsed, values
 from harness.run.rows import dumps
@@ -38,23 +40,10 @@ class RunError(ValueError):
     pass
 
 
-def parse_protect(s: str) -> str | list[int]:
-    if s in ("none", "boundary-1"):
-        return s
-    try:
-        return [int(i) for i in s.split(",")]
-    except ValueError:
-        raise ValueError(f"--protect takes 'none', 'boundary-1' or layer indices like 0,29; got '{s}'") from None
-
-
-def _protect_text(p) -> str:
-    return p if isinstance(p, str) else ",".join(map(str, p))
-
-
 # the command line's forms beyond tyro's own (harness/run/flags.py)
 _STRS = {flag: values(str, flag) for flag in ("--task", "--codec")}
 _INTS = {flag: values(int, flag) for flag in ("--bits", "--codec-seeds")}
-_PROTECT = parsed(parse_protect, "PROTECT", _protect_text)
+_PROTECT = parsed(functools.partial(parse_protect, name="--protect"), "PROTECT", protect_text)
 _TASK_OPT = owner_options("--task-opt", "TASK.NAME=VALUE")
 _CODEC_OPT = owner_options("--codec-opt", "CODEC.NAME=VALUE")
 
@@ -64,8 +53,9 @@ def _default_is(note: str) -> str:
 
 
 @dataclass
-class RunConfig:
-    """Everything that decides a run's numbers (each field's annotation declares its flag); round-trips to JSON.
+class RunConfig(VersionedJSON, what="run config", version=RUN_CONFIG_VERSION, versionless=True):
+    """Everything that decides a run's numbers (each field's annotation declares its flag); round-trips to JSON
+    (:class:`registry.versioned.VersionedJSON`; a config.json from before versions were written reads as version 1).
 
     The field order is the order of config.json and of ``harness run --help``."""
 
@@ -124,61 +114,61 @@ class RunConfig:
         help="'auto': spread a text model that does not fit one GPU over every visible GPU (accelerate)")] = None
 
     # greedy decode steps of text models: replayed from a CUDA graph where the cache allows (equal to
-    # eager steps to float rounding), or eager
-    graphs: Annotated[Literal["auto", "off"], arg(
-        help="decode steps of text models: auto (CUDA graphs on CUDA where the cache allows), off (eager)")] = "auto"
+    # eager steps to float rounding), run eagerly in the graph's static layout, or eager
+    graphs: Annotated[Literal["auto", "static", "off"], arg(
+        help="decode steps of text models: auto (CUDA graphs on CUDA where the cache allows), static (the graphs' "
+        "static layout, run eagerly on any device), off (eager)")] = "auto"
 
-    def to_json(self) -> dict:
-        return {"version": RUN_CONFIG_VERSION, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "RunConfig":
-        if d.get("version", RUN_CONFIG_VERSION) != RUN_CONFIG_VERSION:
-            raise ValueError(f"run config version {d['version']!r} is not the supported {RUN_CONFIG_VERSION}")
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known - {"version"}
-        if unknown:
-            raise ValueError(f"unknown RunConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    def validate(self) -> list[str]:
+    def validate(self, spell: Callable[[str], str] | None = None) -> list[str]:
         """Check every field that needs no model (names are checked against the registries by
-        ``runner.resolve``) and drop repeated codecs, bits and tasks, keeping the first. Returns a
-        note per dropped repeat; raises :class:`RunError` naming the flag and the allowed values."""
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)
-                                       or self.limit < 1):
-            raise RunError(f"--limit must be a positive number of prompts, got {self.limit}; "
+        ``runner.resolve``), read ``protect`` into its canonical form and drop repeated codecs, bits and tasks,
+        keeping the first. Returns a note per dropped repeat; raises :class:`RunError` naming the option and
+        the allowed values. ``spell``: a field's name as the front end gives it (default: its ``harness run``
+        flag, :func:`flag`; lm-eval's ``model_args`` name theirs), so every front end gets these checks and
+        their wording."""
+        name = spell or flag
+        if self.limit is not None and not _whole(self.limit, 1):
+            raise RunError(f"{name('limit')} must be a positive number of prompts, got {self.limit!r}; "
                            f"leave it out to run every prompt")
-        if self.margin is not None and not 0 <= self.margin < math.inf:
-            raise RunError(f"--margin must be a finite number >= 0 (in the headline metric's units), got {self.margin}")
-        if self.residual < 0:
-            raise RunError(f"--residual must be >= 0 tokens, got {self.residual}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise RunError(f"--seed must be an integer >= 0, got {self.seed}")
-        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
-                                            or self.batch_size < 1):
-            raise RunError(f"--batch-size must be a positive number of prompts, got {self.batch_size}; "
-                           f"leave it out to choose it for the device")
-        if self.value_bits is not None and not 1 <= self.value_bits <= 16:
-            raise RunError(f"--value-bits must be in 1..16, got {self.value_bits}; leave it out to use the key bits")
-        if self.value_group < 1:
-            raise RunError(f"--value-group must be >= 1, got {self.value_group}")
-        if not self.codec_seeds or any(isinstance(c, bool) or not isinstance(c, int) or c < 0
-                                       for c in self.codec_seeds):
-            raise RunError(f"--codec-seeds must be one or more integers >= 0, got {self.codec_seeds}")
-        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.bits):
-            raise RunError(f"--bits must be positive integers, got {self.bits}")
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
-            raise RunError(f"--device '{self.device}' is not a device; use auto, cpu, cuda or cuda:N")
+        if self.margin is not None and (isinstance(self.margin, bool) or not isinstance(self.margin, (int, float))
+                                        or not 0 <= self.margin < math.inf):
+            raise RunError(f"{name('margin')} must be a finite number >= 0 (in the headline metric's units), "
+                           f"got {self.margin!r}")
+        if not _whole(self.residual, 0):
+            raise RunError(f"{name('residual')} must be >= 0 tokens, got {self.residual!r}")
+        if not _whole(self.seed, 0):
+            raise RunError(f"{name('seed')} must be an integer >= 0, got {self.seed!r}")
+        if self.batch_size is not None and not _whole(self.batch_size, 1):
+            raise RunError(f"{name('batch_size')} must be a positive number of prompts, got {self.batch_size!r}; "
+                           f"leave it out for the default")
+        if self.value_bits is not None and not (_whole(self.value_bits, 1) and self.value_bits <= 16):
+            raise RunError(f"{name('value_bits')} must be in 1..16, got {self.value_bits!r}; "
+                           f"leave it out to use the key bits")
+        if not _whole(self.value_group, 1):
+            raise RunError(f"{name('value_group')} must be >= 1, got {self.value_group!r}")
+        if not self.codec_seeds or not all(_whole(c, 0) for c in self.codec_seeds):
+            raise RunError(f"{name('codec_seeds')} must be one or more integers >= 0, got {self.codec_seeds}")
+        if not all(_whole(b, 1) for b in self.bits):
+            raise RunError(f"{name('bits')} must be positive integers, got {self.bits}")
+        for f in fields(self):  # the closed choices (tyro checks them on the command line; JSON and Python here)
+            choices = typing.get_args(_hints(False)[f.name])
+            if typing.get_origin(_hints(False)[f.name]) is Literal and getattr(self, f.name) not in choices:
+                raise RunError(f"{name(f.name)} '{getattr(self, f.name)}' is not one of {', '.join(choices)}")
+        try:
+            self.protect = parse_protect(self.protect, name("protect"))
+        except ValueError as e:
+            raise RunError(str(e)) from None
+        if not isinstance(self.device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", self.device):
+            raise RunError(f"{name('device')} '{self.device}' is not a device; use auto, cpu, cuda or cuda:N")
         if self.device.startswith("cuda"):
             import torch
 
             if not torch.cuda.is_available():
-                raise RunError(f"--device {self.device}: CUDA is not available on this machine; "
-                               f"use --device cpu (or auto)")
+                raise RunError(f"{name('device')} {self.device}: CUDA is not available on this machine; "
+                               f"use {name('device')} cpu (or auto)")
             index = int(self.device.partition(":")[2] or 0)
             if index >= torch.cuda.device_count():
-                raise RunError(f"--device {self.device}: this machine has {torch.cuda.device_count()} CUDA "
+                raise RunError(f"{name('device')} {self.device}: this machine has {torch.cuda.device_count()} CUDA "
                                f"device(s); use cuda:0..cuda:{torch.cuda.device_count() - 1}")
         if self.backend in ("lut", "triton"):
             import torch
@@ -188,23 +178,22 @@ class RunConfig:
             device = self.device if self.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
             why = backend_unavailable(self.backend, "cpu" if device == "mps" else device)
             if why is not None:
-                raise RunError(f"--backend {self.backend}: {why}; use --backend auto (the fused kernels where they "
-                               f"run, the PyTorch reference elsewhere) or torch")
+                raise RunError(f"{name('backend')} {self.backend}: {why}; use {name('backend')} auto (the fused "
+                               f"kernels where they run, the PyTorch reference elsewhere) or torch")
         from adapters.loading import DTYPES
 
         if self.device_map not in (None, "auto"):
-            raise RunError(f"--device-map '{self.device_map}' is not a placement; use auto, or leave it out")
+            raise RunError(f"{name('device_map')} '{self.device_map}' is not a placement; use auto, or leave it out")
         if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise RunError(f"--dtype '{self.dtype}' is not a dtype; use auto, {', '.join(sorted(DTYPES))}")
+            raise RunError(f"{name('dtype')} '{self.dtype}' is not a dtype; use auto, {', '.join(sorted(DTYPES))}")
         notes = []
-        for name, flag in (("codecs", "--codec"), ("bits", "--bits"), ("tasks", "--task"),
-                           ("codec_seeds", "--codec-seeds")):
-            values = getattr(self, name)
+        for field_name in ("codecs", "bits", "tasks", "codec_seeds"):
+            values = getattr(self, field_name)
             unique = list(dict.fromkeys(values))
             if len(unique) != len(values):
-                notes.append(f"{flag} {' '.join(map(str, values))}: each repeat is run once "
+                notes.append(f"{name(field_name)} {' '.join(map(str, values))}: each repeat is run once "
                              f"({' '.join(map(str, unique))})")
-                setattr(self, name, unique)
+                setattr(self, field_name, unique)
         return notes
 
     def digest(self) -> str:
@@ -259,6 +248,25 @@ class RunConfig:
                 raise RunError(f"--codec {entry}: NAME@B takes bit widths, e.g. {name}@8 or {name}@2,3")
             out.append((name, bits))
         return out
+
+
+@functools.cache
+def _hints(extras: bool) -> dict:
+    return typing.get_type_hints(RunConfig, include_extras=extras)
+
+
+@functools.cache
+def flag(field_name: str) -> str:
+    """``harness run``'s flag of the RunConfig field ``field_name``, as its annotation declares it
+    (``arg(name=...)``, else the field's name): ``flag("codecs") == "--codec"``."""
+    declared = getattr(_hints(True)[field_name], "__metadata__", ())
+    named = [m.name for m in declared if isinstance(getattr(m, "name", None), str)]
+    return "--" + (named[0] if named else field_name).replace("_", "-")
+
+
+def _whole(value, lo: int) -> bool:
+    """Whether ``value`` is an integer (a bool is not) >= ``lo``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= lo
 
 
 def batch_size_for(requested: int | None, device) -> int:

@@ -8,7 +8,8 @@ have by itself, each parsed at the boundary and nowhere else:
 - :func:`values`: a list flag whose values may be space- or comma-separated (``--bits 2 3,4`` -> [2, 3, 4]);
 - :func:`owner_options`: a repeatable ``OWNER.NAME=VALUE`` flag (``--codec-opt octopus.split=4,2``), read
   into ``{(owner, name): value}`` and nested by :func:`nest` (so given values merge per option over a preset's);
-- :func:`parsed`: one value read by a function (``--protect``).
+- :func:`parsed`: one value read by a function (``--protect``: :func:`adapters.cache.config.parse_protect`, the
+  one parser of the protected layers that lm-eval's ``protect=`` and ``CacheConfig(protect=...)`` share).
 
     parse(RunCommand, ["--bits", "2,3"], prog="harness run")  -> RunCommand(config=RunConfig(bits=[2, 3], ...))
 """

@@ -16,11 +16,13 @@ the run folder and this Python environment at the same paths (a shared file syst
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
 from tyro.conf import arg
+
+from registry.versioned import VersionedJSON
 
 from harness.run.config import RunConfig, RunError
 from harness.run.flags import values
@@ -33,8 +35,9 @@ EXECUTORS = ("slurm", "local")
 
 
 @dataclass
-class SlurmConfig:
-    """Where and how the array runs (each field's annotation declares its flag); round-trips to JSON."""
+class SlurmConfig(VersionedJSON, what="slurm config", version=SLURM_CONFIG_VERSION, versionless=True):
+    """Where and how the array runs (each field's annotation declares its flag); round-trips to JSON
+    (:class:`registry.versioned.VersionedJSON`)."""
 
     executor: Annotated[Literal[EXECUTORS], arg(
         help="'slurm', or 'local': the array on this machine (submitit's LocalExecutor; tests)")] = "slurm"
@@ -52,19 +55,6 @@ class SlurmConfig:
     max_timeouts: Annotated[int, arg(help="requeues after a time-out (preemptions requeue regardless)")] = 3
     setup: Annotated[list[str], values(str, "--setup", "LINE"), arg(
         help="shell lines each task runs first (e.g. 'module load cuda')")] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"version": SLURM_CONFIG_VERSION, **asdict(self)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "SlurmConfig":
-        if d.get("version", SLURM_CONFIG_VERSION) != SLURM_CONFIG_VERSION:
-            raise ValueError(f"slurm config version {d['version']!r} is not the supported {SLURM_CONFIG_VERSION}")
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known - {"version"}
-        if unknown:
-            raise ValueError(f"unknown SlurmConfig field(s) {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**{k: v for k, v in d.items() if k in known})
 
     def validate(self) -> None:
         if self.executor not in EXECUTORS:

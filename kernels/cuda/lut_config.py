@@ -18,6 +18,7 @@ import torch
 
 from kernels.fused_layout import KeyCodes, Sketch
 from kernels.cuda.lut_tables import Lookup, lookup_for
+from registry.versioned import VersionedJSON
 
 #: the kernel's QUERY_DTYPE per query dtype
 QUERY_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -30,7 +31,7 @@ LUT_CONFIG_VERSION = 1  #: of :meth:`LutConfig.to_json`
 
 
 @dataclass(frozen=True)
-class LutConfig:
+class LutConfig(VersionedJSON, what="lut config", version=LUT_CONFIG_VERSION):
     """How the kernel is launched for one codec (its defaults: :func:`default_config`; a call's
     overrides: :meth:`replace`). ``fused`` applies to octahedral keys only and ``pairs`` to scalar keys
     only (the other is None): the lookup form (:func:`kernels.cuda.lut_tables.lookup_for`)."""
@@ -78,17 +79,9 @@ class LutConfig:
         """The config keys that apply to this layout (the lookup form that is not None and the rest)."""
         return sorted(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
 
-    def to_json(self) -> dict:
-        """The config as JSON (its set fields and ``version``); :meth:`from_json` reads it back."""
-        return {"version": LUT_CONFIG_VERSION} | {k: getattr(self, k) for k in self.keys}
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> "LutConfig":
-        data = dict(data)
-        version = data.pop("version", None)
-        if version != LUT_CONFIG_VERSION:
-            raise ValueError(f"LutConfig JSON version {version!r}, this code reads version {LUT_CONFIG_VERSION}")
-        return cls(**data)
+    def json_fields(self) -> list[str]:
+        """Its JSON (:class:`registry.versioned.VersionedJSON`, the version required) holds :attr:`keys` only."""
+        return self.keys
 
     def replace(self, **overrides) -> "LutConfig":
         """This config with ``overrides`` (checked: keys of this layout only, values as above)."""

@@ -16,7 +16,6 @@ from adapters.cache.kv_cache import CompressedKVCache
     ("attend", "reconstruc", "score, reconstruct"),
     ("residual_unit", "frame", "token, append"),
     ("backend", "cuda", "auto, lut, triton, torch"),
-    ("protect", "boundary", "none, boundary-1"),
 ])
 def test_unknown_closed_choice_raises(field, value, allowed):
     with pytest.raises(ValueError, match=f"Unknown {field} '{value}'. Available: {allowed}") as e:
@@ -28,8 +27,35 @@ def test_allowed_choices_are_accepted():
     for kw in ({"attend": "reconstruct"}, {"residual_unit": "append"}, {"backend": "torch"},
                {"protect": "boundary-1"}, {"protect": [0, -1]}, {"protect": None}):
         CacheConfig(codec="octopus", bits=3, **kw)
-    with pytest.raises(ValueError, match="list of layer indices"):
+    with pytest.raises(ValueError, match="layer indices"):
         CacheConfig(protect=[0, "last"])
+
+
+# every front end's form of protect -> the one canonical form (--protect, lm-eval's protect=, Python, JSON)
+PROTECTS = [("none", "none"), (None, "none"), ("boundary-1", "boundary-1"), ("0,29", [0, 29]), ("0:29", [0, 29]),
+            ("-1", [-1]), (" 3 , -1", [3, -1]), (5, [5]), ([0, -1], [0, -1]), ((2, 3), [2, 3]), ([], [])]
+
+
+@pytest.mark.parametrize("given, canonical", PROTECTS, ids=[repr(g) for g, _ in PROTECTS])
+def test_protect_is_read_by_one_parser(given, canonical):
+    from adapters.cache.config import parse_protect, protect_text
+
+    assert parse_protect(given) == canonical
+    cc = CacheConfig(codec="octopus", bits=3, protect=given)
+    assert cc.protect == canonical and CacheConfig.from_json(json.loads(json.dumps(cc.to_json()))) == cc
+    if canonical:  # written as --protect takes it, read back the same
+        assert parse_protect(protect_text(canonical)) == canonical
+
+
+@pytest.mark.parametrize("given", ["boundary", "first", "0,x", "", "0;1", True, [0, "last"], [True], 1.5, {"a": 1}])
+def test_protect_refused_in_one_line(given):
+    from adapters.cache.config import parse_protect
+
+    with pytest.raises(ValueError) as e:
+        CacheConfig(protect=given)
+    assert str(e.value) == f"protect takes 'none', 'boundary-1' or layer indices like 0,29 (or 0:29); got {given!r}"
+    with pytest.raises(ValueError, match=r"^--protect takes 'none', 'boundary-1' or layer indices"):
+        parse_protect(given, "--protect")
 
 
 def test_options_are_the_codecs_and_checked():

@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("lm_eval")
 
+from adapters.cache.config import CacheConfig  # noqa: E402
 from helpers.tiny_lm import save_tiny_checkpoint  # noqa: E402
 from helpers.tolerances import gamma, log_close  # noqa: E402
 
@@ -260,12 +261,30 @@ def test_greedy_requests_take_greedy_and_equal_model_generate(ckpt):
     assert len(calls) == 1
 
 
+def test_model_args_make_the_cache_config_the_cli_makes(ckpt):
+    """model_args are read by the run's typed configuration: the same settings as `harness run` flags give
+    the same CacheConfig (protect in either separator), and lm-eval's own option its declared value."""
+    from lm_eval.utils import simple_parse_args_string
+
+    from harness.cli.commands import parse_run
+    from harness.lm_eval.model import check_args
+
+    got = check_args(simple_parse_args_string(f"pretrained={ckpt},codec=octopus,bits=3,value_bits=4,residual=4,"
+                                              "protect=0:-1,codec_seed=2,chunk=16"))
+    cli = parse_run(["--codec", "octopus", "--bits", "3", "--value-bits", "4", "--residual", "4", "--protect", "0,-1",
+                     "--codec-seeds", "2", "--no-baseline-row"]).config
+    cli.validate()
+    assert [got.cache] == cli.cache_configs() and got.cache.protect == [0, -1] and got.options.chunk == 16
+    none = check_args({"pretrained": str(ckpt), "codec": None, "protect": None})  # lm-eval reads 'none' as None
+    assert none.cache == CacheConfig(seed=0) and none.run.batch_size == 1 and none.options.chunk == 64
+
+
 def test_bad_model_args_fail_before_any_request(ckpt):
     from harness.lm_eval.model import KVCodecLM
 
     with pytest.raises(ValueError, match="needs bits="):
         KVCodecLM(pretrained=str(ckpt), codec="octopus", device="cpu")
-    with pytest.raises(ValueError, match="batch_size must be a positive number of requests"):
+    with pytest.raises(ValueError, match="batch_size must be a positive number"):
         KVCodecLM(pretrained=str(ckpt), device="cpu", batch_size="auto")
     with pytest.raises(ValueError, match="bits"):
         KVCodecLM(pretrained=str(ckpt), codec="octopus", bits=9, device="cpu")

@@ -208,10 +208,14 @@ LM_EVAL_CASES = [
     ("no-such-device", "pretrained={ck}", ["--device", "nosuch"], "device 'nosuch' is not a device"),
     ("unknown-codec", "pretrained={ck},codec=zip,bits=3", [], "Unknown codec 'zip'"),
     ("codec-without-bits", "pretrained={ck},codec=octopus", [], "codec=octopus needs bits="),
-    ("bits-the-codec-lacks", "pretrained={ck},codec=octopus,bits=9", [], "bits=9 is not a bit width of codec 'octopus'"),
+    ("bits-the-codec-lacks", "pretrained={ck},codec=octopus,bits=9", [], "codec 'octopus' does not support bits=9"),
     ("protect-a-layer-it-lacks", "pretrained={ck},codec=octopus,bits=3,protect=0:7", [], "protect=0:7"),
-    ("chunk-zero", "pretrained={ck},chunk=0", [], "chunk= must be an integer >= 1, got 0"),
-    ("graphs-unknown", "pretrained={ck},graphs=always", [], "graphs= takes auto, static, off"),
+    ("chunk-zero", "pretrained={ck},chunk=0", [], "model option kvcodec.chunk=0: 0 is out of range (1 <= value)"),
+    ("graphs-unknown", "pretrained={ck},graphs=always", [], "graphs 'always' is not one of auto, static, off"),
+    ("protect-not-layers", "pretrained={ck},protect=first", [],
+     "model 'kvcodec': protect takes 'none', 'boundary-1' or layer indices like 0,29 (or 0:29); got 'first'"),
+    ("value-bits-above-16", "pretrained={ck},codec=octopus,bits=3,value_bits=17", [],
+     "model 'kvcodec': value_bits must be in 1..16, got 17; leave it out to use the key bits"),
 ]
 
 
@@ -236,6 +240,31 @@ def test_lm_eval_model_args_are_checked_before_the_checkpoint_loads(model_args, 
     with pytest.raises(ValueError) as e:
         KVCodecLM.create_from_arg_string(model_args.format(ck=weightless), options)
     assert says in str(e.value)
+
+
+# one bad value through both front ends: (model_args name, value, harness run's flag)
+SAME_WORDS = [("value_bits", "17", "--value-bits"), ("residual", "-1", "--residual"),
+              ("batch_size", "0", "--batch-size"), ("device", "nosuch", "--device"), ("dtype", "float8", "--dtype"),
+              ("codec_seed", "-1", "--codec-seeds"), ("bits", "0", "--bits")]
+
+
+@pytest.mark.parametrize("arg, value, flag", SAME_WORDS, ids=[c[0] for c in SAME_WORDS])
+def test_lm_eval_refuses_what_the_cli_refuses_in_its_words(arg, value, flag, weightless):
+    """lm-eval's model_args are checked by the run's own declarations and checks: its line is the CLI's, with
+    the model's name in front and the option named as model_args name it."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.utils import simple_parse_args_string
+
+    from harness.cli.commands import parse_run
+    from harness.lm_eval.model import check_args
+    from harness.run.config import RunError
+
+    with pytest.raises(RunError) as cli:
+        parse_run([f"{flag}={value}"]).config.validate()
+    codec = ",codec=octopus" if arg == "bits" else ""
+    with pytest.raises(ValueError) as lm:
+        check_args(simple_parse_args_string(f"pretrained={weightless}{codec},{arg}={value}"))
+    assert str(lm.value) == f"model 'kvcodec': {str(cli.value).replace(flag, arg)}"
 
 
 THROUGH_THE_CLI = ("no-pretrained", "batch-size-auto", "no-such-device", "protect-a-layer-it-lacks")
