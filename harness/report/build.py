@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from harness.report.markdown import write_markdown
+from harness.report.model import build_report
 from harness.report.run_data import RunData, read_run
 from harness.report.speed import summarize_speed_by_task
 from harness.report.summary import summarize_run
@@ -29,17 +30,18 @@ def finish(out: Path) -> bool:
 
 
 def write_reports(run: RunData, notes: list[str] = ()) -> Path:
-    """summary.json, then report.md with its plots and report.html, of ``run``: rows -> summary -> renderers.
-    Both renderers take the summary as summary.json holds it (floats at 7 significant digits), so a report
-    rebuilt later from the same rows has the same bytes. ``notes``: report.md's lines under its title."""
+    """summary.json, then report.md with its plots and report.html, of ``run``: rows -> summary -> the report's
+    content (:func:`harness.report.model.build_report`) -> its two renderings. Both take the summary as
+    summary.json holds it (floats at 7 significant digits), so a report rebuilt later from the same rows has the
+    same bytes. ``notes``: the lines under the report's title (what a run has not stored yet)."""
     from harness.report.html import write_run_page  # here: plotly loads only when a report is written
 
     text = dumps(summarize_run(run), indent=2) + "\n"
     atomic_write(RunFolder(run.path).summary, text)
     summary = json.loads(text)
-    speed = summarize_speed_by_task(run.speed, summary)
-    path = write_markdown(run, summary, speed, notes)
-    write_run_page(run, summary, speed)
+    report = build_report(run, summary, summarize_speed_by_task(run.speed, summary), notes)
+    path = write_markdown(report, run.path)
+    write_run_page(report, run.path)
     return path
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from harness.run.folder import RunFolder
 from harness.run.environment import environment_diff
-from harness.report.formatting import arrow, display, fmt, fmt_ci, fmt_diff, values
+from harness.report.formatting import arrow, display, fmt, fmt_ci, fmt_diff
+from harness.report.model import per_prompt_rows, values
 from harness.run.rows import BASELINE_LABEL
 from harness.report.run_data import RunData, read_run
 from harness.stats.intervals import interval, paired
@@ -195,7 +196,7 @@ def per_prompt_section(runs: list[Run]) -> list[str]:
         prompts = task_prompts(runs, task)
         for m in task_metrics(runs, task):
             md += [f"**{display(m)}**{arrow(m['higher_is_better'])}", "",
-                   per_prompt_table(per_prompt_entries(runs, task, m["name"]), prompts), ""]
+                   per_prompt_table(per_prompt_rows(per_prompt_entries(runs, task, m["name"]), prompts), prompts), ""]
     return md
 
 
@@ -212,7 +213,7 @@ def task_prompts(runs: list[Run], task: str) -> list[str]:
 
 def per_prompt_entries(runs: list[Run], task: str, metric: str) -> list[tuple[str, dict, dict]]:
     """(row name, {prompt: value}, {prompt: baseline value}) per (run, configuration) of ``task``:
-    the rows of a per-prompt table (:func:`harness.report.tables.per_prompt_table`)."""
+    a per-prompt table's, as :func:`harness.report.model.per_prompt_rows` takes them."""
     entries = []
     for r in (r for r in runs if task in r.summary["tasks"]):
         base = values(r.rows, task, BASELINE_LABEL, metric)

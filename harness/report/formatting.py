@@ -1,7 +1,7 @@
 """How report.md, report.html and ``harness compare`` write a value: numbers, a mean with its 95% interval,
 a paired difference with its word, bytes, a metric's name and direction, text from input made safe for
-Markdown or HTML, and the numbers of a per-prompt table. Every renderer formats through these, so the two
-reports never disagree on a digit."""
+Markdown or HTML, and a plot's file name. Every renderer formats through these, so the two reports never
+disagree on a digit."""
 from __future__ import annotations
 
 import html
@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from urllib.parse import quote
 
+from harness.report.values import Difference, Estimate, Metric, NonInferiority
 from harness.run.rows import num, within
 
 
@@ -39,31 +40,55 @@ def fmt_delta(x) -> str:
     return s if s.startswith("-") or s in ("0", "nan") else "+" + s
 
 
-def fmt_ci(s: dict | None, with_n: bool = True) -> str:
-    """A summary metric entry (or comparison) as 'mean ± half-width' of its 95% interval, with n;
-    'mean (n = 1)' where there is no interval."""
-    if not s or num(s.get("mean")) is None:
+def fmt_ci(s: Estimate | dict | None, with_n: bool = True) -> str:
+    """A mean with its 95% interval (an :class:`~harness.report.values.Estimate`, or a summary entry or
+    comparison as a dict) as 'mean ± half-width', with n; 'mean (n = 1)' where there is no interval."""
+    e = Estimate.of(s)
+    if e is None or e.mean is None:
         return "—"
-    ci, n = s.get("ci95"), s.get("n")
-    text = fmt(s["mean"])
-    if ci is not None and num(ci[0]) is not None and num(ci[1]) is not None:
-        text += " ± " + fmt((num(ci[1]) - num(ci[0])) / 2, 2)
-    elif n == 1:
+    text = fmt(e.mean)
+    if e.ci95 is not None and None not in e.ci95:
+        text += " ± " + fmt((e.ci95[1] - e.ci95[0]) / 2, 2)
+    elif e.n == 1:
         return text + " (n = 1)"
-    return text + (f" (n={n})" if with_n and n is not None else "")
+    return text + (f" (n={e.n})" if with_n and e.n is not None else "")
 
 
-def fmt_diff(d: dict | None, with_word: bool = True) -> str:
-    """A paired difference {mean, ci95, word, n}: '+0.012 ± 0.004 better' ('—' without one)."""
-    if not d or num(d.get("mean")) is None or math.isnan(num(d["mean"])):
+def fmt_diff(d: Difference | dict | None, with_word: bool = True) -> str:
+    """A paired difference (a :class:`~harness.report.values.Difference` or its dict {mean, ci95, word, n}):
+    '+0.012 ± 0.004 better' ('—' without one)."""
+    d = Difference.of(d)
+    if d is None or d.mean is None or math.isnan(d.mean):
         return "—"
-    ci = d.get("ci95")
-    text = fmt_delta(d["mean"])
-    if ci is not None:
-        text += " ± " + fmt((num(ci[1]) - num(ci[0])) / 2, 2)
+    text = fmt_delta(d.mean)
+    if d.ci95 is not None:
+        text += " ± " + fmt((d.ci95[1] - d.ci95[0]) / 2, 2)
     if not with_word:
         return text
-    return text + (f" {d['word']}" if d.get("word") else " (n = 1)" if d.get("n") == 1 else "")
+    return text + (f" {d.word}" if d.word else " (n = 1)" if d.n == 1 else "")
+
+
+def fmt_pct(e: Estimate | dict | None) -> str:
+    """A score in [0, 1] × 100 as RULER reports it, with its 95% interval's half-width: '93.5 ± 2.1'."""
+    e = Estimate.of(e)
+    if e is None or e.mean is None:
+        return "—"
+    return f"{100 * e.mean:.1f}" + (f" ± {100 * (e.ci95[1] - e.ci95[0]) / 2:.1f}" if e.ci95 else "")
+
+
+TESTS = {"mcnemar": "McNemar", "t": "t"}
+
+
+def fmt_test(test: str | None) -> str:
+    """The name of a comparison's test ('—' where none)."""
+    return TESTS.get(test, "—")
+
+
+def fmt_non_inferior(ni: NonInferiority | None) -> str:
+    """A non-inferiority verdict with its bound ('—' where none was tested)."""
+    if ni is None:
+        return "—"
+    return f"{ni.verdict} (bound {fmt_delta(ni.bound)})" if ni.bound is not None else ni.verdict
 
 
 def fmt_bytes(x) -> str:
@@ -77,14 +102,14 @@ def fmt_bytes(x) -> str:
         x /= 1024
 
 
-def point(s: dict) -> tuple[float, float, float] | None:
-    """(mean, error below, error above) of a summary metric entry, as a plot draws it: its 95% interval
+def point(s: Estimate | dict) -> tuple[float, float, float] | None:
+    """(mean, error below, error above) of a mean with its interval, as a plot draws it: its 95% interval
     (0 without); None where the mean is missing or not finite."""
-    mean = num(s.get("mean"))
+    e = Estimate.of(s)
+    mean = e.mean
     if mean is None or not math.isfinite(mean):
         return None
-    ci = s.get("ci95")
-    lo, hi = (num(ci[0]), num(ci[1])) if ci else (mean, mean)
+    lo, hi = e.ci95 if e.ci95 else (mean, mean)
     return mean, mean - lo, hi - mean
 
 
@@ -93,25 +118,26 @@ def arrow(higher_is_better) -> str:
     return {True: " ↑", False: " ↓"}.get(higher_is_better, "")
 
 
-def display(m: dict) -> str:
-    """A summary metric entry's display name (summaries written before display names: the name)."""
-    return m.get("display", m["name"])
+def display(m: Metric | dict) -> str:
+    """A metric's display name (summaries written before display names: the name)."""
+    return Metric.of(m).display
 
 
-def metric_title(m: dict) -> str:
-    """A summary metric entry's display name with the arrow of its direction: 'KL (nats) ↓'."""
-    return f"{display(m)}{arrow(m['higher_is_better'])}"
+def metric_title(m: Metric | dict) -> str:
+    """A metric's display name with the arrow of its direction: 'KL (nats) ↓'."""
+    m = Metric.of(m)
+    return f"{m.display}{arrow(m.higher_is_better)}"
 
 
-def verdict(p: dict) -> str:
+def verdict(p: Difference | dict) -> str:
     """The word (with †: it does not survive the Benjamini-Hochberg correction, ``word_bh``); without one,
     why: nothing paired or not finite, one cell, or an interval that holds 0."""
-    if p.get("word"):
-        return p["word"] + ("†" if p.get("word_bh") not in (None, p["word"]) else "")
-    mean = num(p.get("mean"))
-    if not p.get("n") or mean is None or not math.isfinite(mean):
+    p = Difference.of(p)
+    if p.word:
+        return p.word + ("†" if p.word_bh not in (None, p.word) else "")
+    if not p.n or p.mean is None or not math.isfinite(p.mean):
         return "not comparable"
-    return "one cell (n = 1)" if p.get("n") == 1 else "indistinguishable"
+    return "one cell (n = 1)" if p.n == 1 else "indistinguishable"
 
 
 # --- text from input ----------------------------------------------------------------------------
@@ -154,25 +180,3 @@ def plot_file(task: str, name: str) -> str:
         return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
 
     return f"{safe(task)}_{safe(name)}.png"
-
-
-# --- the numbers of a per-prompt table ----------------------------------------------------------
-def values(rows: list[dict], task: str, label: str, metric: str) -> dict:
-    """{prompt: value}; a configuration with several codec seeds gets the mean over its seeds."""
-    by_prompt: dict[str, list[float]] = {}
-    for r in rows:
-        if r["task"] == task and r["label"] == label and num(r.get(metric)) is not None:
-            by_prompt.setdefault(r["prompt"], []).append(num(r[metric]))
-    return {p: sum(v) / len(v) for p, v in by_prompt.items()}
-
-
-def per_prompt_row(vals: dict, base: dict, prompts: list[str]) -> tuple[list, list, float | None]:
-    """(value per prompt, [min, mean, max] of the finite ones, mean difference from ``base`` over
-    the prompts both have) of one per-prompt table row; None where there is nothing."""
-    xs = [num(vals.get(p)) for p in prompts]
-    finite = [x for x in xs if x is not None and not math.isnan(x)]
-    deltas = [num(vals[p]) - num(base[p]) for p in prompts
-              if num(vals.get(p)) is not None and num(base.get(p)) is not None]
-    deltas = [d for d in deltas if not math.isnan(d)]
-    stats = [min(finite), sum(finite) / len(finite), max(finite)] if finite else [None] * 3
-    return xs, stats, sum(deltas) / len(deltas) if deltas else None

@@ -3,7 +3,8 @@ rollout, from speed.jsonl (its lines: :mod:`harness.run.lines`).
 
 Reports show, per task and configuration, each figure's mean ± 95% interval over rollouts × codec
 seeds (:func:`harness.stats.intervals.interval`, a rollout in the place of a prompt, so a batch counts once,
-not once per prompt), between the markers ``BEGIN`` and ``END`` in report.md and report.html:
+not once per prompt; the report's :class:`harness.report.sections.Speed` section, whose columns, notes and
+cells are written here), between the markers ``BEGIN`` and ``END`` in report.md and report.html:
 everything outside them is byte-identical for identical rows. A run folder without speed.jsonl (written before
 it existed) shows no speed section.
 """
@@ -11,10 +12,15 @@ from __future__ import annotations
 
 import re
 
+from typing import TYPE_CHECKING
+
 from harness.report.formatting import fmt_ci
 from harness.run.folder import RunFolder
 from harness.run.rows import num, codec_seed
 from harness.stats.intervals import interval
+
+if TYPE_CHECKING:
+    from harness.report.sections import SpeedRow
 
 SPEED_NAME = RunFolder.lines_name(RunFolder.SPEED)
 #: report.md's speed sections are between these (comments: Markdown viewers show nothing of them)
@@ -71,16 +77,16 @@ NOTHING_DECODED = "nothing decoded"
 NO_PEAK = "not measured on the CPU"
 
 
-def columns(entries: list[dict]) -> list[str]:
-    unit = entries[0]["unit"] if entries else "token"
+def columns(rows: list[SpeedRow]) -> list[str]:
+    unit = rows[0].unit if rows else "token"
     return ["config", "rollouts", "sequences per rollout", "prefill s, mean ± 95%", f"decode {unit}s/s, mean ± 95%",
             "peak memory MiB, mean ± 95%", "device"]
 
 
-def notes(entries: list[dict]) -> list[str]:
+def notes(rows: list[SpeedRow]) -> list[str]:
     """The sentences under the table: what each figure is, and that it is measured."""
-    unit = entries[0]["unit"] if entries else "token"
-    shared = any(e["prefill_shared"] for e in entries)
+    unit = rows[0].unit if rows else "token"
+    shared = any(e.prefill_shared for e in rows)
     text = [f"Measured on this run's device, so it differs from one identical run to the next ({SPEED_NAME}; "
             "rows.jsonl and summary.json hold none of it). Mean ± 95% interval over rollouts × codec seeds; "
             "a batched rollout counts once, its rows sharing its figures.",
@@ -88,37 +94,21 @@ def notes(entries: list[dict]) -> list[str]:
             + (" (text: the native forward, computed once per prompt batch and shared by its rollouts, plus "
                "this cache's replay and encode of it)" if shared else "")
             + f"; *decode*: {unit}s generated after the first, over the rollout's batch, per second of decode"
-            + (f" ({NOTHING_DECODED}: teacher forcing generates none)" if any(e["decode"] is None for e in entries)
+            + (f" ({NOTHING_DECODED}: teacher forcing generates none)" if any(e.decode is None for e in rows)
                else "")
             + "; *peak memory*: torch.cuda.max_memory_allocated over the rollout, weights included"
-            + (f" ({NO_PEAK}: it has no allocator counter to read)" if any(e["peak"] is None for e in entries)
+            + (f" ({NO_PEAK}: it has no allocator counter to read)" if any(e.peak is None for e in rows)
                else "") + "."]
     return text
 
 
-def cells_text(e: dict) -> list[str]:
+def cells_text(e: SpeedRow) -> list[str]:
     """A configuration's cells as text, as both reports show them."""
-    seqs = e["sequences"]
-    return [e["label"], str(e["rollouts"]), "–".join(map(str, (seqs[0], seqs[-1]) if len(seqs) > 1 else seqs)),
-            fmt_ci(e["prefill"], with_n=False),
-            fmt_ci(e["decode"], with_n=False) if e["decode"] else NOTHING_DECODED,
-            fmt_ci(e["peak"], with_n=False) if e["peak"] else NO_PEAK, ", ".join(e["devices"]) or "—"]
-
-
-def problem_note(problem: str | None) -> list[str]:
-    """report.md's line saying why no speed is shown, between the markers ([] where none)."""
-    return [BEGIN, "", f"**Speed and memory** not shown: {problem}", "", END, ""] if problem else []
-
-
-def markdown(entries: list[dict]) -> list[str]:
-    """report.md's speed section of one task, between the markers ([] where nothing was timed)."""
-    if not entries:
-        return []
-    head = columns(entries)
-    md = [BEGIN, "", "### Speed and memory", "", *[line for n in notes(entries) for line in (n, "")],
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(cells_text(e)) + " |" for e in entries]
-    return md + ["", END, ""]
+    seqs = e.sequences
+    return [e.label, str(e.rollouts), "–".join(map(str, (seqs[0], seqs[-1]) if len(seqs) > 1 else seqs)),
+            fmt_ci(e.prefill, with_n=False),
+            fmt_ci(e.decode, with_n=False) if e.decode else NOTHING_DECODED,
+            fmt_ci(e.peak, with_n=False) if e.peak else NO_PEAK, ", ".join(e.devices) or "—"]
 
 
 def without_speed(text: str) -> str:

@@ -1,9 +1,15 @@
-"""The prose report.md and report.html both show, as Markdown lines (report.html turns them into HTML):
-the header (model, cache, codecs, rates, intervals), what a task could not measure, and the order of
-the tasks' sections."""
+"""The prose report.md and report.html both show, as Markdown lines (report.html turns them into HTML,
+:func:`harness.report.html.page.prose`): the header (model, cache, codecs, rates, intervals), what a task could
+not measure, a task's prompts, and what the tables of the sections (:mod:`harness.report.sections`) show."""
 from __future__ import annotations
 
-from harness.report.formatting import md_text
+from typing import TYPE_CHECKING
+
+from harness.report.formatting import fmt, md_text
+
+if TYPE_CHECKING:
+    from harness.report.document import Header, NotMeasured, TaskReport
+    from harness.report.sections import Breakdown, EffectiveLength
 
 INTERVALS = (
     "**Intervals.** Each value is measured per prompt and per codec seed (the codec's random draws). "
@@ -23,35 +29,27 @@ INTERVALS = (
 )
 
 
-def task_order(config: dict, summary: dict) -> list[str]:
-    """The summary's tasks in the order the run names them (config.json), then any other."""
-    order = [t for t in config.get("tasks", []) if t in summary["tasks"]]
-    return order + [t for t in summary["tasks"] if t not in order]
-
-
-def header(config: dict, m: dict, summary: dict, codecs: dict) -> list[str]:
-    """The lines under a report's title: the model (``m``: model.json's model entry), the cache, the codecs
-    (``codecs``: registry.json's, for the layers an engine keeps native), the rates, :data:`INTERVALS`, and
-    the skipped configurations."""
+def header(h: Header) -> list[str]:
+    """The lines under a report's title: the model, the cache, the codecs (and the layers an engine keeps
+    native), the rates, :data:`INTERVALS`, and the skipped configurations."""
     md = []
+    m = h.info
     if m:
-        parts = [f"{m.get('model_type', '')}".strip(), f"{m['layers']} layers" if "layers" in m else "",
-                 f"{m['q_heads']} query / {m['kv_heads']} KV heads" if "kv_heads" in m else "",
-                 f"head dim {m['head_dim']}" if "head_dim" in m else "",
-                 f"{m.get('dtype', '')} on {m.get('device', '')}" if "dtype" in m else ""]
-        md.append(f"**Model**: `{config['model']}` ({', '.join(p for p in parts if p)})"
-                  + (f", from {md_text(m['source'])}" if m.get("source") else "") + ".")
-    vb = config.get("value_bits")
-    # video and audio models keep their own native window (a frame, a scale) and say so
-    window = m.get("window_note") or m.get("cache_window") or f"the last {config['residual']} tokens"
-    engine = _engine_native_layers(config, codecs)
+        parts = [str(m.model_type or "").strip(), f"{m.layers} layers" if m.layers is not None else "",
+                 f"{m.q_heads} query / {m.kv_heads} KV heads" if m.kv_heads is not None else "",
+                 f"head dim {m.head_dim}" if m.head_dim is not None else "",
+                 f"{m.dtype} on {m.device or ''}" if m.dtype is not None else ""]
+        md.append(f"**Model**: `{h.model}` ({', '.join(p for p in parts if p)})"
+                  + (f", from {md_text(m.source)}" if m.source else "") + ".")
+    kept = "; ".join(f"{n}: {list(layers)}" for n, layers in h.engine_layers)
+    engine = f" (and by their engines' rule, layers {kept})" if kept else ""
     md += [
-        f"**Cache**: native window of {window}; protected layers: {config['protect']}{engine}; "
-        f"values quantized per token in groups of {config['value_group']} at "
-        f"{'the key bit width' if vb is None else f'{vb} bits'}; keys read through each codec's "
-        f"{'score estimator' if config['attend'] == 'score' else 'reconstruction'}; prompt seed {config['seed']}, "
-        f"codec seeds {', '.join(map(str, config.get('codec_seeds', [0])))}.",
-        f"**Codecs**: {', '.join(config['codecs'])} at bits {', '.join(map(str, config['bits']))}; "
+        f"**Cache**: native window of {h.window}; protected layers: {h.protect}{engine}; "
+        f"values quantized per token in groups of {h.value_group} at "
+        f"{'the key bit width' if h.value_bits is None else f'{h.value_bits} bits'}; keys read through each codec's "
+        f"{'score estimator' if h.score_estimator else 'reconstruction'}; prompt seed {h.seed}, "
+        f"codec seeds {', '.join(map(str, h.codec_seeds))}.",
+        f"**Codecs**: {', '.join(h.codecs)} at bits {', '.join(map(str, h.bits))}; "
         "baseline = the uncompressed cache (label `none`, run through the same cache path, so it must match the native "
         "model exactly).",
         "",
@@ -63,33 +61,63 @@ def header(config: dict, m: dict, summary: dict, codecs: dict) -> list[str]:
         INTERVALS,
         "",
     ]
-    if summary.get("skipped"):
+    if h.skipped:
         md.append("**Skipped** (the codec rejects this bit width or head dim):")
-        md += [f"- `{s['label']}`: {s['reason']}" for s in summary["skipped"]]
+        md += [f"- `{label}`: {reason}" for label, reason in h.skipped]
         md.append("")
     return md
 
 
-def _engine_native_layers(config: dict, codecs: dict) -> str:
-    """'' or ' (and by their engines' rule, layers ...)' for the codecs that keep layers uncompressed by
-    themselves (vLLM's TurboQuant presets: the first and last two)."""
-    kept = []
-    for n in dict.fromkeys(str(c).partition("@")[0] for c in config.get("codecs", [])):
-        native = (codecs.get(n) or {}).get("native_layers")
-        if native:
-            kept.append(f"{n}: {sorted(native)}")
-    return f" (and by their engines' rule, layers {'; '.join(kept)})" if kept else ""
+def speed_problem(h: Header) -> list[str]:
+    """The line saying why no speed is shown ([] where none); each page puts it between the speed markers."""
+    return [f"**Speed and memory** not shown: {h.speed_problem}"] if h.speed_problem else []
 
 
-def unavailable(rows: list[dict]) -> list[str]:
+def not_measured(n: NotMeasured) -> list[str]:
     """What a task could not measure, and why (e.g. LPIPS without its backbone weights): a '—' in
     the tables is never silent."""
-    reasons: dict[str, set[str]] = {}
-    for r in rows:
-        for what, why in (r.get("unavailable") or {}).items():
-            reasons.setdefault(what, set()).add(str(why))
-    if not reasons:
-        return []
     md = ["## Not measured", ""]
-    md += [f"- **{what}**: " + "; ".join(sorted(whys)) for what, whys in sorted(reasons.items())]
+    md += [f"- **{what}**: " + "; ".join(whys) for what, whys in n.reasons]
     return md + [""]
+
+
+def prompts_line(t: TaskReport) -> str:
+    """A task's prompts and codec seeds, in Markdown (prompt ids escaped)."""
+    return (f"{len(t.prompts)} prompt(s): " + ", ".join(md_text(p) for p in t.prompts)
+            + f"; codec seed(s) {', '.join(map(str, t.seeds))} (a codec without random draws runs once).")
+
+
+# --- what each section's table shows, in words -----------------------------------------------------------
+RANKING = ("Per bit width, best mean first; rank = 1 + the configurations significantly better "
+           "(paired, 95%), so configurations no comparison tells apart share a rank.")
+FRONT = ("On the front unless a configuration storing no more cache bits per coordinate is "
+         "significantly better (paired, 95%).")
+
+
+def pairs_note(comparisons: int | None) -> str:
+    return ("A − B on the prompts and codec seeds both have, ± its 95% interval; the word says what A is (a "
+            "pass/fail metric: McNemar's exact test on the discordant pairs, Newcombe's interval); *q*: its "
+            f"Benjamini–Hochberg adjusted p-value across the {comparisons or 'all'} comparisons this report makes on "
+            "this metric, † where the word does not survive that correction.")
+
+
+def detectable_note(margin: float | None) -> str:
+    return ("*smallest detectable Δ*: the true difference these prompts and codec seeds would tell apart from the "
+            "baseline with 80% power at 5% (paired t; McNemar's normal approximation for a pass/fail metric): an "
+            "*indistinguishable* config may still differ by less."
+            + (f" *non-inferior*: the one-sided 95% bound of Δ is within the margin δ = {fmt(margin)} (`--margin`)."
+               if margin is not None else ""))
+
+
+def breakdown_note(b: Breakdown) -> str:
+    return (f"Mean × 100 ± 95% over the prompts and codec seeds of each column; *average*: over {b.keys[0]}, as "
+            "RULER averages its tasks (per repeat and seed, then the interval).")
+
+
+def effective_note(e: EffectiveLength) -> str:
+    share = f"{e.threshold:.0%}"
+    return (f"*effective*: the longest context up to which the configuration's mean {e.metric} stays at or above "
+            f"{share} of the baseline's at the same length (NoLiMa's definition); *shown*: up to which the 95% "
+            f"interval of score − {share} × baseline lies above 0 at every length (what the data establishes); "
+            "*possible*: up to which it never lies below (what the data does not rule out). Per length: score ÷ "
+            "baseline.")

@@ -1,10 +1,11 @@
 """report.html: the run's report as one page to look at, beside report.md.
 
-Written from the same loaded run and summary as report.md, byte-identical for identical runs, and
+Written from the same report as report.md (:func:`harness.report.model.build_report`: every section of the one
+is in the other), byte-identical for identical runs outside its speed sections, and
 self-contained: no network; the page's style and script inline, plotly.js in ``plotly.min.js``
 beside it, media (MP4s, WAVs, PNGs) referenced by their paths in the run folder.
 
-- :func:`write_run_page` (``run_page.py``): report.html of a run folder; ``harness run`` and
+- :func:`write_run_page` (``run_page.py``): report.html of a run's report; ``harness run`` and
   ``harness report`` write it beside report.md (:func:`harness.report.build.write_reports`).
 - :func:`write_compare_page` (``compare_page.py``): ``harness compare ... --html PAGE``.
 - ``plots.py``: the plotly figures; ``media.py``: the synchronized video players and the audio

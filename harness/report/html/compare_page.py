@@ -10,6 +10,8 @@ from urllib.parse import quote
 from harness.report.compare import Run, load_checked, notes, pair_runs, per_prompt_entries, task_metrics, task_prompts
 from harness.report.formatting import display, metric_title
 from harness.report.html import plots
+from harness.report.model import per_prompt_rows, rate_figure
+from harness.report.values import Metric
 from harness.report.html.page import cell, diff_cell, inline, mean_cell, number, per_prompt, render, slug, table, word_cell
 from harness.run.folder import RunFolder
 
@@ -37,14 +39,16 @@ def _paired(a: Run, b: Run) -> dict:
 
 
 def _task(runs: list[Run], task: str) -> dict:
-    series_of = [(r.name, r.summary["tasks"][task]["groups"]) for r in runs if task in r.summary["tasks"]]
-    metrics = task_metrics(runs, task)
-    plot_list = [plots.rate_quality(m, series_of, slug("plot", task, m["name"]),
-                                    f"{task}: {display(m)}, mean and 95% interval per run") for m in metrics]
+    metrics = [Metric.of(m) for m in task_metrics(runs, task)]
+    plot_list = [plots.rate_quality(m, [(r.name, rate_figure(task, m, r.summary["tasks"][task]["groups"]))
+                                        for r in runs if task in r.summary["tasks"]],
+                                    slug("plot", task, m.name), f"{task}: {display(m)}, mean and 95% interval per run")
+                 for m in metrics]
     prompts = task_prompts(runs, task)
     return {"name": task, "id": slug("task", task), "plots": [p for p in plot_list if p],
             "per_prompt": [(metric_title(m),
-                            per_prompt(per_prompt_entries(runs, task, m["name"]), prompts)) for m in metrics]}
+                            per_prompt(per_prompt_rows(per_prompt_entries(runs, task, m.name), prompts), prompts))
+                           for m in metrics]}
 
 
 def write_compare_page(run_dirs: list[Path], path: Path) -> Path:

@@ -1,7 +1,7 @@
-"""The media of report.html, per task and prompt, from the artifacts the rows reference (paths
-relative to the run folder, never inlined). A task declares which of its artifact keys fill which role
-of a kind of section (``Task.media``, stored in registry.json: :mod:`harness.report.run_data`); the kinds and
-their roles (:data:`ROLES`):
+"""The media of report.html, per task and prompt, from the artifacts the rows reference (a task's
+:class:`~harness.report.sections.Outputs`: paths relative to the run folder, never inlined). A task declares
+which of its artifact keys fill which role of a kind of section (``Task.media``, stored in registry.json:
+:mod:`harness.report.run_data`); the kinds and their roles (:data:`ROLES`):
 
 - ``video``: the ``baseline``'s and each codec's (``player``) MP4 as players that play, pause, step and
   seek together, the per-frame drift curves under them (``curves``: JSON files; clicking a frame seeks
@@ -20,9 +20,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 from harness.run.input_files import read_json
-from harness.run.rows import BASELINE_LABEL, codec_seed, num, within
+from harness.run.rows import BASELINE_LABEL, within
 from harness.report.formatting import display, fmt
 from harness.report.html import plots
+from harness.report.sections import OutputRow, Outputs, PromptOutputs
 
 #: the roles of each kind of section, which a task's ``media`` maps to its artifact keys
 ROLES = {"video": ("baseline", "player", "curves", "stills"), "audio": ("baseline", "player", "image", "curves")}
@@ -67,35 +68,34 @@ class Media:
         return None if path is None else read_json(path, dict, "an artifact")
 
 
-def _latest(rows: list[dict]) -> dict[str, dict]:
+def _latest(rows: tuple[OutputRow, ...]) -> dict[str, OutputRow]:
     """{label: its last row}: the artifacts of a label are rewritten by each of its codec seeds, so
     the files on disk are the last row's."""
-    return {r["label"]: r for r in rows}
+    return {r.label: r for r in rows}
 
 
-def _caption(r: dict, metrics: list[dict]) -> str:
-    parts = [f"{display(m)} {fmt(r.get(m['name']))}" for m in metrics if num(r.get(m["name"])) is not None]
-    return " · ".join(parts)
+def _caption(r: OutputRow) -> str:
+    return " · ".join(f"{display(m)} {fmt(v)}" for m, v in r.values)
 
 
-def _seed_note(rows: list[dict]) -> str:
-    seeds = sorted({codec_seed(r) for r in rows})
+def _seed_note(rows: tuple[OutputRow, ...]) -> str:
+    seeds = sorted({r.seed for r in rows})
     if len(seeds) < 2:
         return ""
     return f"Codec seeds {', '.join(map(str, seeds))} write the same files: shown are the last seed's."
 
 
-def video_section(media: Media, prompt: str, rows: list[dict], metrics: list[dict], div_id: str,
-                  keys: dict[str, str]) -> dict:
+def video_section(media: Media, p: PromptOutputs, div_id: str, keys: dict[str, str]) -> dict:
     """``keys``: {role: artifact key} (:data:`ROLES`)."""
+    rows = p.rows
     latest = _latest(rows)
-    base_row = next((r for r in rows if r.get("artifacts", {}).get(keys.get("baseline"))), None)
+    base_row = next((r for r in rows if r.files.get(keys.get("baseline"))), None)
     players = []
-    if base_row is not None and (src := media.src(base_row["artifacts"][keys["baseline"]])):
+    if base_row is not None and (src := media.src(base_row.files[keys["baseline"]])):
         players.append({"label": "baseline (uncompressed)", "src": src, "caption": ""})
     drift, sheets, text, frames = {}, [], None, None
     for label, r in latest.items():
-        arts = r.get("artifacts") or {}
+        arts = r.files
         d = media.json(arts.get(keys.get("curves")))
         if d is not None:
             text, frames = d.get("prompt", text), d.get("pixel_frames", frames)
@@ -104,62 +104,59 @@ def video_section(media: Media, prompt: str, rows: list[dict], metrics: list[dic
         if label == BASELINE_LABEL:
             continue
         if src := media.src(arts.get(keys.get("player"))):
-            players.append({"label": label, "src": src, "caption": _caption(r, metrics)})
+            players.append({"label": label, "src": src, "caption": _caption(r)})
         if src := media.src(arts.get(keys.get("stills"))):
             sheets.append({"label": label, "src": src})
     frame_counts = [len(next((c[k] for c in drift.values() if c.get(k)), [])) for k, _ in DRIFT_PANELS
                     if any(c.get(k) for c in drift.values())]
-    return {"kind": "video", "prompt": prompt, "text": text, "players": players, "frames": frames,
+    return {"kind": "video", "prompt": p.prompt, "text": text, "players": players, "frames": frames,
             "plot": plots.curves(DRIFT_PANELS, drift, div_id, "frame"), "plot_id": div_id,
             "plot_frames": frame_counts, "sheets": sheets, "note": _seed_note(rows)}
 
 
-def audio_section(media: Media, prompt: str, rows: list[dict], metrics: list[dict], div_id: str,
-                  keys: dict[str, str]) -> dict:
+def audio_section(media: Media, p: PromptOutputs, div_id: str, keys: dict[str, str]) -> dict:
     """``keys``: {role: artifact key} (:data:`ROLES`)."""
+    rows = p.rows
     latest = _latest(rows)
-    base_row = next((r for r in rows if r.get("artifacts", {}).get(keys.get("baseline"))), None)
+    base_row = next((r for r in rows if r.files.get(keys.get("baseline"))), None)
     players = []
-    if base_row is not None and (src := media.src(base_row["artifacts"][keys["baseline"]])):
+    if base_row is not None and (src := media.src(base_row.files[keys["baseline"]])):
         players.append({"label": "baseline (uncompressed)", "src": src, "caption": "", "image": None})
     scales = {}
     for label, r in latest.items():
-        arts = r.get("artifacts") or {}
+        arts = r.files
         c = media.json(arts.get(keys.get("curves")))
         if c is not None and label != BASELINE_LABEL:
             scales[label] = c
         if label != BASELINE_LABEL and (src := media.src(arts.get(keys.get("player")))):
-            players.append({"label": label, "src": src, "caption": _caption(r, metrics),
+            players.append({"label": label, "src": src, "caption": _caption(r),
                             "image": media.src(arts.get(keys.get("image")))})
-    return {"kind": "audio", "prompt": prompt, "text": None, "players": players,
+    return {"kind": "audio", "prompt": p.prompt, "text": None, "players": players,
             "plot": plots.curves(SCALE_PANELS, scales, div_id, "scale"), "plot_id": div_id,
             "note": _seed_note(rows)}
 
 
-def links_section(media: Media, prompt: str, rows: list[dict]) -> dict:
+def links_section(media: Media, p: PromptOutputs) -> dict:
     items = []
-    for label, r in _latest(rows).items():
-        links = [(name, media.src(rel)) for name, rel in (r.get("artifacts") or {}).items()]
+    for label, r in _latest(p.rows).items():
+        links = [(name, media.src(rel)) for name, rel in r.artifacts]
         items.append({"label": label, "links": [(n, s) for n, s in links if s]})
-    return {"kind": "links", "prompt": prompt, "items": items}
+    return {"kind": "links", "prompt": p.prompt, "items": items}
 
 
 SECTIONS = {"video": video_section, "audio": audio_section}
 
 
-def sections(media: Media, task: str, rows: list[dict], metrics: list[dict], id_prefix: str,
-             declared: dict[str, dict[str, str]]) -> list[dict]:
-    """One media section per prompt of ``task`` that has artifacts, in row order; ``declared``: the media the
-    task declares, {kind: {role: artifact key}}: a prompt's section is the first kind whose keys its rows'
-    artifacts hold, else links."""
-    with_art = [r for r in rows if r["task"] == task and isinstance(r.get("artifacts"), dict) and r["artifacts"]]
+def sections(media: Media, outputs: Outputs, id_prefix: str) -> list[dict]:
+    """One media section per prompt of ``outputs`` (a task's), in row order: the first kind the task declares
+    ({kind: {role: artifact key}}) whose keys its rows' artifacts hold, else links."""
     out = []
-    for i, prompt in enumerate(dict.fromkeys(r["prompt"] for r in with_art)):
-        prows = [r for r in with_art if r["prompt"] == prompt]
-        keys = {k for r in prows for k in r["artifacts"]}
+    for i, p in enumerate(outputs.prompts):
+        keys = {k for r in p.rows for k, _ in r.artifacts}
+        declared = p.declared
         kind = next((k for k, roles in declared.items() if k in SECTIONS and keys & set(roles.values())), None)
         if kind is None:
-            out.append(links_section(media, prompt, prows))
+            out.append(links_section(media, p))
         else:
-            out.append(SECTIONS[kind](media, prompt, prows, metrics, f"{id_prefix}-media-{i}", declared[kind]))
+            out.append(SECTIONS[kind](media, p, f"{id_prefix}-media-{i}", declared[kind]))
     return out

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from harness.run.folder import RunFolder
 from harness.run.rows import atomic_write, num
-from harness.report.formatting import fmt, fmt_ci, fmt_delta, fmt_diff, per_prompt_row
+from harness.report.formatting import fmt, fmt_ci, fmt_delta, fmt_diff
+from harness.report.sections import PerPromptRow
+from harness.report.values import Difference, Estimate
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,19 +40,21 @@ def word_class(word) -> str | None:
     return {"better": "better", "worse": "worse", "indistinguishable": "same"}.get(word)
 
 
-def mean_cell(s: dict | None) -> dict:
-    """A summary metric entry (or comparison side) as 'mean ± h', sorting by the mean."""
-    return cell(fmt_ci(s, with_n=False), s.get("mean") if s else None)
+def mean_cell(s: Estimate | dict | None) -> dict:
+    """A mean with its interval (or a comparison side) as 'mean ± h', sorting by the mean."""
+    e = Estimate.of(s)
+    return cell(fmt_ci(e, with_n=False), e.mean if e else None)
 
 
-def interval_cell(s: dict | None) -> dict:
-    ci = (s or {}).get("ci95")
+def interval_cell(s: Estimate | None) -> dict:
+    ci = s.ci95 if s else None
     return cell(f"[{fmt(ci[0])}, {fmt(ci[1])}]", ci[0]) if ci else cell("—")
 
 
-def diff_cell(d: dict | None, with_word: bool = True) -> dict:
+def diff_cell(d: Difference | dict | None, with_word: bool = True) -> dict:
     """A paired difference '+0.012 ± 0.004 better', coloured by its word."""
-    return cell(fmt_diff(d, with_word=with_word), (d or {}).get("mean"), word_class((d or {}).get("word")))
+    d = Difference.of(d)
+    return cell(fmt_diff(d, with_word=with_word), d.mean if d else None, word_class(d.word if d else None))
 
 
 def word_cell(word) -> dict:
@@ -61,13 +65,11 @@ def table(head: list[str], rows: list[list[dict]], caption: str | None = None, c
     return {"head": head, "rows": rows, "caption": caption, "cls": cls}
 
 
-def per_prompt(entries: list[tuple[str, dict, dict]], prompts: list[str]) -> dict:
-    """The per-prompt table of :func:`harness.report.tables.per_prompt_table`, sortable."""
-    rows = []
-    for name, vals, base in entries:
-        xs, stats, delta = per_prompt_row(vals, base, prompts)
-        rows.append([cell(name), *(number(x) for x in xs), *(number(s) for s in stats), cell(fmt_delta(delta), delta)])
-    return table(["config", *prompts, "min", "mean", "max", "Δ mean vs baseline"], rows, cls="per-prompt")
+def per_prompt(rows: tuple[PerPromptRow, ...], prompts: list[str]) -> dict:
+    """A per-prompt table (:func:`harness.report.model.per_prompt_rows`), sortable."""
+    body = [[cell(r.label), *(number(x) for x in r.values), number(r.min), number(r.mean), number(r.max),
+             cell(fmt_delta(r.delta), r.delta)] for r in rows]
+    return table(["config", *prompts, "min", "mean", "max", "Δ mean vs baseline"], body, cls="per-prompt")
 
 
 # --- the report's Markdown prose ----------------------------------------------------------------------

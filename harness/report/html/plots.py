@@ -5,7 +5,10 @@ page loads plotly.js once (``plotly.min.js`` beside it, :mod:`harness.report.htm
 - :func:`rate_quality`: a metric's mean against the true key bits per coordinate, one trace per
   codec (and run, in ``harness compare``), the 95% intervals as error bars, the baseline dashed;
   hovering a point shows the configuration, its value ± interval, the interval, its bytes and its
-  paired difference from the baseline.
+  paired difference from the baseline (a :class:`~harness.report.sections.RateFigure`, which report.md
+  draws as a PNG).
+- :func:`effective_length`: the score against context length of an
+  :class:`~harness.report.sections.EffectiveLength` section, as report.md's PNG.
 - :func:`curves`: small multiples of per-step series, one trace per configuration: the video
   task's per-frame drift and the audio task's per-scale teacher-forced curves.
 """
@@ -18,7 +21,9 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from harness.report.formatting import display, fmt, fmt_bytes, fmt_ci, fmt_diff, metric_title, point
-from harness.run.rows import BASELINE_LABEL, num
+from harness.report.sections import EffectiveLength, RateFigure, RatePoint, log_axis
+from harness.report.values import Metric
+from harness.run.rows import num
 
 CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -47,12 +52,12 @@ def _finite(x) -> float | None:
 
 
 # --- rate against quality ---------------------------------------------------------------------------
-def _hover(g: dict, s: dict) -> list[str]:
+def _hover(p: RatePoint, baseline: bool) -> list[str]:
     """customdata of one point: config, mean ± h (n), [lo, hi], key bits/coord, cache bytes, Δ."""
-    ci = s.get("ci95")
+    ci = p.estimate.ci95
     interval = f"[{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "— (n = 1)"
-    return [g["label"], fmt_ci(s), interval, fmt(g.get("bits_per_coord"), 4), fmt_bytes(g.get("cache_bytes")),
-            fmt_diff(s.get("delta")) if g["label"] != BASELINE_LABEL else "(the baseline)"]
+    return [p.label, fmt_ci(p.estimate), interval, fmt(p.x, 4), fmt_bytes(p.cache_bytes),
+            "(the baseline)" if baseline else fmt_diff(p.delta)]
 
 
 HOVER = ("<b>%{customdata[0]}</b><br>%{meta}: %{customdata[1]}<br>95% interval: %{customdata[2]}"
@@ -60,24 +65,15 @@ HOVER = ("<b>%{customdata[0]}</b><br>%{meta}: %{customdata[1]}<br>95% interval: 
          "<extra>%{fullData.name}</extra>")
 
 
-def rate_quality(m: dict, series: list[tuple[str, list[dict]]], div_id: str, title: str) -> str | None:
-    """Metric ``m`` (a summary metric entry) against true key bits per coordinate for each
-    (name, summary groups) of ``series`` (one run: name ""; compare: one per run). None if no
-    configuration has a finite mean."""
+def rate_quality(m: Metric, series: list[tuple[str, RateFigure]], div_id: str, title: str) -> str | None:
+    """Metric ``m`` against true key bits per coordinate, one :class:`~harness.report.sections.RateFigure` per
+    (name, figure) of ``series`` (one run: name ""; compare: one per run). None if no codec has a point."""
     traces, baselines, colors = [], [], {}
-    for k, (name, groups) in enumerate(series):
-        by_codec: dict[str, list[tuple]] = {}
-        for g in groups:
-            s = g["metrics"].get(m["name"])
-            pt = point(s) if s is not None else None
-            if pt is None:
-                continue
-            if g["label"] == BASELINE_LABEL:
-                baselines.append((name, pt[0], _hover(g, s)))
-            elif _finite(g.get("bits_per_coord")) is not None:
-                by_codec.setdefault(g["codec"], []).append((num(g["bits_per_coord"]), pt, _hover(g, s)))
-        for codec, pts in by_codec.items():
-            pts.sort(key=lambda p: p[0])
+    for k, (name, f) in enumerate(series):
+        if f.baseline is not None:
+            baselines.append((name, f.baseline.estimate.mean, _hover(f.baseline, True)))
+        for codec, points in f.codecs:
+            pts = [(p.x, point(p.estimate), _hover(p, False)) for p in points]
             color = colors.setdefault(codec, COLORS[len(colors) % len(COLORS)])
             traces.append(dict(
                 x=[p[0] for p in pts], y=[p[1][0] for p in pts], customdata=[p[2] for p in pts],
@@ -88,9 +84,7 @@ def rate_quality(m: dict, series: list[tuple[str, list[dict]]], div_id: str, tit
                 marker={"symbol": SYMBOLS[k % len(SYMBOLS)], "size": 8, "color": color}, hovertemplate=HOVER))
     if not traces:
         return None
-    # a log axis where the registry says so and every point, error bar included, can go on it
-    log = m.get("scale") == "log" and all(y - lo > 0 for t in traces
-                                          for y, lo in zip(t["y"], t["error_y"]["arrayminus"]))
+    log = log_axis(m, [f for _, f in series])
     xs = [x for t in traces for x in t["x"]]
     fig = go.Figure([go.Scatter(t) for t in traces])
     for k, (name, base, hover) in enumerate(baselines):
@@ -100,13 +94,42 @@ def rate_quality(m: dict, series: list[tuple[str, list[dict]]], div_id: str, tit
             x=[min(xs), max(xs)], y=[base, base], customdata=[hover, hover], mode="lines", meta=display(m),
             name=f"{name}: baseline" if name else "baseline (uncompressed)", hovertemplate=HOVER,
             line={"color": "black", "dash": DASHES[(k + 2) % len(DASHES)], "width": 1}))
-    direction = {True: " (higher is better)", False: " (lower is better)"}.get(m["higher_is_better"], "")
+    direction = {True: " (higher is better)", False: " (lower is better)"}.get(m.higher_is_better, "")
     # the title on the left, clear of the mode bar on the right
     fig.update_layout(_layout(title={"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
                               hovermode="closest",
                               xaxis={**AXIS, "title": {"text": "true bits per key coordinate (from stored bytes)"}},
                               yaxis={**AXIS, "title": {"text": metric_title(m) + direction},
                                      "type": "log" if log else "linear"}))
+    return snippet(fig, div_id, 430)
+
+
+# --- score against context length ---------------------------------------------------------------------
+def effective_length(e: EffectiveLength, div_id: str) -> str | None:
+    """The task's score against context length, one line per configuration, the baseline dashed and the
+    threshold's share of it dotted (report.md's PNG of the same section). None without the baseline's points."""
+    if not e.baseline:
+        return None
+    fig = go.Figure()
+    for i, c in enumerate(e.configs):
+        pts = [(p.context, p.score, fmt(p.ratio, 3)) for p in c.points if p.score is not None]
+        fig.add_trace(go.Scatter(
+            x=[p[0] for p in pts], y=[p[1] for p in pts], customdata=[p[2] for p in pts], mode="lines+markers",
+            name=c.label, line={"color": COLORS[i % len(COLORS)], "width": 1.5},
+            marker={"symbol": SYMBOLS[i % len(SYMBOLS)], "size": 8},
+            hovertemplate=f"<b>{c.label}</b><br>context %{{x}}: %{{y}}<br>score ÷ baseline: %{{customdata}}"
+                          "<extra></extra>"))
+    xs, ys = [x for x, _ in e.baseline], [y for _, y in e.baseline]
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name="baseline (uncompressed)",
+                             line={"color": "black", "dash": "dash", "width": 1}))
+    fig.add_trace(go.Scatter(x=xs, y=[e.threshold * y for y in ys], mode="lines",
+                             name=f"{e.threshold:.0%} of the baseline", line={"color": "black", "dash": "dot",
+                                                                               "width": 1}))
+    fig.update_layout(_layout(title={"text": f"{e.task}: {e.metric} against context length", "font": {"size": 14},
+                                     "x": 0.01, "xanchor": "left"}, hovermode="closest",
+                              xaxis={**AXIS, "title": {"text": "context length (tokens)"}, "type": "log",
+                                     "tickvals": list(e.contexts), "ticktext": [str(c) for c in e.contexts]},
+                              yaxis={**AXIS, "title": {"text": e.metric}}))
     return snippet(fig, div_id, 430)
 
 

@@ -151,7 +151,7 @@ def test_the_pipeline_runs_one_way():
                         else set(), "harness.report.summary")
     # the renderers: report.md's and report.html's never import each other, nor anything upstream of the summary
     html = [m for m in graph if m.startswith("harness.report.html")]
-    markdown = ["harness.report.markdown", "harness.report.tables"]
+    markdown = ["harness.report.markdown", "harness.report.tables", "harness.report.png_plots"]
     for m in markdown:
         assert not _reaches(graph[m], "harness.report.html"), m
     for m in html:
@@ -159,3 +159,8 @@ def test_the_pipeline_runs_one_way():
     for m in [*markdown, *html]:
         for upstream in ("harness.report.summary", "harness.report.run_data", "harness.tasks", "metrics"):
             assert not _reaches(graph[m], upstream), (m, upstream)
+    # the report's content, which both render: made from the summary alone, rendering nothing itself
+    for m in ("harness.report.model", "harness.report.document", "harness.report.sections", "harness.report.values"):
+        for other in ("harness.report.summary", "harness.report.run_data", "harness.tasks", "metrics",
+                      "harness.report.html", *markdown):
+            assert not _reaches(graph[m], other), (m, other)
