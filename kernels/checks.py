@@ -38,6 +38,16 @@ class DeferredFinite:
         raise ValueError(f"{what}{where} contained non-finite values (found after the step that encoded them). Check "
                          f"the model's activations (fp16 overflow?) before compressing them.")
 
+    def reset(self) -> None:
+        """Forget what was noted, in place (the flags keep their tensors: a CUDA graph writes them)."""
+        for m in self._max.values():
+            m.zero_()
+
+    def merge_into(self, other: "DeferredFinite") -> None:
+        """Note in ``other`` what this one noted (no sync)."""
+        for what, m in self._max.items():
+            other.note(m, what)
+
     def fork(self) -> "DeferredFinite":
         other = DeferredFinite()
         other._max = {w: m.clone() for w, m in self._max.items()}  # noted in place: not shared

@@ -121,6 +121,26 @@ class EncodedStore:
             new[k] = buf
         self._buf, self._cap, self._shared = new, cap, False
 
+    def allocate(self, tokens: int, like: Encoded) -> None:
+        """Buffers of our own, zeroed, for exactly ``tokens`` tokens per sequence, shaped like ``like``'s fields
+        (an empty store: the buffers a pooled graphed decode keeps across rollouts, :mod:`adapters.cache.static_kv`)."""
+        if self._buf:
+            raise RuntimeError("allocate() makes the buffers of an empty store")
+        self._ratio = {k: (t.shape[-2], like.num_tokens) for k, t in like.tensors.items()}
+        self._tail, self._dtype = tuple(like.shape[-1:]), like.dtype
+        self._reserve(tokens, like, exact=True)
+
+    def load(self, state: Encoded) -> None:
+        """Hold exactly ``state``'s tokens (fields [B, H, rows, k], every sequence the same count), written
+        over the first rows of the buffers (within the capacity; the rows after keep what they held)."""
+        n = state.num_tokens
+        if n > self._cap:
+            raise ValueError(f"{n} tokens loaded into a store with room for {self._cap}")
+        for k, t in state.tensors.items():
+            self._buf[k][:, :, :t.shape[-2]].copy_(t)
+        self.tokens = [n] * self.batch
+        self.version += 1
+
     def reserve(self, tokens: int) -> None:
         """Buffers of our own with room for exactly ``tokens`` tokens per sequence (at least what
         they hold): a graphed decode then writes every step in place (:meth:`write_at`)."""

@@ -49,6 +49,7 @@ class RolloutClock:
         self.prefill_shared = False
         self.decode_s: float | None = None
         self.decode_units = 0
+        self.capture_s = 0.0  # warming up and capturing graphed decode steps, inside the decode's time
         self.peak_bytes: int | None = None
         self._t0 = self._t_decode = 0.0
 
@@ -72,10 +73,16 @@ class RolloutClock:
     def decode_start(self) -> None:
         self._t_decode = wall(self.devices, self.clock)
 
+    def captured(self, seconds: float) -> None:
+        """``seconds`` of the decode went to warming up and capturing graphed steps (measured, synced):
+        a one-time cost per configuration and batch shape, reported apart from the decode rate."""
+        self.capture_s += seconds
+
     def decode_done(self, units: int) -> None:
         """After the last decode step; ``units``: what the decode generated (every sequence's,
-        the first token, which the prefill's logits give, not counted)."""
-        self.decode_s = wall(self.devices, self.clock) - self._t_decode
+        the first token, which the prefill's logits give, not counted). The decode's time leaves out
+        what :meth:`captured` took."""
+        self.decode_s = wall(self.devices, self.clock) - self._t_decode - self.capture_s
         self.decode_units = int(units)
 
     def stop(self) -> None:
@@ -93,10 +100,11 @@ class RolloutClock:
 
     def record(self) -> dict:
         """{sequences, prefill_s, prefill_shared, decode_s, decode_units, decode_unit, decode_per_s,
-        peak_bytes}: the figures of this rollout (None where not measured)."""
+        capture_s, peak_bytes}: the figures of this rollout (None where not measured)."""
         return {"sequences": self.sequences, "prefill_s": self.prefill_s, "prefill_shared": self.prefill_shared,
                 "decode_s": self.decode_s if self.decode_units else None, "decode_units": self.decode_units,
-                "decode_unit": self.unit, "decode_per_s": self.decode_per_s, "peak_bytes": self.peak_bytes}
+                "decode_unit": self.unit, "decode_per_s": self.decode_per_s, "capture_s": self.capture_s,
+                "peak_bytes": self.peak_bytes}
 
 
 class _Off(RolloutClock):
@@ -112,6 +120,9 @@ class _Off(RolloutClock):
         pass
 
     def decode_start(self) -> None:
+        pass
+
+    def captured(self, seconds: float) -> None:
         pass
 
     def decode_done(self, units: int) -> None:

@@ -4,11 +4,15 @@ every layer of a step shares, :class:`StaticCounters`.
 A CUDA graph replays fixed kernels on fixed addresses, so one captured decode step can stand for
 every later step only if nothing it reads or writes moves and nothing it decides is read on the
 host. The eager layer (:class:`adapters.cache.layer_kv.LayerKV`) grows its tensors and keeps its lengths
-in Python lists. Here, for the next ``steps`` single-token steps of an equal-length batch:
+in Python lists. A :class:`StaticKV` holds buffers of its own for up to ``capacity`` tokens of an
+equal-length batch, made once and kept across rollouts (a graph captured over them serves every
+rollout of its configuration and batch shape that fits: :mod:`adapters.hf.graphed_decode`): a rollout
+copies its layer in (:meth:`StaticKV.load`), takes its single-token steps there, and takes the steps'
+tokens back (:meth:`StaticKV.unload`), leaving its layer as the same steps run eagerly would have:
 
-- a codec layer's committed states stay in its store's buffers, reserved for every token the steps
-  will commit (:meth:`adapters.cache.encoded_store.EncodedStore.reserve`) and read as one fixed view of
-  that many tokens by per-sequence lengths held on the device. Its native window is a ring of R + 1
+- a codec layer's committed states sit in a store of its own (:class:`adapters.cache.encoded_store.EncodedStore`
+  of ``capacity`` tokens), read as one fixed view of that many tokens by per-sequence lengths held on
+  the device. Its native window is a ring of R + 1
   slots: a step writes its token into the free slot, attends through the same decode kernel the
   eager step takes (``path``), and commits the oldest token (encoded by the codec exactly as the
   eager commit encodes it) at the device position, which frees its slot for the next step: the
@@ -19,13 +23,12 @@ in Python lists. Here, for the next ``steps`` single-token steps of an equal-len
   (QJL, TurboQuant-prod, OCTOPUS-QJL without a kernel) the keys are kept decoded in float32, whose
   dot products are the estimator's scores to float rounding (``<q, decode(k)>``: a test checks it),
   rather than unpacking every key's sketch again at each step;
-- a native layer's keys and values sit in [B, Hkv, T0 + steps, d] buffers, written at the step's
+- a native layer's keys and values sit in [B, Hkv, capacity, d] buffers, written at the step's
   column and read through SDPA with a mask built on the device from it.
 
 Outputs equal the eager step's to float rounding, not bit for bit: the kernels read a longer view
 (masked by lengths) and the window in ring order, which orders their reductions differently, and
-SDPA reads a masked buffer rather than the exact history. :meth:`StaticKV.write_back` hands the layer
-back to the eager cache as the same steps run eagerly would have left it (its tokens, lengths and window).
+SDPA reads a masked buffer rather than the exact history.
 """
 from __future__ import annotations
 
@@ -34,6 +37,9 @@ import torch.nn.functional as F
 
 from kernels.attention import attend, decode_attention
 
+from kernels.checks import DeferredFinite
+
+from adapters.cache.encoded_store import EncodedStore, tail
 from adapters.cache.layer_kv import LayerKV, trim_appends
 
 
@@ -46,14 +52,24 @@ class StaticCounters:
     ``slot`` int64 [1]: the window slot holding the oldest token (in rings of ``window`` + 1 slots, the
     codec layers' window of ``window`` tokens; the step's token goes into the slot before it)."""
 
-    def __init__(self, batch: int, committed: int, columns: int, window: int, device):
-        self.lengths = torch.full((batch,), committed, dtype=torch.int32, device=device)
-        self.commit_at = torch.tensor([committed], dtype=torch.int64, device=device)
-        self.column = torch.tensor([columns], dtype=torch.int64, device=device)
-        self.positions = torch.full((batch, 1), columns, dtype=torch.int64, device=device)
+    def __init__(self, batch: int, window: int, device):
+        self.lengths = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.commit_at = torch.zeros(1, dtype=torch.int64, device=device)
+        self.column = torch.zeros(1, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+        self.window = window
         self.ring = window + 1
         self.slot = torch.zeros(1, dtype=torch.int64, device=device)
         self.new_slot = torch.full((1,), window, dtype=torch.int64, device=device)
+
+    def load(self, committed: int, columns: int) -> None:
+        """A rollout's start: ``committed`` tokens per sequence in the codec layers' stores, ``columns`` fed."""
+        self.lengths.fill_(committed)
+        self.commit_at.fill_(committed)
+        self.column.fill_(columns)
+        self.positions.fill_(columns)
+        self.slot.zero_()
+        self.new_slot.fill_(self.window)
 
     def advance(self) -> None:
         for t in (self.lengths, self.commit_at, self.column, self.positions):
@@ -85,43 +101,66 @@ def why_not(kv: LayerKV) -> str | None:
 
 
 class StaticKV:
-    """One layer in the static layout for ``steps`` more single-token steps (module docstring).
+    """One layer's buffers for graphed steps of rollouts of up to ``capacity`` tokens (module docstring),
+    shaped like ``like`` (a layer of the first rollout). ``path``: the decode-attention path of a codec
+    layer ('lut', 'triton' or 'torch'; see :func:`kernels.attention.decide_attention`), ignored for a
+    native layer. The codec and its tables are ``like``'s, kept for the buffers' lifetime (a captured
+    graph reads them)."""
 
-    ``path``: the decode-attention path of a codec layer ('lut', 'triton' or 'torch'; see
-    :func:`kernels.attention.decide_attention`), ignored for a native layer."""
-
-    def __init__(self, kv: LayerKV, counters: StaticCounters, steps: int, path: str | None = None):
-        why = why_not(kv)
+    def __init__(self, like: LayerKV, counters: StaticCounters, capacity: int, path: str | None = None):
+        why = why_not(like)
         if why is not None:
             raise ValueError(f"this layer cannot take the static layout: {why}")
-        self.kv, self.counters, self.path = kv, counters, path
-        k, v = kv.window_k, kv.window_v
+        self.counters, self.path, self.codec, self.capacity = counters, path, like.codec, capacity
+        self.finite = DeferredFinite()  # the steps' non-finite notes, handed to the rollout's layer on unload
+        k, v = like.window_k, like.window_v
         B, H, W, d = k.shape
-        if kv.codec is None:  # the whole history, with room for the steps
-            self.keys = k.new_zeros(B, H, W + steps, d)
-            self.values = v.new_zeros(B, H, W + steps, d)
-            self.keys[:, :, :W], self.values[:, :, :W] = k, v
-            kv.window_k, kv.window_v = self.keys[:, :, :W], self.values[:, :, :W]  # the old copies go
-            self._columns = torch.arange(W + steps, device=k.device)
-        else:
-            n = kv.committed + steps
-            kv.store_k.reserve(n)
-            kv.store_v.reserve(n)
-            self.keys, self.values = kv.store_k.view(n), kv.store_v.view(n)
-            if W + 1 != counters.ring:
-                raise ValueError(f"a window of {W} tokens in rings of {counters.ring} slots")
-            self.wk, self.wv = k.new_empty(B, H, W + 1, d), v.new_empty(B, H, W + 1, d)
-            self.wk[:, :, :W], self.wv[:, :, :W] = k, v  # oldest first: slot 0 is the oldest
-            self.dk = self.dv = None
-            if path == "torch":
-                estimator = not (kv._uses_memo() or kv.config.attend == "reconstruct")
-                dk, dv = (kv.codec.decode(kv.compressed_keys()).float(), kv.codec.decode_values(kv.compressed_values())
-                          ) if estimator else kv.decoded()
-                self.dk, self.dv = dk.new_zeros(B, H, n, d), dv.new_zeros(B, H, n, d)
-                self.dk[:, :, :dk.shape[2]], self.dv[:, :, :dv.shape[2]] = dk, dv
-                self._memo = not estimator
-                if self._memo:  # the eager memo becomes a view: one copy of the decoded keys, not two
-                    kv._dec_k, kv._dec_v = self.dk[:, :, :dk.shape[2]], self.dv[:, :, :dv.shape[2]]
+        if like.codec is None:
+            self.keys = k.new_zeros(B, H, capacity, d)
+            self.values = v.new_zeros(B, H, capacity, d)
+            self._columns = torch.arange(capacity, device=k.device)
+            return
+        if W + 1 != counters.ring:
+            raise ValueError(f"a window of {W} tokens in rings of {counters.ring} slots")
+        self.store_k, self.store_v = EncodedStore(B), EncodedStore(B)
+        self.store_k.allocate(capacity, like.store_k.view())
+        self.store_v.allocate(capacity, like.store_v.view())
+        self.keys, self.values = self.store_k.view(capacity), self.store_v.view(capacity)
+        self.wk, self.wv = k.new_zeros(B, H, W + 1, d), v.new_zeros(B, H, W + 1, d)
+        self.dk = self.dv = None
+        if path == "torch":
+            # a codec no fused kernel reads: its keys and values kept decoded; read by its score estimator,
+            # the keys decoded in float32 (whose dot products are the estimator's scores to float rounding)
+            self._memo = like._uses_memo() or like.config.attend == "reconstruct"
+            dk, dv = self._decoded(like)
+            self.dk, self.dv = dk.new_zeros(B, H, capacity, d), dv.new_zeros(B, H, capacity, d)
+
+    def _decoded(self, kv: LayerKV) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._memo:
+            return kv.decoded()
+        return kv.codec.decode(kv.compressed_keys()).float(), kv.codec.decode_values(kv.compressed_values())
+
+    def fits(self, kv: LayerKV, steps: int) -> bool:
+        """Whether ``kv`` (a layer like the one these buffers were made for) and its next ``steps`` fit."""
+        need = (kv.seq_window[0] if kv.codec is None else kv.committed) + steps
+        return why_not(kv) is None and need <= self.capacity
+
+    def load(self, kv: LayerKV) -> None:
+        """Copy ``kv``'s tokens in (its committed states, its window), before its first step here."""
+        self.finite.reset()
+        W = kv.seq_window[0]
+        if kv.codec is None:
+            self.keys[:, :, :W].copy_(kv.window_k)
+            self.values[:, :, :W].copy_(kv.window_v)
+            return
+        self.store_k.load(kv.store_k.view())
+        self.store_v.load(kv.store_v.view())
+        self.wk[:, :, :W].copy_(kv.window_k)  # oldest first: slot 0 is the oldest
+        self.wv[:, :, :W].copy_(kv.window_v)
+        if self.dk is not None:
+            dk, dv = self._decoded(kv)
+            self.dk[:, :, :dk.shape[2]].copy_(dk)
+            self.dv[:, :, :dv.shape[2]].copy_(dv)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
              softcap: float | None = None) -> torch.Tensor:
@@ -130,8 +169,8 @@ class StaticKV:
         if softcap is not None or q.shape[2] != 1 or k.shape[2] != 1:
             raise RuntimeError("a static layer takes single-token steps without soft-capping "
                                "(adapters.hf.graphed_decode.why_not refuses the rest)")
-        c, kv = self.counters, self.kv
-        if kv.codec is None:
+        c, codec = self.counters, self.codec
+        if codec is None:
             self.keys.index_copy_(2, c.column, k)
             self.values.index_copy_(2, c.column, v)
             keep = (self._columns <= c.column)[None, None, None]  # [1, 1, 1, T]: the history and this token
@@ -140,40 +179,41 @@ class StaticKV:
         self.wk.index_copy_(2, c.new_slot, k)
         self.wv.index_copy_(2, c.new_slot, v)
         if self.dk is None:
-            out = decode_attention(q, self.keys, self.values, kv.codec, self.wk, self.wv, scale=scale,
-                                   backend=kv.config.backend, lengths=c.lengths, path=self.path)
+            out = decode_attention(q, self.keys, self.values, codec, self.wk, self.wv, scale=scale,
+                                   backend=codec.config.backend, lengths=c.lengths, path=self.path)
         else:
             out = attend(q, decoded=(self.dk, self.dv), window_k=self.wk, window_v=self.wv, lengths=c.lengths,
                          scale=scale)
         # the eager commit: the oldest window token, encoded alone (noted on the device if not finite)
-        sk = kv.codec.encode(self.wk.index_select(2, c.slot), kv.finite)
-        sv = kv.codec.encode_values(self.wv.index_select(2, c.slot), kv.finite)
-        kv.store_k.write_at(sk, c.commit_at)
-        kv.store_v.write_at(sv, c.commit_at)
+        sk = codec.encode(self.wk.index_select(2, c.slot), self.finite)
+        sv = codec.encode_values(self.wv.index_select(2, c.slot), self.finite)
+        self.store_k.write_at(sk, c.commit_at)
+        self.store_v.write_at(sv, c.commit_at)
         if self.dk is not None:  # the eager memo decodes each committed token once, as here
-            self.dk.index_copy_(2, c.commit_at, kv.codec.decode(sk).to(self.dk.dtype))
-            self.dv.index_copy_(2, c.commit_at, kv.codec.decode_values(sv).to(self.dv.dtype))
+            self.dk.index_copy_(2, c.commit_at, codec.decode(sk).to(self.dk.dtype))
+            self.dv.index_copy_(2, c.commit_at, codec.decode_values(sv).to(self.dv.dtype))
         return out
 
-    def write_back(self, steps: int) -> None:
-        """Hand the layer back to the eager cache after ``steps`` steps ran here."""
-        kv = self.kv
+    def unload(self, kv: LayerKV, steps: int) -> None:
+        """Hand ``steps`` steps' tokens back to ``kv``, which then holds what the same steps run eagerly
+        would have left it (its tokens, lengths and window; a memo of decoded tokens read again)."""
+        self.finite.merge_into(kv.finite)
+        W = kv.seq_window[0]
         if kv.codec is None:
-            T = kv.seq_window[0] + steps
-            kv.window_k, kv.window_v = self.keys[:, :, :T], self.values[:, :, :T]
+            kv.window_k = torch.cat([kv.window_k, self.keys[:, :, W:W + steps]], -2)
+            kv.window_v = torch.cat([kv.window_v, self.values[:, :, W:W + steps]], -2)
             kv.seq_window = [w + steps for w in kv.seq_window]
             kv._append_sizes = kv._append_sizes + [1] * steps  # a native layer keeps every append's size
         else:
-            kv.store_k.advance(steps)
-            kv.store_v.advance(steps)
+            n = kv.committed
+            kv.store_k.append(tail(self.store_k.view(n + steps), n))
+            kv.store_v.append(tail(self.store_v.view(n + steps), n))
             R = self.wk.shape[2] - 1  # the window in token order: the R slots after the free one
             order = (torch.arange(1, R + 1, device=self.wk.device) + steps + R) % (R + 1)
             kv.window_k, kv.window_v = self.wk.index_select(2, order), self.wv.index_select(2, order)
-            kv.seq_committed = [n + steps for n in kv.seq_committed]
-            if self.dk is not None and self._memo:  # the memo of decoded tokens, current
-                n = kv.committed
-                kv._dec_k, kv._dec_v = self.dk[:, :, :n], self.dv[:, :, :n]
-                kv._dec_valid, kv._dec_version = n, kv.store_k.version
+            kv.seq_committed = [c + steps for c in kv.seq_committed]
+            kv._dec_k = kv._dec_v = None  # decoded again if an eager step reads them
+            kv._dec_valid, kv._dec_version = 0, -1
             kv._append_sizes = trim_appends(kv._append_sizes + [1] * steps, kv.seq_window[0])
         kv._seen = [s + steps for s in kv._seen]
         kv.columns += steps

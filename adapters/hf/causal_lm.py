@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from adapters.hf.arch import decoder_arch, geometry, refuse_padding
-from adapters.hf.graphed_decode import GraphedDecode, GraphedForward
+from adapters.hf.graphed_decode import DecodeGraphs, GraphedDecode, GraphedForward
 from adapters.hf.graphed_decode import why_not as graphed_why_not
 from adapters.hf.cache import CompressedCache, attach
 from adapters.hf.compat import cache_kwargs, takes_keyword
@@ -60,6 +60,7 @@ class CausalLM(ModelAdapter):
     share_prefill: bool = True
     graphs: str = "auto"
     _shared: SharedPrefill = field(default_factory=SharedPrefill, repr=False)
+    _graphs: DecodeGraphs = field(default_factory=DecodeGraphs, repr=False)  # captured decode steps, kept
 
     modality = "text"
 
@@ -186,7 +187,7 @@ class CausalLM(ModelAdapter):
         mode = self._graph_mode
         if mode == "off" or graphed_why_not(self.model, cache, steps, capture=mode == "capture") is not None:
             return None
-        return GraphedDecode(self.model, cache, ids, steps, capture=mode == "capture")
+        return GraphedDecode(self.model, cache, ids, steps, capture=mode == "capture", pool=self._graphs)
 
     def graphed_generate(self, cache, steps: int):
         """A context in which ``self.model.generate(..., cache)`` takes its next ``steps`` decode steps as
@@ -195,7 +196,7 @@ class CausalLM(ModelAdapter):
         mode = self._graph_mode
         if mode == "off" or not isinstance(cache, CompressedCache):
             return nullcontext()
-        return GraphedForward(self.model, cache, steps, capture=mode == "capture")
+        return GraphedForward(self.model, cache, steps, capture=mode == "capture", pool=self._graphs)
 
     def _session(self, cache_config: CacheConfig | None, decodes: bool = False):
         """(context manager, cache factory): native rollouts touch nothing, except that one which
@@ -353,6 +354,7 @@ class CausalLM(ModelAdapter):
                 live = [b for b in live if tokens[b][-1] not in eos and step < max_new_tokens - 1
                         and not (stop is not None and stop(tokens[b]))]
                 if graph is not None and len(live) < B:  # a sequence ended: the rest are fed padding, eagerly
+                    clock.captured(graph.capture_s)
                     feed.advance(graph.close())
                     graph = None
                 if not live:
@@ -368,6 +370,7 @@ class CausalLM(ModelAdapter):
                     if not keep_logits:  # the first (a forced pass starts from it) and the last
                         del logits[b][1:-1]
             if graph is not None:
+                clock.captured(graph.capture_s)
                 feed.advance(graph.close())
             clock.decode_done(sum(max(len(t) - 1, 0) for t in tokens))
             forced = [None] * B

@@ -6,13 +6,16 @@ host time against 15-21 ms of kernels per step. A graph replays the step's kerne
 
 A rollout that generates greedily from an equal-length batch hands its :class:`CompressedCache`
 (codec 'none' for the native baseline) to a ``GraphedDecode`` once every layer can take the static
-layout (:func:`why_not`: e.g. once a short prompt's window has filled). Every layer then takes it
-(:mod:`adapters.cache.static_kv`); the first step runs eagerly on a side stream (the warm-up compiles
-kernels and allocates what a capture cannot: workspaces, counters, the device flags of the
-non-finite check), the second is captured, and each step from then on is one replay of: the model's
-forward of the last token, the argmax of its logits written to the next step's input, the positions
-and lengths advanced on the device. Nothing in it syncs; the caller reads the picks, one sync per
-token, to stop at EOS. :meth:`GraphedDecode.close` hands the layers back to the eager cache.
+layout (:func:`why_not`: e.g. once a short prompt's window has filled). Every layer's tokens are then
+copied into buffers of the static layout (:mod:`adapters.cache.static_kv`), kept with the step captured
+over them in a :class:`DecodeGraphs` pool, per configuration and batch shape (:func:`_key`) and capacity
+(:func:`bucket`), across the process's rollouts. The first step a pooled graph ever takes runs eagerly on
+a side stream (the warm-up compiles kernels and allocates what a capture cannot: workspaces, the device
+flags of the non-finite check), the second is captured; every later step, of this rollout or a later one
+that fits, is one replay of: the model's forward of the last token, the argmax of its logits written to
+the next step's input, the positions and lengths advanced on the device. Nothing in it syncs; the caller
+reads the picks, one sync per token, to stop at EOS. :meth:`GraphedDecode.close` hands the steps' tokens
+back to the rollout's eager cache.
 
 ``capture=False`` runs every step eagerly in the static layout (the same kernels a replay runs, so
 the same bytes: the check that a replay equals its eager step) and works on any device.
@@ -26,6 +29,7 @@ to the model's own forward.
 from __future__ import annotations
 
 import functools
+import json
 import warnings
 
 import torch
@@ -36,6 +40,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from adapters.hf.cache import CompressedCache, CompressedLayer
 from adapters.hf.compat import cache_kwargs, takes_keyword
+from adapters.cache.rollout_clock import wall
 from adapters.cache.static_kv import StaticCounters, StaticKV
 from adapters.cache.static_kv import why_not as layer_why_not
 
@@ -82,43 +87,123 @@ def _decode_path(model, layer: CompressedLayer) -> str:
     return decide_attention(q, kv.codec, kv.window_k.shape[1], kv.config.backend, device=model.device).path
 
 
+def _key(model, cache: CompressedCache) -> tuple:
+    """What a captured step depends on besides the lengths: the batch, each layer's codec and decode path,
+    the window, the model's dtype and device (two rollouts of one key can share a graph)."""
+    layers = tuple(None if layer.kv.codec is None else (json.dumps(layer.kv.codec.config.to_json(), sort_keys=True),
+                                                        _decode_path(model, layer)) for layer in cache.layers)
+    return (len(cache.layers[0].kv.seq_window), cache.kv.config.residual, str(model.dtype), str(model.device), layers)
+
+
+def _need(cache: CompressedCache, steps: int) -> int:
+    """Tokens a layer's buffers must hold for ``steps`` more steps of ``cache``."""
+    return max((kv.seq_window[0] if kv.codec is None else kv.committed) + steps
+               for kv in (layer.kv for layer in cache.layers))
+
+
+def bucket(tokens: int) -> int:
+    """A capacity for ``tokens``: rounded up to an eighth of its power of two, so rollouts of nearly one
+    length (a task's prompts of one context) share buffers and a graph, and a capacity wastes at most 1/8."""
+    step = max(1, 1 << max(tokens.bit_length() - 4, 0))
+    return -(-tokens // step) * step
+
+
+class _Graph:
+    """The buffers of every layer, the counters, the input ids, and the step captured over them: what
+    rollouts of one key share (:class:`DecodeGraphs`)."""
+
+    def __init__(self, model, cache: CompressedCache, capacity: int):
+        dev = model.device
+        self.capacity = capacity
+        self.counters = StaticCounters(len(cache.layers[0].kv.seq_window), cache.kv.config.residual, dev)
+        self.statics = [StaticKV(layer.kv, self.counters, capacity,
+                                 None if layer.kv.codec is None else _decode_path(model, layer))
+                        for layer in cache.layers]
+        self.ids = torch.zeros(len(cache.layers[0].kv.seq_window), 1, dtype=torch.long, device=dev)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None  # the captured step's output
+        self.warmed = False  # a step has run eagerly on these buffers (what a capture needs first)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for s in self.statics for t in vars(s).values()
+                   if isinstance(t, torch.Tensor))
+
+
+class DecodeGraphs:
+    """Captured decode steps kept for a process's rollouts: the last ``size`` keys' graphs and buffers.
+
+    A graph is captured once per key (configuration and batch shape) and capacity (:func:`bucket`), and
+    every later rollout of that key that fits replays it after copying its cache in, so a short answer
+    decodes at the steady-state rate. ``capture_s`` sums the seconds spent warming up and capturing."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self._graphs: dict[tuple, _Graph] = {}
+        self.capture_s = 0.0
+
+    def take(self, key: tuple, need: int) -> _Graph | None:
+        g = self._graphs.pop(key, None)
+        if g is not None and g.capacity < need:
+            g = None  # too small: its buffers go
+        return g
+
+    def give(self, key: tuple, g: _Graph) -> None:
+        self._graphs[key] = g  # the most recent last
+        while len(self._graphs) > self.size:
+            self._graphs.pop(next(iter(self._graphs)))
+
+    def clear(self) -> None:
+        self._graphs.clear()
+
+
 class GraphedDecode:
     """The next ``steps`` greedy steps of ``cache`` (module docstring).
 
     ``ids``: the B tokens the first step feeds (one per sequence: the picks of the logits before it).
     :meth:`step` runs one step and returns its logits [B, V] float32; :attr:`picks` their argmax, the
-    next step's input; :meth:`close` hands the cache back (call it before reading the cache)."""
+    next step's input; :meth:`close` hands the cache back (call it before reading the cache). ``pool``:
+    where captured steps are kept across rollouts (None: this rollout's own, captured for it and dropped).
+    ``capture_s``: this rollout's seconds of warm-up and capture (none where it replayed a kept graph)."""
 
-    def __init__(self, model, cache: CompressedCache, ids: list[int], steps: int, capture: bool = True):
+    def __init__(self, model, cache: CompressedCache, ids: list[int], steps: int, capture: bool = True,
+                 pool: DecodeGraphs | None = None):
         why = why_not(model, cache, steps, capture)
         if why is not None:
             raise ValueError(f"graphed decode: {why}")
-        self.model, self.cache, self.capture, self.steps = model, cache, capture, steps
-        dev = model.device
+        self.model, self.cache, self.capture, self.steps, self.pool = model, cache, capture, steps, pool
+        need = _need(cache, steps)
+        self.key = _key(model, cache) if pool is not None else None
+        g = pool.take(self.key, need) if pool is not None else None
+        if g is None:
+            g = _Graph(model, cache, bucket(need) if pool is not None else need)
+        self.g = g
+        self.capture_s = 0.0
         kvs = [layer.kv for layer in cache.layers]
         committed = next((kv.committed for kv in kvs if kv.codec is not None), 0)
-        self.counters = StaticCounters(len(ids), committed, kvs[0].columns, cache.kv.config.residual, dev)
-        try:
-            for layer in cache.layers:
-                path = None if layer.kv.codec is None else _decode_path(model, layer)
-                layer.static = StaticKV(layer.kv, self.counters, steps, path)
-        except BaseException:  # the layers built so far go back to the eager cache as they were
-            self.taken = 0
-            self.close()
-            raise
-        self.ids = torch.as_tensor(ids, dtype=torch.long).to(dev).reshape(-1, 1).clone()  # [B, 1]: the next input
+        g.counters.load(committed, kvs[0].columns)
+        for layer, static in zip(cache.layers, g.statics):
+            static.load(layer.kv)
+            layer.static = static
+        g.ids.copy_(torch.as_tensor(ids, dtype=torch.long).reshape(-1, 1))  # [B, 1]: the next input
         self._keep = {"logits_to_keep": 1} if takes_keyword(model, "logits_to_keep") else {}
         self.taken = 0
-        self._graph = None
-        self._logits: torch.Tensor | None = None  # the captured step's output
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.g.ids
+
+    @property
+    def counters(self) -> StaticCounters:
+        return self.g.counters
 
     def _run(self) -> torch.Tensor:
         """One step from the static buffers: logits [B, V] float32; the argmax becomes the next input."""
-        out = self.model(self.ids, position_ids=self.counters.positions, use_cache=True,
+        g = self.g
+        out = self.model(g.ids, position_ids=g.counters.positions, use_cache=True,
                          **cache_kwargs(self.model, self.cache), **self._keep)
         logits = out.logits[:, -1].float()
-        self.ids.copy_(logits.argmax(-1, keepdim=True))
-        self.counters.advance()
+        g.ids.copy_(logits.argmax(-1, keepdim=True))
+        g.counters.advance()
         return logits
 
     def step(self, feed: torch.Tensor | None = None) -> torch.Tensor:
@@ -129,7 +214,7 @@ class GraphedDecode:
             raise RuntimeError(f"graphed decode: all {self.steps} steps taken")
         try:
             if feed is not None:  # on the current stream, before the replay reads it (no sync)
-                self.ids.copy_(feed.reshape(self.ids.shape))
+                self.g.ids.copy_(feed.reshape(self.g.ids.shape))
             return self._step()
         except BaseException:  # the failed step is not counted (the rollout's cache is not to be trusted)
             self.taken -= 1
@@ -140,44 +225,56 @@ class GraphedDecode:
 
     def _step(self) -> torch.Tensor:
         self.taken += 1
+        g = self.g
         if not self.capture:
             return self._run()
-        if self._graph is not None:
-            self._graph.replay()
-            return self._logits.clone()
-        if self.taken == 1:  # the warm-up, eagerly on a side stream (as torch.cuda.graphs asks)
-            side = torch.cuda.Stream(self.model.device)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                logits = self._run()
-            torch.cuda.current_stream().wait_stream(side)
-            return logits
-        self._graph = torch.cuda.CUDAGraph()
+        if g.graph is not None:
+            g.graph.replay()
+            return g.logits.clone()
+        t0 = wall([self.model.device])
         try:
-            with torch.cuda.graph(self._graph):  # recorded, not run: the replay below runs it
-                self._logits = self._run()
-        except RuntimeError as e:  # an operation a capture cannot take (nothing of the step ran)
-            self._graph, self.capture = None, False
-            for layer in self.cache.layers:
-                layer.pending = None
-            _warn_once(f"graphed decode: a step could not be captured in a CUDA graph ({str(e).splitlines()[0]}); "
-                       f"this rollout's steps run eagerly in the static layout")
-            return self._run()
-        self._graph.replay()
-        return self._logits.clone()
+            if not g.warmed:  # the warm-up, eagerly on a side stream (as torch.cuda.graphs asks)
+                side = torch.cuda.Stream(self.model.device)
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    logits = self._run()
+                torch.cuda.current_stream().wait_stream(side)
+                g.warmed = True
+                return logits
+            g.graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(g.graph):  # recorded, not run: the replay below runs it
+                    g.logits = self._run()
+            except RuntimeError as e:  # an operation a capture cannot take (nothing of the step ran)
+                g.graph, self.capture = None, False
+                for layer in self.cache.layers:
+                    layer.pending = None
+                _warn_once(f"graphed decode: a step could not be captured in a CUDA graph ({str(e).splitlines()[0]}); "
+                           f"this rollout's steps run eagerly in the static layout")
+                return self._run()
+            g.graph.replay()
+            return g.logits.clone()
+        finally:  # a warm-up or a capture: timed apart from the steps (two syncs, at most twice per graph)
+            spent = wall([self.model.device]) - t0
+            self.capture_s += spent
+            if self.pool is not None:
+                self.pool.capture_s += spent
 
     @property
     def picks(self) -> list[int]:
         """The argmax of the last step's logits per sequence (one sync)."""
-        return self.ids[:, 0].tolist()
+        return self.g.ids[:, 0].tolist()
 
     def close(self) -> int:
-        """Hand every layer back to the eager cache; returns the steps taken."""
+        """Hand every layer back to the eager cache; returns the steps taken. The buffers and the graph go
+        back to the pool (or are dropped, without one)."""
         for layer in self.cache.layers:
             if layer.static is not None:
-                layer.static.write_back(self.taken)
+                layer.static.unload(layer.kv, self.taken)
                 layer.static = None
-        self._graph = self._logits = None
+        if self.pool is not None and self.g is not None:
+            self.pool.give(self.key, self.g)
+        self.g = None
         return self.taken
 
 
@@ -190,8 +287,9 @@ class GraphedForward:
     leaving it; each ``generate`` call hands the cache back as it returns (``generate`` reads the
     cache's length between calls)."""
 
-    def __init__(self, model, cache: CompressedCache, steps: int, capture: bool = True):
-        self.model, self.cache, self.steps, self.capture = model, cache, steps, capture
+    def __init__(self, model, cache: CompressedCache, steps: int, capture: bool = True,
+                 pool: DecodeGraphs | None = None):
+        self.model, self.cache, self.steps, self.capture, self.pool = model, cache, steps, capture, pool
         self.key = next(iter(cache_kwargs(model, cache)))  # the keyword the forward takes the cache under
         self.graph: GraphedDecode | None = None
         self.calls = 0  # decode steps seen, over the block
@@ -250,7 +348,7 @@ class GraphedForward:
         self._busy = True
         try:
             if self.graph is None and why_not(self.model, self.cache, left, self.capture) is None:
-                self.graph = GraphedDecode(self.model, self.cache, ids[:, 0], left, self.capture)
+                self.graph = GraphedDecode(self.model, self.cache, ids[:, 0], left, self.capture, self.pool)
             if self.graph is None:
                 return self._forward(*args, **kw)
             logits = self.graph.step(feed=ids)

@@ -73,6 +73,46 @@ def test_static_steps_generate_what_eager_steps_generate(cfg, batch):
                 assert la.store_k.view().shape == lb.store_k.view().shape
 
 
+@pytest.mark.parametrize("cfg", [None, CODECS[1], CODECS[3]], ids=["native", "octopus@3", "qjl@3"])
+def test_kept_buffers_serve_the_next_rollouts_as_their_own_would(cfg, monkeypatch):
+    """Rollouts of one configuration and batch shape share one set of static buffers (and on CUDA the step
+    captured over them): each copies its cache in and takes its steps back, so it generates what it
+    generates eagerly; rollouts of other lengths in the same capacity bucket share them too."""
+    import adapters.hf.graphed_decode as gd
+
+    made = []
+    real = gd._Graph.__init__
+
+    def spy(self, model, cache, capacity):
+        made.append(capacity)
+        real(self, model, cache, capacity)
+
+    monkeypatch.setattr(gd._Graph, "__init__", spy)
+    lm = _lively(tiny_causal_lm())
+    prompts = [_prompts(1, 40, seed=s) for s in range(3)] + [_prompts(1, 41, seed=3)]  # one bucket
+    eager = [_greedy(lm, p, cfg, "off", new=10) for p in prompts]
+    static = [_greedy(lm, p, cfg, "static", new=10) for p in prompts]
+    assert len(made) == 1 and made[0] == gd.bucket(made[0])  # built once, at a bucket's capacity
+    for a, b in zip(eager, static):
+        assert a[0]["tokens"] == b[0]["tokens"]
+        # the rounding of test_static_steps_generate_what_eager_steps_generate
+        torch.testing.assert_close(b[0]["logits"], a[0]["logits"], rtol=1e-4, atol=1e-4)
+        if cfg is not None:
+            assert _layer_state(a[0]["cache"]) == _layer_state(b[0]["cache"])
+            assert a[0]["cache"].stats() == b[0]["cache"].stats()
+
+
+def test_buckets_round_up_to_an_eighth_of_a_power_of_two():
+    assert [gd_bucket(n) for n in (1, 7, 8, 9, 16, 17, 1000, 1024, 1025, 32_768, 32_769)] == \
+        [1, 7, 8, 9, 16, 18, 1024, 1024, 1152, 32_768, 36_864]
+
+
+def gd_bucket(n: int) -> int:
+    from adapters.hf.graphed_decode import bucket
+
+    return bucket(n)
+
+
 @pytest.mark.parametrize("codec", ["octopus", "polarquant"])  # polarquant: the decoded memo is handed back too
 def test_the_cache_goes_on_eagerly_after_the_static_steps(codec):
     lm = _lively(tiny_causal_lm())
@@ -95,9 +135,9 @@ def test_a_short_prompt_is_graphed_once_its_window_fills():
     steps = []
     real = GraphedDecode.__init__
 
-    def spy(self, model, cache, ids, n, capture=True):
+    def spy(self, model, cache, ids, n, capture=True, pool=None):
         steps.append((cache.kv[0].columns, n))
-        real(self, model, cache, ids, n, capture)
+        real(self, model, cache, ids, n, capture, pool)
 
     GraphedDecode.__init__ = spy
     try:
@@ -220,7 +260,7 @@ def test_every_codec_is_captured_or_left_eager(codec, monkeypatch):
     real = GraphedDecode.close
 
     def spy(self):
-        captured.append(self._graph is not None)  # a graph was captured and replayed to the end
+        captured.append(self.g is not None and self.g.graph is not None)  # captured and replayed to the end
         return real(self)
 
     monkeypatch.setattr(GraphedDecode, "close", spy)
