@@ -160,6 +160,11 @@ class EncodedStore:
         self.tokens = [c + n for c in self.tokens]
         self.version += 1
 
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers by field, [B, H, rows(capacity), k] each: for a kernel that writes rows in place (a
+        graphed decode step's fused commit); :meth:`advance` then counts the tokens written."""
+        return dict(self._buf)
+
     def one_row_per_token(self) -> bool:
         """Whether every field holds one row per token (what :meth:`write_at` writes)."""
         return all(rows == per for rows, per in self._ratio.values())
