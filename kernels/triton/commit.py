@@ -136,7 +136,8 @@ class FusedCommit:
     (keys, values) flags of a :class:`kernels.checks.DeferredFinite`."""
 
     def __init__(self, codec, ring_k: torch.Tensor, ring_v: torch.Tensor, keys: dict, values: dict,
-                 new_slot: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, flags: tuple[torch.Tensor, torch.Tensor]):
+                 new_slot: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor,
+                 flags: tuple[torch.Tensor, torch.Tensor]):
         B, H, S, d = ring_k.shape
         dev = ring_k.device
         tables, rot_scale, kc, (norm, codes) = _key_side(codec, dev)

@@ -6,22 +6,11 @@ Runs on CUDA, else on the CPU under TRITON_INTERPRET=1 (small shapes: the interp
 """
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+CUDA = torch.cuda.is_available()  # else the interpreter runs the kernels (tests/conftest.py sets TRITON_INTERPRET=1)
 triton = pytest.importorskip("triton")
-
-for _m in ("kernels.triton._common", "kernels.triton.octopus_encode", "kernels.triton.turboquant_encode",
-           "kernels.triton.value_encode", "kernels.triton.commit"):
-    if _m in sys.modules and not CUDA:
-        importlib.reload(sys.modules[_m])
 
 from adapters.cache.encoded_store import EncodedStore  # noqa: E402
 from kernels import make_codec  # noqa: E402
