@@ -195,7 +195,7 @@ class StaticKV:
             self._memo = like._uses_memo() or like.config.attend == "reconstruct"
             dk, dv = self._decoded(like)
             self.dk, self.dv = dk.new_zeros(B, H, rows, d), dv.new_zeros(B, H, rows, d)
-            self._dk, self._dv = self.dk[:, :, :span], self.dv[:, :, :span]
+            self._span = span
         elif G == 1:  # the window write and the commit in one launch, where the codec has one
             fused = like.codec.fused_commit(k.device)
             if fused is not None:
@@ -244,17 +244,43 @@ class StaticKV:
             keep = (self._columns <= c.column)[None, None, None]  # [1, 1, 1, T]: the history and this token
             return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=keep, scale=scale,
                                                   enable_gqa=True)
-        if self.block > 1:
-            return self._block_step(q, k, v, scale)
-        if self._commit is not None:  # the window write and the commit (before the attention: module docstring)
-            self._commit(k, v)
-            return self._attend(q, scale)
-        self.wk.index_copy_(2, c.new_slot, k)
-        self.wv.index_copy_(2, c.new_slot, v)
-        out = self._attend(q, scale)
-        # the eager commit: the oldest window token, encoded alone (noted on the device if not finite)
-        self._write(self.wk.index_select(2, c.slot), self.wv.index_select(2, c.slot), c.commit_at)
+        window_lengths = self._before(k, v)
+        out = self._attend(q, scale, window_lengths)
+        self._after()
         return out
+
+    def codec_work(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A codec layer's step without its attention (its window write and commit, as :meth:`step` runs
+        them; the counters do not move): what scripts/gpu_profile_generate.py times on its own."""
+        self._before(k, v)
+        self._after()
+
+    def _before(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+        """The step's token into the window (fused: and the commit, before the attention: module docstring);
+        -> the window's per-sequence lengths for the attention (None: every slot)."""
+        c = self.counters
+        if self._commit is not None:
+            self._commit(k, v)
+            return None
+        at = c.new_slot if self.block == 1 else c.fill
+        self.wk.index_copy_(2, at, k)
+        self.wv.index_copy_(2, at, v)
+        return None if self.block == 1 else c.fill_lengths
+
+    def _after(self) -> None:
+        """The eager commit after the attention, unless fused: the oldest window token, encoded alone (noted
+        on the device if not finite), or the oldest block where the step fills it (else zeros, finite so
+        nothing noted, into the rows the lengths reach only once the block commits) and the window moved."""
+        c, G = self.counters, self.block
+        if self._commit is not None:
+            return
+        if G == 1:
+            self._write(self.wk.index_select(2, c.slot), self.wv.index_select(2, c.slot), c.commit_at)
+            return
+        self._write(torch.where(c.full, self.wk[:, :, :G], 0), torch.where(c.full, self.wv[:, :, :G], 0), c.rows,
+                    c.group)
+        self.wk.copy_(self.wk.index_select(2, c.shift))
+        self.wv.copy_(self.wv.index_select(2, c.shift))
 
     def _attend(self, q: torch.Tensor, scale: float, window_lengths=None) -> torch.Tensor:
         c = self.counters
@@ -262,8 +288,9 @@ class StaticKV:
             return decode_attention(q, self.keys, self.values, self.codec, self.wk, self.wv, scale=scale,
                                     backend=self.codec.config.backend, lengths=c.lengths,
                                     window_lengths=window_lengths, path=self.path)
-        return attend(q, decoded=(self._dk, self._dv), window_k=self.wk, window_v=self.wv, lengths=c.lengths,
-                      window_lengths=window_lengths, scale=scale)
+        T = self._span
+        return attend(q, decoded=(self.dk[:, :, :T], self.dv[:, :, :T]), window_k=self.wk, window_v=self.wv,
+                      lengths=c.lengths, window_lengths=window_lengths, scale=scale)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, group: torch.Tensor | None = None) -> None:
         """Encode k, v [B, H, n, d] and write them at token rows ``rows`` (per-block fields at ``group``)."""
@@ -273,19 +300,6 @@ class StaticKV:
         if self.dk is not None:  # the eager memo decodes each committed token once, as here
             self.dk.index_copy_(2, rows, self.codec.decode(sk).to(self.dk.dtype))
             self.dv.index_copy_(2, rows, self.codec.decode_values(sv).to(self.dv.dtype))
-
-    def _block_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        c, G = self.counters, self.block
-        self.wk.index_copy_(2, c.fill, k)
-        self.wv.index_copy_(2, c.fill, v)
-        out = self._attend(q, scale, c.fill_lengths)
-        # the eager commit of the oldest block, where the step fills it; else zeros (finite: nothing noted)
-        # into the rows the lengths reach only once the block commits
-        self._write(torch.where(c.full, self.wk[:, :, :G], 0), torch.where(c.full, self.wv[:, :, :G], 0), c.rows,
-                    c.group)
-        self.wk.copy_(self.wk.index_select(2, c.shift))
-        self.wv.copy_(self.wv.index_select(2, c.shift))
-        return out
 
     def unload(self, kv: LayerKV, steps: int) -> None:
         """Hand ``steps`` steps' tokens back to ``kv``, which then holds what the same steps run eagerly

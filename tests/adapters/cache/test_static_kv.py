@@ -98,3 +98,35 @@ def test_a_non_finite_key_raises_at_the_next_check_once_committed(monkeypatch):
     _, kv, _ = _static(layer, _steps(R + 1, nan_at=0), True, monkeypatch)
     with pytest.raises(ValueError, match="keys contained non-finite values"):
         kv.finite.raise_if_any()
+
+
+def test_a_block_codec_hands_back_the_eager_steps_cache():
+    """KIVI commits blocks of G tokens: in the static layout every step runs the same operations and only the
+    step that fills a block commits it, so the layer handed back holds the eager steps' bytes: its stores,
+    its window (the steps' own tokens), its counts."""
+    cfg = CacheConfig(codec="kivi", bits=2, residual=R, options={"group_size": 4})
+    cache = CompressedKVCache(cfg, 1, HKV, D, device=DEV)
+    g = torch.Generator().manual_seed(0)
+    k, v = (torch.randn(2, HKV, 13, D, generator=g).to(DEV, torch.bfloat16) for _ in range(2))
+    cache[0].append(k, v)  # 8 committed, a window of 5 of its R + G - 1 = 6 at most
+    layer = cache[0]
+    # 10 steps: blocks commit at the 2nd, 6th and 10th
+    steps = [[torch.randn(2, h, 1, D, generator=g).to(DEV, torch.bfloat16) for h in (HQ, HKV, HKV)] for _ in range(10)]
+    kv, eager = layer.fork(), layer.fork()
+    counters = StaticCounters(2, R, DEV, block=4)
+    counters.load(kv.committed, kv.columns, kv.seq_window[0])
+    static = StaticKV(kv, counters, kv.committed + len(steps), "torch")
+    static.load(kv)
+    for q, k, v in steps:
+        static.step(q, k, v, D ** -0.5)
+        counters.advance()
+        eager.attend(q, scale=D ** -0.5, k_new=k, v_new=v, causal=True)
+        eager.append(k, v)
+    static.unload(kv, len(steps))
+    assert eager.seq_committed == [20, 20] and eager.seq_window == [3, 3]
+    assert (kv.seq_committed, kv.seq_window, kv.columns, kv._append_sizes) == \
+        (eager.seq_committed, eager.seq_window, eager.columns, eager._append_sizes)
+    _same_state(kv.compressed_keys(), eager.compressed_keys())
+    _same_state(kv.compressed_values(), eager.compressed_values())
+    assert torch.equal(kv.window_k, eager.window_k) and torch.equal(kv.window_v, eager.window_v)
+    assert kv.nbytes() == eager.nbytes()
