@@ -189,6 +189,25 @@ def test_what_cannot_be_graphed_says_why(cfg, ids, why):
         GraphedDecode(lm.model, cache, [1] * len(batch), 10, capture=False)
 
 
+@pytest.mark.parametrize("codec", [c for c in list_codecs() if c != "none"])
+def test_every_codec_takes_static_steps_but_transformers_own_quantized_cache(codec):
+    """Every codec's layers take the static layout once committed (KIVI's blocks, the engines' presets with
+    their per-token kernel on CUDA), and static steps generate what eager steps generate; transformers' own
+    quantized caches (hf-quanto, hf-hqq) live in transformers' layer objects and decode eagerly, saying so."""
+    lm = tiny_causal_lm(head_dim=64)
+    bits = list_codecs()[codec]
+    cfg = CacheConfig(codec=codec, bits=3 if 3 in bits else min(bits), residual=8)
+    with torch.no_grad(), attach(lm.model) as new_cache:
+        cache = _steady_cache(lm, cfg, new_cache)
+        why = why_not(lm.model, cache, 10, capture=False)
+    if codec.startswith("hf-"):
+        assert "transformers' own quantized cache layer (hf-quanto, hf-hqq" in why
+    else:
+        assert why is None
+        prompt = _prompts(1, 40)[0]
+        assert _greedy(lm, prompt, cfg, "off", new=6)["tokens"] == _greedy(lm, prompt, cfg, "static", new=6)["tokens"]
+
+
 def test_the_graph_modes_are_checked():
     lm = tiny_causal_lm()
     # model.json says how the steps ran (on this CPU 'auto' is eager)
