@@ -1,8 +1,9 @@
-"""A layer in the static layout of graphed decode steps (adapters/cache/static_kv.py), on the fused path:
+"""A layer in the static layout of graphed decode steps (adapters/cache/static_kv.py). On the fused path:
 with the fused commit (kernels/triton/commit.py, one launch a step) it attends and hands back exactly what
 the sequence it replaces does (the window writes, the encoders, the store writes), and both leave the
-stores holding the eager steps' bytes; a non-finite key it commits raises at the next check. Runs on CUDA,
-else on the CPU under TRITON_INTERPRET=1 (small shapes: the interpreter runs programs one by one)."""
+stores holding the eager steps' bytes; a non-finite key it commits raises at the next check. A block codec
+(KIVI) hands back the eager steps' cache byte for byte. Runs on CUDA, else on the CPU under
+TRITON_INTERPRET=1 (small shapes: the interpreter runs programs one by one)."""
 from __future__ import annotations
 
 import pytest
