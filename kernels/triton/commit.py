@@ -7,9 +7,10 @@ encodes it, written at the device position, its finiteness noted on the device. 
 that is some 15 small kernels per layer (two window writes, two gathers of the slot, two encoders and
 their two-launch non-finite notes, five field writes), each a few microseconds of launch and tail in a
 captured step: most of the ~1 ms the codec added to a 7.3 ms step at 32k context over 28 layers
-(docs/results.md). One program per BT (sequence, KV head) rows does all of it here:
+(docs/results.md). Here one launch does all of it, two programs per BT (sequence, KV head) rows, one for the
+keys and one for the values (so the two encoders' latencies overlap rather than add up):
 
-- writes the step's k, v [B, H, 1, d] into ring slot ``new_slot`` (an index on the device);
+- writes the step's k (v) [B, H, 1, d] into ring slot ``new_slot`` (an index on the device);
 - reads ring slot ``slot``, the oldest token (a ring of one slot, R = 0, commits the step's own token);
 - encodes the key by :func:`.octopus_encode.octopus_rows` or :func:`.turboquant_encode.turboquant_rows`
   (the codec's ``fused_layout()`` says which) and the value by :func:`.value_encode.value_rows`: the
@@ -21,8 +22,8 @@ captured step: most of the ~1 ms the codec added to a 7.3 ms step at 32k context
 
 It runs before the step's attention, which reads the new token from the ring, so the committed row is
 in the store before the attention reads the store: the attention reads the store by per-sequence lengths
-that end before ``pos``, so that row is not read (as the rows past the lengths, which hold an earlier
-rollout's tokens, are not).
+that end before ``pos``, so that row is masked out (as the rows past the lengths, which hold an earlier
+rollout's tokens, are).
 """
 from __future__ import annotations
 
@@ -76,39 +77,36 @@ def _commit_kernel(
     h = r64 % H
     new_slot = tl.load(NEW_SLOT)
     slot = tl.load(SLOT)
-    pos = tl.load(POS)
-    k_at = b * skb + h * skh
-    v_at = b * svb + h * svh
-
-    # the step's token into the free slot
+    at = r64 * CAP + tl.load(POS)  # the committed token's row in the stores' [N, CAP, ...] buffers
     c = tl.arange(0, DP)
     cm = rm[:, None] & (c < D)[None, :]
     ring = ((r64 * SLOTS + new_slot) * D)[:, None] + c[None, :]
-    tl.store(RING_K + ring, tl.load(K_NEW + k_at[:, None] + c[None, :] * skd, mask=cm), mask=cm)
-    tl.store(RING_V + ring, tl.load(V_NEW + v_at[:, None] + c[None, :] * svd, mask=cm), mask=cm)
-
-    # the oldest token, encoded by the encoders' bodies and written at its row of the stores
-    at = r64 * CAP + pos
-    xk = _oldest(K_NEW, RING_K, k_at, r64, slot, rm, skd, D, NPK, SLOTS)
-    if KEYS == 0:
-        norm, kc = octopus_rows(xk, r64 % HR, SIGNS, THR, GRID, RHO_THR, rot_scale,
-                                BT, NPK, LOG2K, NT, NTP, KB, KR, KCBP, LOCAL)
+    # keys on axis 1's program 0, values on program 1: the two encoders run side by side, not one after the other
+    if tl.program_id(1) == 0:
+        k_at = b * skb + h * skh
+        tl.store(RING_K + ring, tl.load(K_NEW + k_at[:, None] + c[None, :] * skd, mask=cm), mask=cm)  # the step's token
+        xk = _oldest(K_NEW, RING_K, k_at, r64, slot, rm, skd, D, NPK, SLOTS)
+        if KEYS == 0:
+            norm, kc = octopus_rows(xk, r64 % HR, SIGNS, THR, GRID, RHO_THR, rot_scale,
+                                    BT, NPK, LOG2K, NT, NTP, KB, KR, KCBP, LOCAL)
+        else:
+            norm, kc = turboquant_rows(xk, r64 % HR, SIGNS, THR, rot_scale, BT, NPK, LOG2K, KB, KCBP)
+        tl.store(K_NORM + at, norm, mask=rm)
+        j = tl.arange(0, KCBP)
+        tl.store(K_CODES + at[:, None] * KCB + j[None, :], kc.to(tl.uint8), mask=rm[:, None] & (j < KCB)[None, :])
+        _note_nonfinite(BAD_K, xk, rows, rm)
     else:
-        norm, kc = turboquant_rows(xk, r64 % HR, SIGNS, THR, rot_scale, BT, NPK, LOG2K, KB, KCBP)
-    tl.store(K_NORM + at, norm, mask=rm)
-    j = tl.arange(0, KCBP)
-    tl.store(K_CODES + at[:, None] * KCB + j[None, :], kc.to(tl.uint8), mask=rm[:, None] & (j < KCB)[None, :])
-    _note_nonfinite(BAD_K, xk, rows, rm)
-
-    xv = _oldest(V_NEW, RING_V, v_at, r64, slot, rm, svd, D, NPV, SLOTS)
-    packed, scale, zero = value_rows(xv, QMAX, BT, NPV, GROUP, NG, VBITS, VCBP)
-    jv = tl.arange(0, VCBP)
-    tl.store(V_CODES + at[:, None] * VCB + jv[None, :], packed.to(tl.uint8), mask=rm[:, None] & (jv < VCB)[None, :])
-    g = tl.arange(0, NG)
-    side = at[:, None] * NG + g[None, :]
-    tl.store(V_SCALE + side, scale, mask=rm[:, None])
-    tl.store(V_ZERO + side, zero, mask=rm[:, None])
-    _note_nonfinite(BAD_V, xv, rows, rm)
+        v_at = b * svb + h * svh
+        tl.store(RING_V + ring, tl.load(V_NEW + v_at[:, None] + c[None, :] * svd, mask=cm), mask=cm)
+        xv = _oldest(V_NEW, RING_V, v_at, r64, slot, rm, svd, D, NPV, SLOTS)
+        packed, scale, zero = value_rows(xv, QMAX, BT, NPV, GROUP, NG, VBITS, VCBP)
+        j = tl.arange(0, VCBP)
+        tl.store(V_CODES + at[:, None] * VCB + j[None, :], packed.to(tl.uint8), mask=rm[:, None] & (j < VCB)[None, :])
+        g = tl.arange(0, NG)
+        side = at[:, None] * NG + g[None, :]
+        tl.store(V_SCALE + side, scale, mask=rm[:, None])
+        tl.store(V_ZERO + side, zero, mask=rm[:, None])
+        _note_nonfinite(BAD_V, xv, rows, rm)
 
 
 def _key_side(codec, device) -> tuple[tuple[torch.Tensor, ...], float, dict, tuple[str, str]]:
@@ -153,7 +151,7 @@ class FusedCommit:
             raise ValueError("the commit writes a contiguous ring of window slots")
         _, hr = head_layout((B, H, 1, d), codec.fused_layout().rotation.num_heads)
         bt, self._warps = rows_per_program(B * H)
-        self._grid = (triton.cdiv(B * H, bt),)
+        self._grid = (triton.cdiv(B * H, bt), 2)  # axis 1: keys, values
         self._shape = (B, H, 1, d)
         self._front = (ring_k, ring_v, new_slot, slot, pos, *fields, *flags, *tables)
         self._sizes = (B * H, H, hr, cap)
