@@ -6,9 +6,9 @@ through it :meth:`adapters.cache.kv_cache.LayerKV.attend`: paths 'lut', the tabl
 then 'triton'). :meth:`kernels.base.Codec.encode_values` asks :func:`fused_wanted` and runs the
 fused value encoder (:mod:`kernels.triton.value_encode`) where it covers the quantizer, else the
 reference (never an error: its bytes are the reference's); a graphed decode step's commit asks
-:func:`decide_commit` (one launch that encodes as both fused encoders do, where both would run). Each operation lists its fused paths
-in order of preference, each with a function that says why it cannot run the call (None: it
-can); :func:`decide` picks one. The backend is
+:func:`decide_commit` (one launch that encodes as both fused encoders do, where both would run).
+Each operation lists its fused paths in order of preference, each with a function that says why it
+cannot run the call (None: it can); :func:`decide` picks one. The backend is
 'auto' | 'lut' | 'triton' | 'torch':
 
 - 'torch': always the reference;

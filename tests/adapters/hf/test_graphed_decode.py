@@ -75,7 +75,8 @@ def test_static_steps_generate_what_eager_steps_generate(cfg, batch):
                 assert la.store_k.view().shape == lb.store_k.view().shape
 
 
-@pytest.mark.parametrize("cfg", [None, CODECS[1], CODECS[3], CODECS[-1]], ids=["native", "octopus@3", "qjl@3", "kivi@2"])
+@pytest.mark.parametrize("cfg", [None, CODECS[1], CODECS[3], CODECS[-1]],
+                         ids=["native", "octopus@3", "qjl@3", "kivi@2"])
 def test_kept_buffers_serve_the_next_rollouts_as_their_own_would(cfg, monkeypatch):
     """Rollouts of one configuration and batch shape share one set of static buffers (and on CUDA the step
     captured over them): each copies its cache in and takes its steps back, so it generates what it
