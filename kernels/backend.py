@@ -5,9 +5,10 @@ one path, 'triton') and the attention dispatch (:func:`kernels.attention.decode_
 through it :meth:`adapters.cache.kv_cache.LayerKV.attend`: paths 'lut', the table-lookup CUDA kernel,
 then 'triton'). :meth:`kernels.base.Codec.encode_values` asks :func:`fused_wanted` and runs the
 fused value encoder (:mod:`kernels.triton.value_encode`) where it covers the quantizer, else the
-reference (never an error: its bytes are the reference's). Each operation lists its fused paths
-in order of preference, each with a function that says why it cannot run the call (None: it
-can); :func:`decide` picks one. The backend is
+reference (never an error: its bytes are the reference's); a graphed decode step's commit asks
+:func:`decide_commit` (one launch that encodes as both fused encoders do, where both would run).
+Each operation lists its fused paths in order of preference, each with a function that says why it
+cannot run the call (None: it can); :func:`decide` picks one. The backend is
 'auto' | 'lut' | 'triton' | 'torch':
 
 - 'torch': always the reference;
@@ -109,6 +110,18 @@ def use_fused(backend: str | None, device: torch.device, why_not: Callable[[], s
     path 'triton'). With 'triton' a reason is an error:
     ``RuntimeError("backend='triton' cannot {what}: {reason}")``."""
     return decide(backend, device, [(path, why_not) for path in ENCODE_PATHS], what).fused
+
+
+def decide_commit(backend: str | None, device: torch.device, why_not: Callable[[], "str | None"]) -> Decision:
+    """A graphed decode step's commit of one layer (:mod:`kernels.triton.commit`): 'triton' where
+    ``backend`` wants fused kernels on ``device`` (:func:`fused_wanted`) and ``why_not()`` (the codec's
+    :func:`kernels.triton.encoders.commit_unsupported`) is None: exactly where the step's two encodes would
+    both take their fused encoders, whose bytes the commit writes. Else 'torch': the step encodes as any
+    encode does, each encoder deciding for itself; never an error (nothing is lost but launches)."""
+    if not fused_wanted(backend, device):
+        return Decision("torch", (("triton", f"backend '{resolve_backend(backend)}' on {torch.device(device)}"),))
+    why = why_not()
+    return Decision("triton") if why is None else Decision("torch", (("triton", why),))
 
 
 def backend_unavailable(backend: str | None, device) -> str | None:

@@ -11,13 +11,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from kernels.backend import fused_wanted, resolve_backend, triton_unavailable, use_fused
+from kernels.backend import decide_commit, fused_wanted, resolve_backend, triton_unavailable, use_fused
 from kernels.encoded import Encoded
 from kernels.packing import BitField
 from kernels.registry import codec_for
 from kernels.checks import DeferredFinite, check_input
 from kernels.config import CodecConfig
-from kernels.triton.encoders import encoder_unsupported, fused_encoder
+from kernels.triton.encoders import commit_unsupported, encoder_unsupported, fused_commit, fused_encoder
 from kernels.values import ValueQuantizer
 from registry.options import NoOptions
 
@@ -140,6 +140,14 @@ class Codec:
     def fused_layout(self):
         """The key layout the fused kernels read and write (:class:`kernels.fused_layout.FusedLayout`),
         or None: this codec has no fused path."""
+        return None
+
+    def fused_commit(self, device):
+        """The class that commits a graphed decode step's token of this codec in one launch on ``device``
+        (:class:`kernels.triton.commit.FusedCommit`), or None: where both of its encoders would run fused
+        (its ``fused_layout()`` and value quantizer say so; :func:`kernels.backend.decide_commit` decides)."""
+        if decide_commit(self._backend_arg, device, lambda: commit_unsupported(self, device)).fused:
+            return fused_commit()
         return None
 
     def token_layout(self):

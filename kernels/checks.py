@@ -30,6 +30,14 @@ class DeferredFinite:
         else:
             torch.maximum(seen, m, out=seen)
 
+    def flag(self, what: str, device) -> torch.Tensor:
+        """The device flag of ``what`` (float32, 0-dim; zero if nothing was noted yet), for a kernel that
+        notes in place: it writes a non-finite value there where an input of ``what`` is not finite
+        (:mod:`kernels.triton.commit`; only finiteness is read, never the magnitude)."""
+        if what not in self._max:
+            self._max[what] = torch.zeros((), dtype=torch.float32, device=device)
+        return self._max[what]
+
     def raise_if_any(self, where: str = "") -> None:
         """Raise the ValueError :func:`check_finite` raises, naming what was not finite; one sync."""
         if not self._max or bool(torch.isfinite(torch.stack(list(self._max.values()))).all()):

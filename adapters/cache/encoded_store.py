@@ -148,21 +148,28 @@ class EncodedStore:
         if like is not None:
             self._reserve(tokens, like, exact=True)
 
-    def write_at(self, state: Encoded, pos: torch.Tensor) -> None:
-        """Write ``state`` (fields [B, H, t, k], one row per token: a single-token-block codec) at token
-        ``pos`` (int64 [1] on the device) of every sequence, with no host bookkeeping and no sync (a
-        captured decode step); :meth:`advance` then counts the tokens written."""
+    def write_at(self, state: Encoded, rows: torch.Tensor, blocks: torch.Tensor | None = None) -> None:
+        """Write ``state`` (t tokens of every sequence: fields [B, H, t, k], or [B, H, t / G, k] for fields
+        of one row per block of G tokens) at token rows ``rows`` (int64 [t] on the device), its per-block
+        fields at rows ``blocks`` (int64 [t / G]), with no host bookkeeping and no sync (a captured decode
+        step); :meth:`advance` then counts the tokens written."""
         for k, t in state.tensors.items():
-            self._buf[k].index_copy_(2, pos, t)
+            r, per = self._ratio[k]
+            self._buf[k].index_copy_(2, rows if r == per else blocks, t)
 
     def advance(self, n: int) -> None:
         """Count ``n`` tokens per sequence written by :meth:`write_at`."""
         self.tokens = [c + n for c in self.tokens]
         self.version += 1
 
-    def one_row_per_token(self) -> bool:
-        """Whether every field holds one row per token (what :meth:`write_at` writes)."""
-        return all(rows == per for rows, per in self._ratio.values())
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers by field, [B, H, rows(capacity), k] each: for a kernel that writes rows in place (a
+        graphed decode step's fused commit); :meth:`advance` then counts the tokens written."""
+        return dict(self._buf)
+
+    def rows_in_blocks(self, block: int) -> bool:
+        """Whether every field holds one row per token or one per ``block`` tokens (what :meth:`write_at` writes)."""
+        return all(rows == per or rows * block == per for rows, per in self._ratio.values())
 
     def view(self, tokens: int | None = None) -> Encoded | None:
         """Every sequence's committed tokens: fields [B, H, rows(T), k] with T = max tokens, or

@@ -40,6 +40,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from adapters.hf.cache import CompressedCache, CompressedLayer
 from adapters.hf.compat import cache_kwargs, takes_keyword
+from adapters.hf.library_layer import is_library_layer
 from adapters.cache.rollout_clock import wall
 from adapters.cache.static_kv import StaticCounters, StaticKV
 from adapters.cache.static_kv import why_not as layer_why_not
@@ -69,8 +70,11 @@ def why_not(model, cache, steps: int, capture: bool = True) -> str | None:
     if getattr(model.config.get_text_config(decoder=True), "attn_logit_softcapping", None) is not None:
         return "attention logit soft-capping (the fused kernels do not cap)"
     for i, layer in enumerate(cache.layers):
+        if is_library_layer(layer):
+            return (f"layer {i} is transformers' own quantized cache layer (hf-quanto, hf-hqq: its tensors grow "
+                    f"in transformers' layer object, on the host's schedule, so these codecs decode eagerly)")
         if not isinstance(layer, CompressedLayer):
-            return f"layer {i} is transformers' own cache layer (a sliding window, or its quantized cache)"
+            return f"layer {i} is transformers' own cache layer (a sliding window)"
         why = layer_why_not(layer.kv)
         if why is not None:
             return f"layer {i}: {why}"
@@ -115,7 +119,9 @@ class _Graph:
     def __init__(self, model, cache: CompressedCache, capacity: int):
         dev = model.device
         self.capacity = capacity
-        self.counters = StaticCounters(len(cache.layers[0].kv.seq_window), cache.kv.config.residual, dev)
+        codec = next((layer.kv.codec for layer in cache.layers if layer.kv.codec is not None), None)
+        self.counters = StaticCounters(len(cache.layers[0].kv.seq_window), cache.kv.config.residual, dev,
+                                       1 if codec is None else codec.token_block)
         self.statics = [StaticKV(layer.kv, self.counters, capacity,
                                  None if layer.kv.codec is None else _decode_path(model, layer))
                         for layer in cache.layers]
@@ -179,8 +185,9 @@ class GraphedDecode:
         self.g = g
         self.capture_s = 0.0
         kvs = [layer.kv for layer in cache.layers]
-        committed = next((kv.committed for kv in kvs if kv.codec is not None), 0)
-        g.counters.load(committed, kvs[0].columns)
+        coded = next((kv for kv in kvs if kv.codec is not None), None)  # every codec layer holds as many tokens
+        g.counters.load(0 if coded is None else coded.committed, kvs[0].columns,
+                        None if coded is None else coded.seq_window[0])
         for layer, static in zip(cache.layers, g.statics):
             static.load(layer.kv)
             layer.static = static

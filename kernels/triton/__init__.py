@@ -5,7 +5,9 @@
 - :mod:`.token_attention`: the same over per-token scalar codes (the engines' KV-cache presets), read as
   their ``codec.token_layout()`` declares (:mod:`kernels.token_layout`); :mod:`.combine` is shared.
 - :mod:`.octopus_encode`, :mod:`.turboquant_encode`: fused key encoders producing the reference states;
-  :mod:`.encoders` says which writes which key layout.
+  :mod:`.encoders` says which writes which key layout. :mod:`.value_encode`: the fused value encoder.
+- :mod:`.commit`: a graphed decode step's window write and commit of one layer in one launch, through the
+  encoders' own bodies (``@triton.jit`` functions the standalone encoders run too).
 
 The kernels read what a codec declares in ``codec.fused_layout()`` (:mod:`kernels.fused_layout`),
 never its name; the fused-or-reference choice is :mod:`kernels.backend`'s.

@@ -1,4 +1,5 @@
-"""Which fused key encoder writes which key layout (:class:`kernels.fused_layout.KeyCodes`).
+"""Which fused key encoder writes which key layout (:class:`kernels.fused_layout.KeyCodes`), and which
+codecs a decode step commits in one launch (:mod:`kernels.triton.commit`).
 
 An encoder ``fn(codec, keys [..., T, d]) -> Encoded`` writes the key codes of
 ``codec.fused_layout()`` (norm and packed codes, byte for byte the reference's up to the stated
@@ -38,3 +39,20 @@ def encoder_unsupported(codec, device) -> str | None:
 def fused_encoder(layout: FusedLayout):
     """The encoder function for ``layout``'s key codes."""
     return getattr(_module(layout), ENCODERS[layout.keys][1])
+
+
+def commit_unsupported(codec, device) -> str | None:
+    """None when a graphed decode step's commit of ``codec`` runs as one launch on ``device``
+    (:class:`kernels.triton.commit.FusedCommit`): a fused encoder writes its whole key state and the fused
+    value encoder its values (what its ``fused_layout()`` and value quantizer declare), else why not."""
+    why = encoder_unsupported(codec, device)
+    if why is not None:
+        return why
+    from kernels.triton.value_encode import value_encoder_unsupported
+
+    return value_encoder_unsupported(codec.value_quantizer, device)
+
+
+def fused_commit():
+    """The class of the fused commit (:class:`kernels.triton.commit.FusedCommit`)."""
+    return importlib.import_module(f"{__package__}.commit").FusedCommit

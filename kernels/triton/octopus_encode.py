@@ -26,20 +26,19 @@ from kernels.joint_rounding import direction_grid
 from kernels.triton._common import (count_below, fwht_rows, head_layout, load_rows, pack_bytes, rotation_signs, rows_per_program,
                       sum_rows, thresholds)
 
-# token counts change with every call: no specialisation on them (one compiled kernel for all)
-@triton.jit(do_not_specialize=["N", "T"])
-def _octopus_encode_kernel(
-    X, SIGNS, OC_THR, GRID, RHO_THR, NORM_OUT, U_OUT, N, T, H, rot_scale,
-    D: tl.constexpr, NP: tl.constexpr, LOG2N: tl.constexpr, BT: tl.constexpr, NT: tl.constexpr,
-    NTP: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr, UB: tl.constexpr, UBP: tl.constexpr,
-    LOCAL: tl.constexpr,
+@triton.jit
+def octopus_rows(
+    x, head, SIGNS, OC_THR, GRID, RHO_THR, rot_scale,
+    BT: tl.constexpr, NP: tl.constexpr, LOG2N: tl.constexpr, NT: tl.constexpr, NTP: tl.constexpr,
+    BU: tl.constexpr, BR: tl.constexpr, UBP: tl.constexpr, LOCAL: tl.constexpr,
 ):
-    rows, rm, x = load_rows(X, N, D, NP, BT)
+    """BT keys x fp32 [BT, NP] (zero past the head dim), each of rotation head ``head`` [BT] -> (norm fp32
+    [BT], the row's bytes int32 [BT, UBP]: the fused triplet codes, zero past them). The encoder's whole
+    body: the standalone kernel below and the decode step's fused commit (:mod:`.commit`) both run it."""
     cols = tl.arange(0, NP)
     # norm and unit direction (zero keys stay zero)
     norm = tl.sqrt_rn(sum_rows(x * x, BT, NP, LOG2N))
     unit = tl.div_rn(x, tl.where(norm > 0, norm, 1.0)[:, None])
-    head = (rows // T) % H
     sg = tl.load(SIGNS + head[:, None] * NP + cols[None, :])
     y = fwht_rows(unit * sg, BT, NP, LOG2N) * rot_scale  # [BT, NP]
 
@@ -89,10 +88,22 @@ def _octopus_encode_kernel(
     gp = GRID + (iu * K + iv) * 3
     proj = rho * (tl.load(gp) * sx + tl.load(gp + 1) * sy + tl.load(gp + 2) * sz)
     ir = count_below(proj, RHO_THR, (1 << BR) - 1)
+    # one fused code per triplet, the row's bytes past the codes zero
+    return norm, pack_bytes(iu | (iv << BU) | (ir << (2 * BU)), NT, NTP, 2 * BU + BR, UBP)
 
-    # outputs: one fused code per triplet, the row's bytes past the codes zero
+
+# token counts change with every call: no specialisation on them (one compiled kernel for all)
+@triton.jit(do_not_specialize=["N", "T"])
+def _octopus_encode_kernel(
+    X, SIGNS, OC_THR, GRID, RHO_THR, NORM_OUT, U_OUT, N, T, H, rot_scale,
+    D: tl.constexpr, NP: tl.constexpr, LOG2N: tl.constexpr, BT: tl.constexpr, NT: tl.constexpr,
+    NTP: tl.constexpr, BU: tl.constexpr, BR: tl.constexpr, UB: tl.constexpr, UBP: tl.constexpr,
+    LOCAL: tl.constexpr,
+):
+    rows, rm, x = load_rows(X, N, D, NP, BT)
+    norm, ub = octopus_rows(x, (rows // T) % H, SIGNS, OC_THR, GRID, RHO_THR, rot_scale,
+                            BT, NP, LOG2N, NT, NTP, BU, BR, UBP, LOCAL)
     tl.store(NORM_OUT + rows, norm, mask=rm)
-    ub = pack_bytes(iu | (iv << BU) | (ir << (2 * BU)), NT, NTP, 2 * BU + BR, UBP)
     j = tl.arange(0, UBP)
     tl.store(U_OUT + rows[:, None].to(tl.int64) * UB + j[None, :], ub.to(tl.uint8), mask=rm[:, None] & (j < UB)[None, :])
 
@@ -111,6 +122,23 @@ class _Tables:
 _TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def encoder_args(codec, layout: FusedLayout, device) -> tuple[tuple[torch.Tensor, ...], float, dict]:
+    """What :func:`octopus_rows` takes for ``codec``'s ``layout`` (its ``fused_layout()``) on ``device``: its
+    tables (signs, octahedral thresholds, direction grid, triplet-length thresholds), the rotation's scale
+    and the constexprs (``UB``: the row's bytes)."""
+    why = supports(layout)
+    if why:
+        raise ValueError(why)
+    per = _TABLES.setdefault(codec, {})
+    tab = per.get(str(device))
+    if tab is None:
+        tab = per[str(device)] = _Tables(layout, device)
+    NP, NT, UB = layout.padded, layout.triplets, layout.codes.nbytes
+    consts = dict(NP=NP, LOG2N=NP.bit_length() - 1, NT=NT, NTP=triton.next_power_of_2(NT), BU=layout.bits[0],
+                  BR=layout.bits[1], UB=UB, UBP=triton.next_power_of_2(UB), LOCAL=layout.rounding == "local")
+    return (tab.signs, tab.oc_thr, tab.grid, tab.rho_thr), 1.0 / math.sqrt(NP), consts
+
+
 def supports(layout: FusedLayout | None) -> str | None:
     """None when this encoder writes ``layout``'s key codes, else why not."""
     if layout is None or layout.keys != KeyCodes.OCTAHEDRAL:
@@ -127,33 +155,20 @@ def octopus_encode(codec, keys: torch.Tensor, block_t: int | None = None, defer=
     """keys [..., T, d] (``[..., H, T, d]`` when the codec has per-head signs) -> the OCTAHEDRAL key codes
     of ``codec.fused_layout()`` (norm and fused triplet codes), as ``codec.encode(keys)`` writes them (for
     OCTOPUS-QJL: its OCTOPUS stage's fields)."""
-    layout = codec.fused_layout()
-    why = supports(layout)
-    if why:
-        raise ValueError(why)
+    layout, dev = codec.fused_layout(), keys.device
+    tables, rot_scale, consts = encoder_args(codec, layout, dev)
     check_input(keys, codec.head_dim, defer=defer)  # defer: Codec.encode's
-    dev = keys.device
-    per = _TABLES.setdefault(codec, {})
-    tab = per.get(str(dev))
-    if tab is None:
-        tab = per[str(dev)] = _Tables(layout, dev)
-    b_u, b_r = layout.bits
-    D, NP, NT = codec.head_dim, layout.padded, layout.triplets
-    x = keys.reshape(-1, D).contiguous()
+    x = keys.reshape(-1, codec.head_dim).contiguous()
     N = x.shape[0]
     T, H = head_layout(tuple(keys.shape), layout.rotation.num_heads)
-    UB = layout.codes.nbytes
     lead = tuple(keys.shape[:-1])
     norm = torch.empty(lead + (1,), dtype=torch.float32, device=dev)
-    u = torch.empty(lead + (UB,), dtype=torch.uint8, device=dev)
+    u = torch.empty(lead + (consts["UB"],), dtype=torch.uint8, device=dev)
     # rows per program and warps: fewer for a decode step's few rows (rows_per_program)
     bt, warps = (block_t, 4) if block_t else rows_per_program(N)
     if N:
         _octopus_encode_kernel[(triton.cdiv(N, bt),)](
-            x, tab.signs, tab.oc_thr, tab.grid, tab.rho_thr, norm, u, N, T, H,
-            1.0 / math.sqrt(NP),
-            D=D, NP=NP, LOG2N=NP.bit_length() - 1, BT=bt, NT=NT, NTP=triton.next_power_of_2(NT),
-            BU=b_u, BR=b_r, UB=UB, UBP=triton.next_power_of_2(UB), LOCAL=layout.rounding == "local",
+            x, *tables, norm, u, N, T, H, rot_scale, D=codec.head_dim, BT=bt, **consts,
             enable_fp_fusion=False, num_warps=warps,
         )
     fields = {layout.norm_field: norm, layout.codes_field: u}

@@ -30,14 +30,14 @@ def _round_half_even(y):
     return f + tl.where((d > 0.5) | ((d == 0.5) & odd), 1.0, 0.0)
 
 
-# token counts change with every call: no specialisation on them (one compiled kernel for all)
-@triton.jit(do_not_specialize=["N"])
-def _value_encode_kernel(
-    X, CODES, SCALE, ZERO, N, QMAX,
-    D: tl.constexpr, NP: tl.constexpr, GROUP: tl.constexpr, NG: tl.constexpr, BITS: tl.constexpr,
-    CB: tl.constexpr, CBP: tl.constexpr, BT: tl.constexpr,
+@triton.jit
+def value_rows(
+    x, QMAX, BT: tl.constexpr, NP: tl.constexpr, GROUP: tl.constexpr, NG: tl.constexpr, BITS: tl.constexpr,
+    CBP: tl.constexpr,
 ):
-    rows, rm, x = load_rows(X, N, D, NP, BT)  # coordinates past the head dim: the reference's zero padding
+    """BT values x fp32 [BT, NP] (zero past the head dim: the reference's padding) -> (packed codes int32
+    [BT, CBP], scale fp16 [BT, NG], zero fp16 [BT, NG]). The encoder's whole body: the standalone kernel
+    below and the decode step's fused commit (:mod:`.commit`) both run it."""
     g = tl.reshape(x, [BT, NG, GROUP])
     lo = tl.min(g, 2)
     hi = tl.max(g, 2)
@@ -49,7 +49,18 @@ def _value_encode_kernel(
     y = tl.div_rn(g - zf[:, :, None], safe[:, :, None])
     r = tl.minimum(tl.maximum(_round_half_even(y), 0.0), QMAX)
     codes = tl.reshape(r.to(tl.int32), [BT, NP])
-    packed = pack_bytes(codes, NP, NP, BITS, CBP)
+    return pack_bytes(codes, NP, NP, BITS, CBP), scale, zero
+
+
+# token counts change with every call: no specialisation on them (one compiled kernel for all)
+@triton.jit(do_not_specialize=["N"])
+def _value_encode_kernel(
+    X, CODES, SCALE, ZERO, N, QMAX,
+    D: tl.constexpr, NP: tl.constexpr, GROUP: tl.constexpr, NG: tl.constexpr, BITS: tl.constexpr,
+    CB: tl.constexpr, CBP: tl.constexpr, BT: tl.constexpr,
+):
+    rows, rm, x = load_rows(X, N, D, NP, BT)  # coordinates past the head dim: the reference's zero padding
+    packed, scale, zero = value_rows(x, QMAX, BT, NP, GROUP, NG, BITS, CBP)
     j = tl.arange(0, CBP)
     tl.store(CODES + rows[:, None].to(tl.int64) * CB + j[None, :], packed.to(tl.uint8),
              mask=rm[:, None] & (j < CB)[None, :])
@@ -77,28 +88,34 @@ def value_encoder_unsupported(vq, device) -> str | None:
     return None
 
 
+def encoder_args(vq) -> tuple[float, dict]:
+    """What :func:`value_rows` takes for ``vq`` (a :class:`kernels.values.ValueQuantizer` it covers): QMAX and
+    the constexprs (``CB``: the row's code bytes)."""
+    NP, G, CB = vq.padded, vq.group, vq.field.nbytes
+    return float((1 << vq.bits) - 1), dict(NP=NP, GROUP=G, NG=NP // G, BITS=vq.bits, CB=CB,
+                                           CBP=triton.next_power_of_2(CB))
+
+
 def value_encode(vq, values: torch.Tensor, block_t: int | None = None) -> Encoded:
     """values [..., T, d] (fp32/fp16/bf16, checked by the caller) -> ``vq.encode(values)``'s state."""
     why = value_encoder_unsupported(vq, values.device)
     if why:
         raise ValueError(why)
-    D, NP, G = vq.head_dim, vq.padded, vq.group
-    NG, CB = NP // G, vq.field.nbytes
-    x = values.reshape(-1, D)
+    qmax, consts = encoder_args(vq)
+    x = values.reshape(-1, vq.head_dim)
     if not x.is_contiguous():
         x = x.contiguous()
     N = x.shape[0]
     lead = tuple(values.shape[:-1])
     dev = values.device
-    codes = torch.empty(lead + (CB,), dtype=torch.uint8, device=dev)
-    scale = torch.empty(lead + (NG,), dtype=torch.float16, device=dev)
-    zero = torch.empty(lead + (NG,), dtype=torch.float16, device=dev)
+    codes = torch.empty(lead + (consts["CB"],), dtype=torch.uint8, device=dev)
+    scale = torch.empty(lead + (consts["NG"],), dtype=torch.float16, device=dev)
+    zero = torch.empty(lead + (consts["NG"],), dtype=torch.float16, device=dev)
     # rows per program and warps: fewer for a decode step's few rows (rows_per_program)
     bt, warps = (block_t, 4) if block_t else rows_per_program(N)
     if N:
         _value_encode_kernel[(triton.cdiv(N, bt),)](
-            x, codes, scale, zero, N, float((1 << vq.bits) - 1),
-            D=D, NP=NP, GROUP=G, NG=NG, BITS=vq.bits, CB=CB, CBP=triton.next_power_of_2(CB), BT=bt,
+            x, codes, scale, zero, N, qmax, D=vq.head_dim, BT=bt, **consts,
             enable_fp_fusion=False, num_warps=warps,
         )
     return Encoded({"codes": codes, "scale": scale, "zero": zero}, tuple(values.shape), values.dtype)

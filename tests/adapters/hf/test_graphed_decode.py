@@ -18,7 +18,9 @@ from helpers.tiny_lm import tiny_causal_lm
 
 CODECS = [None, CacheConfig(codec="octopus", bits=3, residual=8), CacheConfig(codec="turboquant-mse", bits=2, residual=8),
           CacheConfig(codec="qjl", bits=3, residual=0), CacheConfig(codec="polarquant", bits=3, residual=8),
-          CacheConfig(codec="quarot", bits=4, residual=8, attend="reconstruct")]
+          CacheConfig(codec="quarot", bits=4, residual=8, attend="reconstruct"),
+          # blocks of 4 tokens (KIVI's group, its token block): 16 steps commit 4 blocks through the block window
+          CacheConfig(codec="kivi", bits=2, residual=8, options={"group_size": 4})]
 
 
 def _prompts(batch: int, n: int, seed: int = 0) -> list[list[int]]:
@@ -73,11 +75,13 @@ def test_static_steps_generate_what_eager_steps_generate(cfg, batch):
                 assert la.store_k.view().shape == lb.store_k.view().shape
 
 
-@pytest.mark.parametrize("cfg", [None, CODECS[1], CODECS[3]], ids=["native", "octopus@3", "qjl@3"])
+@pytest.mark.parametrize("cfg", [None, CODECS[1], CODECS[3], CODECS[-1]],
+                         ids=["native", "octopus@3", "qjl@3", "kivi@2"])
 def test_kept_buffers_serve_the_next_rollouts_as_their_own_would(cfg, monkeypatch):
     """Rollouts of one configuration and batch shape share one set of static buffers (and on CUDA the step
     captured over them): each copies its cache in and takes its steps back, so it generates what it
-    generates eagerly; rollouts of other lengths in the same capacity bucket share them too."""
+    generates eagerly; rollouts of other lengths in the same capacity bucket share them too (KIVI's 41-token
+    prompt leaves 9 tokens in its window, the 40-token ones 8: the window's fill is each rollout's own)."""
     import adapters.hf.graphed_decode as gd
 
     made = []
@@ -113,10 +117,10 @@ def gd_bucket(n: int) -> int:
     return bucket(n)
 
 
-@pytest.mark.parametrize("codec", ["octopus", "polarquant"])  # polarquant: the decoded memo is handed back too
-def test_the_cache_goes_on_eagerly_after_the_static_steps(codec):
+# polarquant, kivi: the decoded memo is handed back too; kivi: a window of blocks
+@pytest.mark.parametrize("cfg", [CODECS[1], CODECS[4], CODECS[-1]], ids=["octopus", "polarquant", "kivi"])
+def test_the_cache_goes_on_eagerly_after_the_static_steps(cfg):
     lm = _lively(tiny_causal_lm())
-    cfg = CacheConfig(codec=codec, bits=3, residual=8)
     prompt, tail = _prompts(1, 40)[0], _prompts(1, 12, seed=1)[0]
     outs = []
     for mode in ("off", "static"):
@@ -168,7 +172,7 @@ def test_a_sequence_that_ends_hands_the_batch_back_to_eager_steps():
 
 
 @pytest.mark.parametrize("cfg, ids, why", [
-    (CacheConfig(codec="kivi", bits=2, residual=8), [1] * 40, "blocks of 32 tokens"),
+    (CacheConfig(codec="kivi", bits=2, residual=8), [1] * 39, "nothing committed yet"),  # its first block at 40
     (CacheConfig(codec="octopus", bits=3, residual=8, residual_unit="append"), [1] * 40, "commits whole appends"),
     (CacheConfig(codec="octopus", bits=3, residual=8), [1] * 5, "the native window holds 5 of its 8 tokens"),
     (CacheConfig(codec="octopus", bits=3, residual=8), [[1] * 40, [2] * 30], "differ in length"),
@@ -184,6 +188,25 @@ def test_what_cannot_be_graphed_says_why(cfg, ids, why):
         assert "CUDA graphs need a CUDA device" in why_not(lm.model, cache, 10, capture=True)
     with pytest.raises(ValueError, match="graphed decode"):
         GraphedDecode(lm.model, cache, [1] * len(batch), 10, capture=False)
+
+
+@pytest.mark.parametrize("codec", [c for c in list_codecs() if c != "none"])
+def test_every_codec_takes_static_steps_but_transformers_own_quantized_cache(codec):
+    """Every codec's layers take the static layout once committed (KIVI's blocks, the engines' presets with
+    their per-token kernel on CUDA), and static steps generate what eager steps generate; transformers' own
+    quantized caches (hf-quanto, hf-hqq) live in transformers' layer objects and decode eagerly, saying so."""
+    lm = tiny_causal_lm(head_dim=64)
+    bits = list_codecs()[codec]
+    cfg = CacheConfig(codec=codec, bits=3 if 3 in bits else min(bits), residual=8)
+    with torch.no_grad(), attach(lm.model) as new_cache:
+        cache = _steady_cache(lm, cfg, new_cache)
+        why = why_not(lm.model, cache, 10, capture=False)
+    if codec.startswith("hf-"):
+        assert "transformers' own quantized cache layer (hf-quanto, hf-hqq" in why
+    else:
+        assert why is None
+        prompt = _prompts(1, 40)[0]
+        assert _greedy(lm, prompt, cfg, "off", new=6)["tokens"] == _greedy(lm, prompt, cfg, "static", new=6)["tokens"]
 
 
 def test_the_graph_modes_are_checked():
@@ -210,8 +233,8 @@ def _cuda_lm():
 @cuda
 @pytest.mark.parametrize("cfg", [None, CacheConfig(codec="octopus", bits=3), CacheConfig(codec="turboquant-mse", bits=3),
                                  CacheConfig(codec="octopus", bits=3, backend="triton"),
-                                 CacheConfig(codec="octopus-qjl", bits=3)],
-                         ids=["native", "octopus-lut", "tq-mse-lut", "octopus-triton", "octopus-qjl-lut"])
+                                 CacheConfig(codec="octopus-qjl", bits=3), CacheConfig(codec="kivi", bits=2)],
+                         ids=["native", "octopus-lut", "tq-mse-lut", "octopus-triton", "octopus-qjl-lut", "kivi"])
 def test_replayed_steps_equal_the_same_steps_run_eagerly(cfg):
     lm = _cuda_lm()
     prompts = _prompts(2, 300)
@@ -227,7 +250,9 @@ def test_replayed_steps_equal_the_same_steps_run_eagerly(cfg):
 
 
 @cuda
-@pytest.mark.parametrize("cfg", [CacheConfig(), CacheConfig(codec="octopus", bits=3)], ids=["native", "octopus"])
+@pytest.mark.parametrize("cfg", [CacheConfig(), CacheConfig(codec="octopus", bits=3),
+                                 CacheConfig(codec="kivi", bits=2, options={"group_size": 4})],
+                         ids=["native", "octopus", "kivi"])
 def test_a_replayed_step_never_syncs(cfg):
     lm = _cuda_lm()
     with torch.no_grad(), attach(lm.model) as new_cache:
@@ -267,9 +292,9 @@ def test_every_codec_is_captured_or_left_eager(codec, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         graphed = _greedy(lm, _prompts(1, 300)[0], cfg, "auto", new=12)
-    # kivi commits blocks of 32 tokens: its steps differ in shape; transformers' own quantized cache (hf-*) holds
-    # its layers in transformers' layer objects, which a graph does not take
-    graphed_here = codec != "kivi" and not codec.startswith("hf-")
+    # transformers' own quantized cache (hf-*) holds its layers in transformers' layer objects, which a graph does
+    # not take; every other codec (KIVI's blocks, the engines' presets) is captured
+    graphed_here = not codec.startswith("hf-")
     assert captured == ([True] if graphed_here else [])
     same = _greedy(lm, _prompts(1, 300)[0], cfg, "static" if graphed_here else "off", new=12)
     assert graphed["tokens"] == same["tokens"] and torch.equal(graphed["logits"], same["logits"])
