@@ -31,6 +31,9 @@ DEFAULT_CODEC_SEEDS = (0, 1, 2)
 #: prompts of ~1k tokens ran 5-11x faster together than one by one with a 135M model; the float32
 #: logits of a prefill, [B, T, vocab], stay near 20 GB for a 150k-vocabulary model at 2k tokens)
 AUTO_BATCH_SIZE = {"cpu": 8, "cuda": 16}
+#: ``--prefill-chunk auto``: text prompts up to this many tokens are prefilled in one piece (what every run
+#: did before chunks: their rows unchanged); longer ones in pieces sized to free memory (harness.run.memory)
+AUTO_WHOLE_PREFILL = 32_768
 REPORTS_DIR = Path("reports")
 
 
@@ -128,6 +131,14 @@ class RunConfig:
     graphs: Annotated[Literal["auto", "off"], arg(
         help="decode steps of text models: auto (CUDA graphs on CUDA where the cache allows), off (eager)")] = "auto"
 
+    # the first forward of a long text prompt in pieces (adapters.hf.prefill); config.json keeps the option as
+    # given, model.json the chunk it came to (harness.run.memory: chosen from free memory, so machine-dependent)
+    prefill_chunk: Annotated[Literal["auto"] | int, arg(
+        help="text prompts longer than N tokens are prefilled in pieces of N, natively, then committed (the "
+        "same numbers to float rounding; a piece's activations instead of the prompt's); auto: prompts up to "
+        f"{AUTO_WHOLE_PREFILL:,} tokens in one piece, longer ones in the largest piece free memory holds",
+        metavar="auto|N")] = "auto"
+
     def to_json(self) -> dict:
         return {"version": RUN_CONFIG_VERSION, **asdict(self)}
 
@@ -159,6 +170,9 @@ class RunConfig:
                                             or self.batch_size < 1):
             raise RunError(f"--batch-size must be a positive number of prompts, got {self.batch_size}; "
                            f"leave it out to choose it for the device")
+        if self.prefill_chunk != "auto" and (isinstance(self.prefill_chunk, bool) or not isinstance(self.prefill_chunk, int)
+                                             or self.prefill_chunk < 1):
+            raise RunError(f"--prefill-chunk takes auto or a number of tokens >= 1, got {self.prefill_chunk!r}")
         if self.value_bits is not None and not 1 <= self.value_bits <= 16:
             raise RunError(f"--value-bits must be in 1..16, got {self.value_bits}; leave it out to use the key bits")
         if self.value_group < 1:
