@@ -170,8 +170,8 @@ class RunConfig:
                                             or self.batch_size < 1):
             raise RunError(f"--batch-size must be a positive number of prompts, got {self.batch_size}; "
                            f"leave it out to choose it for the device")
-        if self.prefill_chunk != "auto" and (isinstance(self.prefill_chunk, bool) or not isinstance(self.prefill_chunk, int)
-                                             or self.prefill_chunk < 1):
+        chunk = self.prefill_chunk
+        if chunk != "auto" and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
             raise RunError(f"--prefill-chunk takes auto or a number of tokens >= 1, got {self.prefill_chunk!r}")
         if self.value_bits is not None and not 1 <= self.value_bits <= 16:
             raise RunError(f"--value-bits must be in 1..16, got {self.value_bits}; leave it out to use the key bits")
