@@ -55,6 +55,7 @@ from harness.run.environment import environment, environment_diff
 from harness.run.folder import RunFolder
 from harness.run.lines import speed_line, stored_rows
 from harness.run.lock import RunLock, RunLocked, describe
+from harness.run.memory_check import run_memory
 from harness.run.plan import Plan, adopt_plan, write_plan
 from harness.run.rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name, write_via
 from harness.scale.merge import MERGE_WAIT_S, complete
@@ -149,6 +150,7 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
 
         check_limits(config, _options(config), *declared_limits(config.model_path), f"{config.model_path}/config.json")
     work = plan(config, log)
+    planned = run_memory(config, spec.modality, work, model, log)  # before the folder is touched
     out = Path(out) if out else config.default_out()
     if shard is not None and shard.count == 1:
         shard = None
@@ -157,14 +159,14 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
             raise RunError(f"--fresh with {shard.source} would discard the other shards' rows: start over "
                            f"with `harness launch ... -- ... --fresh`, or once with `harness run --fresh` "
                            f"without shards")
-        return _run_shard(config, spec, work, out, model, on_row, progress, log, shard)
+        return _run_shard(config, spec, work, out, model, on_row, progress, log, shard, planned)
     created = make_out(out)
     with RunLock(out, wait=MERGE_WAIT_S):
         started = False
         try:
             refuse_live_shards(out)
             claim_out(config, out, fresh)
-            model, cache_configs, skipped = _load(config, spec, model, log)
+            model, cache_configs, skipped = _load(config, spec, model, log, work, planned)
             start_out(config, out, fresh, plot_names(out), modalities())
             started = True
         finally:
@@ -175,7 +177,7 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
     return out
 
 
-def _run_shard(config, spec, work, out: Path, model, on_row, progress, log, shard: Shard) -> Path:
+def _run_shard(config, spec, work, out: Path, model, on_row, progress, log, shard: Shard, planned) -> Path:
     """``run`` for one shard: claim the folder under its lock for a moment, hold the shard's own
     lock while it runs, then merge if every planned row is stored (the last shard to end does)."""
     make_out(out)
@@ -194,7 +196,7 @@ def _run_shard(config, spec, work, out: Path, model, on_row, progress, log, shar
             raise
     try:
         log(f"{shard}" + (f" (from {shard.source})" if shard.source != "--shard" else ""))
-        model, cache_configs, skipped = _load(config, spec, model, log)
+        model, cache_configs, skipped = _load(config, spec, model, log, work, planned)
         _loop(config, out, model, cache_configs, skipped, work, on_row, progress, log, shard)
     finally:
         lock.release()
@@ -212,8 +214,10 @@ def _options(config: RunConfig) -> dict[str, type]:
     return {t: get_task(t).Options for t in config.tasks}
 
 
-def _load(config: RunConfig, spec, model, log) -> tuple[ModelAdapter, list[CacheConfig], list[dict]]:
-    """The model (loaded unless given) and the cache configurations it can run, with the skipped."""
+def _load(config: RunConfig, spec, model, log, work=(), planned=...
+          ) -> tuple[ModelAdapter, list[CacheConfig], list[dict]]:
+    """The model (loaded unless given) and the cache configurations it can run, with the skipped; a text
+    model prefills in the chunk its memory plan came to (planned now where it could not be before)."""
     if model is None:
         log(f"loading {config.model}" + (f" from {config.model_path}" if config.model_path else ""))
         placed = {"device_map": config.device_map} if config.device_map else {}
@@ -226,6 +230,10 @@ def _load(config: RunConfig, spec, model, log) -> tuple[ModelAdapter, list[Cache
     from adapters.hf.models import max_positions
 
     check_limits(config, _options(config), model.geometry.layers, max_positions(model), f"model '{config.model}'")
+    if planned is ... and spec.modality == "text":
+        planned = run_memory(config, spec.modality, work, model, log)
+    if hasattr(model, "prefill_chunk") and planned is not ...:
+        model.prefill_chunk = planned
     cache_configs, skipped = check_pairs(config.cache_configs(), model.geometry)
     return model, cache_configs, skipped
 

@@ -140,12 +140,12 @@ class AARPipeline(ModelAdapter):
         cache = self.new_cache(config)
         clock = speed or OFF
         clock.start(B, [self.device])
-        cond, logits, shared_s = self._first_scale(emb.to(self.device, self.dtype), cache)
+        cond, logits, shared = self._first_scale(emb.to(self.device, self.dtype), cache)
         f_hat = torch.zeros(B, vq.dim, scales[-1], device=self.device)
         tokens, logits_out = [], []
         for si in range(S):
             if si == 1:
-                clock.prefill_done(shared_s)
+                clock.prefill_done(shared)
                 clock.decode_start()
             if si > 0:
                 logits = aar.step(x, cond, cache)  # [2B, l, V]
@@ -159,7 +159,7 @@ class AARPipeline(ModelAdapter):
             if si < S - 1:
                 x = aar.scale_input(si + 1, nxt.transpose(1, 2).to(self.dtype)).repeat(2, 1, 1)
         if S == 1:
-            clock.prefill_done(shared_s)
+            clock.prefill_done(shared)
         else:
             clock.decode_done(B * sum(scales[1:]))
         clock.stop()
@@ -182,10 +182,10 @@ class AARPipeline(ModelAdapter):
         c = cache.config
         if not (self.share_prefill and c.residual_unit == "append" and c.residual >= 1):
             return *compute(cache)[:2], None
-        (cond, logits, native), shared_s = self._shared.get(
+        (cond, logits, native), shared = self._shared.get(
             (emb,), lambda: compute(self.new_cache(CacheConfig(codec="none"))), [self.device])
         cache.replay(native)
-        return cond, logits, shared_s
+        return cond, logits, shared
 
     @torch.no_grad()
     def masked_forward_logits(self, emb: torch.Tensor, tokens: list[torch.Tensor],

@@ -82,6 +82,7 @@ class LayerKV:
         self.finite = DeferredFinite()
         # (key bytes, value bytes) of the whole batch where a library's layer stores this one (hold_library)
         self.library_bytes: tuple[int, int] | None = None
+        self._commit_room = 0  # tokens per sequence the store makes room for at once (reserve_commits)
 
     def fork(self) -> "LayerKV":
         """An independent copy that shares the codec and the encoded states (copied on write)."""
@@ -159,6 +160,22 @@ class LayerKV:
         self.window_v, _ = ragged.drop_front(self.window_v, lens, counts)
         self.seq_committed = [c + n for c, n in zip(self.seq_committed, counts)]
         self._append_sizes = trim_appends(self._append_sizes, max(self.seq_window))
+        self._reserve_room()
+
+    def reserve_commits(self, seen: list[int]) -> None:
+        """Room in the store for what this codec layer commits once sequence b has ``seen[b]`` real tokens
+        (a replay in pieces: its buffers grow once to their final size, not by doublings)."""
+        if self.codec is None or self.config.residual_unit != "token":
+            return
+        block = self.codec.token_block
+        self._commit_room = max(max(n - self.config.residual, 0) // block * block for n in seen)
+        self._reserve_room()
+
+    def _reserve_room(self) -> None:
+        if self._commit_room and self.store_k is not None:  # once the store exists (its first commit)
+            self.store_k.reserve(self._commit_room)
+            self.store_v.reserve(self._commit_room)
+            self._commit_room = 0
 
     def hold_native(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Make this native layer hold exactly k, v [B, Hkv, T, d] (a sliding-window layer's cache,

@@ -11,6 +11,13 @@ reset at its start; model weights included), summed over the rollout's GPUs (a m
 ``device_map``). On the CPU there is no allocator counter to read, and the peak is None: a
 resident-set figure would count the Python process, not the rollout.
 
+A rollout whose first step is shared (:mod:`adapters.cache.shared_prefill`: computed once per prompt
+batch, natively, and replayed into each configuration's cache) records that forward apart from its own
+prefill: ``shared_forward_s`` is the forward's seconds (the batch's cost, the same figure in every
+rollout that starts from it, paid once), ``prefill_s`` this configuration's own part (its replay and
+encode; where it computed the shared forward itself, that forward's seconds are taken out). A rollout
+whose first step is its own has ``shared_forward_s`` None and its whole first step in ``prefill_s``.
+
 A task makes one clock per timed rollout and passes it to the adapter (``speed=``); a rollout
 given none runs :data:`OFF`, whose boundaries do nothing (no sync, no counter reset; a shared
 text prefill still times its one forward, with two syncs per prompt batch, for the rollouts that replay it). The clock's
@@ -20,10 +27,12 @@ keeps it out of rows.jsonl (timings differ from run to run).
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 
+if TYPE_CHECKING:
+    from adapters.cache.shared_prefill import SharedStep
 
 def _cuda(devices: Iterable[torch.device]) -> list[torch.device]:
     return [d for d in devices if d.type == "cuda"]
@@ -47,6 +56,7 @@ class RolloutClock:
         self.sequences = 1
         self.prefill_s: float | None = None
         self.prefill_shared = False
+        self.shared_forward_s: float | None = None
         self.decode_s: float | None = None
         self.decode_units = 0
         self.capture_s = 0.0  # warming up and capturing graphed decode steps, inside the decode's time
@@ -63,12 +73,14 @@ class RolloutClock:
             torch.cuda.reset_peak_memory_stats(d)
         self._t0 = wall(self.devices, self.clock)
 
-    def prefill_done(self, shared_s: float | None = None) -> None:
-        """After the prefill. ``shared_s``: where the prefill's forward ran once for several
-        rollouts and was replayed into this cache, the seconds that forward took (measured, synced,
-        when it ran): the prefill is then that forward plus this rollout's replay and encode."""
-        self.prefill_s = wall(self.devices, self.clock) - self._t0 + (shared_s or 0.0)
-        self.prefill_shared = shared_s is not None
+    def prefill_done(self, shared: "SharedStep | None" = None) -> None:
+        """After the prefill. ``shared``: where its forward ran once for several rollouts and was replayed
+        into this cache, that forward's seconds and whether this rollout computed it (then inside its own
+        reading, and taken out): ``prefill_s`` is this rollout's own part, ``shared_forward_s`` the forward."""
+        own = wall(self.devices, self.clock) - self._t0
+        self.prefill_shared = shared is not None
+        self.shared_forward_s = None if shared is None else shared.seconds
+        self.prefill_s = own - shared.seconds if shared is not None and shared.fresh else own
 
     def decode_start(self) -> None:
         self._t_decode = wall(self.devices, self.clock)
@@ -99,9 +111,11 @@ class RolloutClock:
         return self.decode_units / self.decode_s
 
     def record(self) -> dict:
-        """{sequences, prefill_s, prefill_shared, decode_s, decode_units, decode_unit, decode_per_s,
-        capture_s, peak_bytes}: the figures of this rollout (None where not measured)."""
+        """{sequences, prefill_s, prefill_shared, shared_forward_s, decode_s, decode_units, decode_unit,
+        decode_per_s, capture_s, peak_bytes}: the figures of this rollout (None where not measured; module
+        docstring)."""
         return {"sequences": self.sequences, "prefill_s": self.prefill_s, "prefill_shared": self.prefill_shared,
+                "shared_forward_s": self.shared_forward_s,
                 "decode_s": self.decode_s if self.decode_units else None, "decode_units": self.decode_units,
                 "decode_unit": self.unit, "decode_per_s": self.decode_per_s, "capture_s": self.capture_s,
                 "peak_bytes": self.peak_bytes}
@@ -116,7 +130,7 @@ class _Off(RolloutClock):
     def start(self, sequences: int = 1, devices=None) -> None:
         pass
 
-    def prefill_done(self, shared_s: float | None = None) -> None:
+    def prefill_done(self, shared=None) -> None:
         pass
 
     def decode_start(self) -> None:

@@ -11,13 +11,15 @@ encodes them exactly as after a live first step (:meth:`adapters.cache.kv_cache.
 :meth:`adapters.hf.cache.CompressedCache.replay`). Rows are bit-identical; only the time differs.
 
 One entry: a new key releases the last one before computing its own, so a run holds one prompt
-batch's first step at a time. A timed rollout that replays an entry adds the seconds its compute
-took to its own prefill (:meth:`adapters.cache.rollout_clock.RolloutClock.prefill_done`).
+batch's first step at a time. Each rollout that starts from an entry learns the seconds its compute took
+and whether it computed it itself (:class:`SharedStep`), so that its clock records that shared forward
+apart from its own replay and encode (:meth:`adapters.cache.rollout_clock.RolloutClock.prefill_done`):
+the forward is the batch's cost, paid once, the replay each configuration's.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, NamedTuple, TypeVar
 
 import torch
 
@@ -36,6 +38,15 @@ def same_key(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
+class SharedStep(NamedTuple):
+    """How a rollout got its first step from a :class:`SharedPrefill`: ``seconds`` its compute took
+    (synced wall time), ``fresh`` True where this call computed it (inside the caller's own timing),
+    False where it was computed earlier and only replayed."""
+
+    seconds: float
+    fresh: bool
+
+
 class SharedPrefill:
     """The last first step computed, with its key and the seconds it took (read from ``clock``)."""
 
@@ -43,18 +54,17 @@ class SharedPrefill:
         self._entry: tuple[tuple, object, float] | None = None
         self._clock = clock
 
-    def get(self, key: tuple, compute: Callable[[], T], devices: Iterable[torch.device]) -> tuple[T, float | None]:
-        """(value, shared_s): the value stored under ``key``, else ``compute()``'s (the last entry
-        released first). ``shared_s``: the seconds the stored value took to compute, or None where
-        this call computed it (its time is then inside the caller's own prefill)."""
+    def get(self, key: tuple, compute: Callable[[], T], devices: Iterable[torch.device]) -> tuple[T, SharedStep]:
+        """(value, step): the value stored under ``key``, else ``compute()``'s (the last entry released
+        first); ``step`` its compute's seconds and whether this call computed it."""
         if self._entry is not None and same_key(self._entry[0], key):
-            return self._entry[1], self._entry[2]
+            return self._entry[1], SharedStep(self._entry[2], False)
         self.release()
         devices = list(devices)
         t0 = wall(devices, self._clock)
         value = compute()
         self._entry = (key, value, wall(devices, self._clock) - t0)
-        return value, None
+        return value, SharedStep(self._entry[2], True)
 
     def release(self) -> None:
         """Drop the stored step (its tensors go once no cache shares them)."""

@@ -58,6 +58,7 @@ from kernels import make_codec
 from adapters.hf.arch import UnservableModel, attention_softcap, decoder_arch, geometry, refuse_padding, servable
 from adapters.hf.compat import cache_kwargs, check_transformers, passed_cache
 from adapters.hf.library_layer import is_library_layer, library_layer
+from adapters.hf.prefill import chunk_bounds, chunk_pads
 from adapters.hf.sliding import NativeSlidingLayer
 from adapters.cache.config import CacheConfig
 from adapters.cache.kv_cache import CompressedKVCache
@@ -261,11 +262,15 @@ class CompressedCache(Cache):
             if isinstance(layer, CompressedLayer):
                 layer.next_pads = None if pads is None else [int(p) for p in pads]
 
-    def replay(self, layer_idx: int, native: CacheLayerMixin, pads: list[int] | None = None) -> None:
+    def replay(self, layer_idx: int, native: CacheLayerMixin, pads: list[int] | None = None,
+               chunk: int | None = None) -> None:
         """Fill an empty layer from ``native``, a ``DynamicCache`` layer after a prefill computed
         elsewhere by plain attention: a compressed layer appends its keys/values [B, Hkv, t, d] (what
         the ``kvcodec`` attention does after a live first prefill; ``pads`` as :meth:`set_padding`
-        takes them), a sliding layer takes its state."""
+        takes them), a sliding layer takes its state. ``chunk``: a codec layer appends ``chunk`` columns
+        at a time (its encode temporaries a chunk's, not the layer's), committing exactly what one
+        append commits (:meth:`adapters.cache.layer_kv.LayerKV.append`: tokens leave the window in whole
+        codec blocks either way); a native layer takes the whole tensor (nothing to encode)."""
         if pads is not None and any(pads):
             refuse_padding(self.arch.native)
         layer = self.layers[layer_idx]
@@ -278,7 +283,16 @@ class CompressedCache(Cache):
         k, v = native.keys, native.values
         if not layer.is_initialized:
             layer.lazy_initialization(k, v)
-        layer.kv.append(k, v, pads)
+        t = k.shape[-2]
+        if layer.kv.codec is None or layer.kv.config.residual_unit != "token":
+            chunk = None  # nothing to encode, or a window of whole appends: one append
+        bounds = chunk_bounds(t, chunk)
+        if len(bounds) == 1:
+            layer.kv.append(k, v, pads)
+            return
+        layer.kv.reserve_commits([t - (pads[b] if pads else 0) for b in range(k.shape[0])])  # one growth
+        for s, e in bounds:
+            layer.kv.append(k[..., s:e, :], v[..., s:e, :], chunk_pads(pads, s, e))
 
 
 def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -25,6 +25,7 @@ from adapters.hf.graphed_decode import DecodeGraphs, GraphedDecode, GraphedForwa
 from adapters.hf.graphed_decode import why_not as graphed_why_not
 from adapters.hf.cache import CompressedCache, attach
 from adapters.hf.compat import cache_kwargs, takes_keyword
+from adapters.hf.prefill import native_prefill
 from adapters.cache.config import CacheConfig
 from adapters.cache.padded_batch import LeftPadded
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
@@ -51,6 +52,10 @@ class CausalLM(ModelAdapter):
     'auto' replays them from a CUDA graph on CUDA (eager elsewhere), 'static' runs them eagerly in the
     graph's static layout on any device (the same kernels a replay runs), 'off' runs every step as
     before. The static steps equal the eager ones to float rounding (longer, masked reads).
+
+    ``prefill_chunk``: a prompt longer than this many tokens is prefilled in pieces of it, natively, then
+    replayed into the cache (:mod:`adapters.hf.prefill`: the same numbers to float rounding, a chunk's
+    activations instead of the prompt's); None: in one piece.
     """
 
     model: object
@@ -59,6 +64,7 @@ class CausalLM(ModelAdapter):
     source: str
     share_prefill: bool = True
     graphs: str = "auto"
+    prefill_chunk: int | None = None
     _shared: SharedPrefill = field(default_factory=SharedPrefill, repr=False)
     _graphs: DecodeGraphs = field(default_factory=DecodeGraphs, repr=False)  # captured decode steps, kept
 
@@ -87,6 +93,7 @@ class CausalLM(ModelAdapter):
                "q_heads": c.get_text_config(decoder=True).num_attention_heads, "kv_heads": n_kv,
                "head_dim": head_dim, "dtype": str(self.model.dtype).replace("torch.", ""), "device": str(self.device)}
         # how greedy decode steps ran: graphed steps equal eager ones to float rounding, not bit for bit
+        out["prefill_chunk"] = self.prefill_chunk  # None: every prompt prefilled in one piece
         out["decode_steps"] = {"capture": "CUDA graphs where the cache allows (adapters.hf.graphed_decode)",
                                "static": "the graphs' static layout, run eagerly", "off": "eager"}[self._graph_mode]
         native = decoder_arch(c).native_layers()
@@ -147,30 +154,31 @@ class CausalLM(ModelAdapter):
     def _prefill(self, x: torch.Tensor, cache, padding: dict, pads: list[int] | None,
                  clock: RolloutClock = OFF) -> torch.Tensor:
         """x [B, t] into an empty ``cache`` (``padding``, ``pads``: :meth:`LeftPadded.step`'s, plus
-        ``logits_to_keep``); returns the logits [B, t or 1, V] float32."""
-        if not self.share_prefill:
+        ``logits_to_keep``); returns the logits [B, t or 1, V] float32. Computed natively and replayed
+        into ``cache`` where it is shared or chunked (:mod:`adapters.hf.prefill`), else run through it."""
+        chunked = self.prefill_chunk is not None and x.shape[1] > self.prefill_chunk
+        if not self.share_prefill and not chunked:
             if pads is not None and isinstance(cache, CompressedCache):
                 cache.set_padding(pads)
             logits = self.model(x, **cache_kwargs(self.model, cache), use_cache=True, **padding).logits.float()
             clock.prefill_done()
             return logits
-        key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads), "logits_to_keep" in padding)
-        (layers, logits), shared_s = self._shared.get(key, lambda: self._native_prefill(x, padding), self.devices)
+
+        def compute():
+            return native_prefill(self.model, x, padding, self.prefill_chunk)
+
+        if self.share_prefill:
+            key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads), "logits_to_keep" in padding)
+            (layers, logits), shared = self._shared.get(key, compute, self.devices)
+        else:
+            (layers, logits), shared = compute(), None
         for i, layer in enumerate(layers):  # layers are never written in place: a copy shares their tensors
             if isinstance(cache, CompressedCache):
-                cache.replay(i, layer, pads)
+                cache.replay(i, layer, pads, self.prefill_chunk)
             else:
                 cache.layers[i] = copy.copy(layer)
-        clock.prefill_done(shared_s)
+        clock.prefill_done(shared)
         return logits
-
-    def _native_prefill(self, x: torch.Tensor, padding: dict) -> tuple[list, torch.Tensor]:
-        """x [B, t] into a fresh ``DynamicCache``: (its layers, the logits [B, t or 1, V] float32)."""
-        from transformers import DynamicCache
-
-        native = DynamicCache(config=self.model.config)
-        logits = self.model(x, **cache_kwargs(self.model, native), use_cache=True, **padding).logits.float()
-        return list(native.layers), logits
 
     @property
     def _graph_mode(self) -> str:

@@ -28,7 +28,7 @@ from adapters.cache.config import CacheConfig
 from adapters.cache.kv_cache import CompressedKVCache
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
 from adapters.cache.rollout_clock import OFF, RolloutClock
-from adapters.cache.shared_prefill import SharedPrefill
+from adapters.cache.shared_prefill import SharedPrefill, SharedStep
 from kernels import private_generator
 
 from adapters.wan.attention import BlockState, causal_attention
@@ -223,11 +223,11 @@ class CausalWan(ModelAdapter):
         clock = speed or OFF
         clock.start(1, [self.device])
         t0 = time.perf_counter()
-        first, shared_s = self._first_block(prompt_embeds, cache, generator, commit=F // n > 1)
+        first, shared = self._first_block(prompt_embeds, cache, generator, commit=F // n > 1)
         out = torch.empty_like(first.noise)
         out[:, :, :n] = first.x0
         self._block_done(on_block, 0, t0, cache)
-        clock.prefill_done(shared_s)
+        clock.prefill_done(shared)
         if F // n == 1:  # one block: it is all prefill
             clock.stop()
             return out
@@ -268,12 +268,12 @@ class CausalWan(ModelAdapter):
         return x0
 
     def _first_block(self, prompt_embeds: torch.Tensor, cache: CompressedKVCache, generator: torch.Generator,
-                     commit: bool) -> tuple["FirstBlock", float | None]:
+                     commit: bool) -> tuple["FirstBlock", SharedStep | None]:
         """The rollout's noise and block 0, which reads only itself (the cache is empty until it
         commits): computed through ``cache``, or (``share_prefill``) once per (prompt embedding,
         generator state) into a native cache whose keys/values are then appended to ``cache`` (its
         codec encodes them as the commit pass would have), the generator set past block 0's draws.
-        Returns (block 0, the seconds a replayed block took when computed, else None)."""
+        Returns (block 0, how it was shared: :class:`SharedStep`, or None where it was computed through ``cache``)."""
         def compute(into: CompressedKVCache) -> FirstBlock:
             C, F, h, w = self.latent_shape
             noise = self._randn((1, C, F, h, w), generator)
@@ -285,11 +285,11 @@ class CausalWan(ModelAdapter):
         if not self.share_prefill:
             return compute(cache), None
         key = (prompt_embeds, generator.get_state(), commit)
-        first, shared_s = self._shared.get(key, lambda: compute(self.new_cache(CacheConfig(codec="none"))),
-                                           [self.device])
+        first, shared = self._shared.get(key, lambda: compute(self.new_cache(CacheConfig(codec="none"))),
+                                         [self.device])
         generator.set_state(first.generator_state)
         cache.replay(first.native)
-        return first, shared_s
+        return first, shared
 
     def _block_done(self, on_block, b: int, t0: float, cache: CompressedKVCache) -> None:
         if on_block is not None:

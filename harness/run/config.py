@@ -33,6 +33,9 @@ DEFAULT_CODEC_SEEDS = (0, 1, 2)
 #: prompts of ~1k tokens ran 5-11x faster together than one by one with a 135M model; the float32
 #: logits of a prefill, [B, T, vocab], stay near 20 GB for a 150k-vocabulary model at 2k tokens)
 AUTO_BATCH_SIZE = {"cpu": 8, "cuda": 16}
+#: ``--prefill-chunk auto``: text prompts up to this many tokens are prefilled in one piece (what every run
+#: did before chunks: their rows unchanged); longer ones in pieces sized to free memory (harness.run.memory)
+AUTO_WHOLE_PREFILL = 32_768
 REPORTS_DIR = Path("reports")
 
 
@@ -119,6 +122,14 @@ class RunConfig(VersionedJSON, what="run config", version=RUN_CONFIG_VERSION, ve
         help="decode steps of text models: auto (CUDA graphs on CUDA where the cache allows), static (the graphs' "
         "static layout, run eagerly on any device), off (eager)")] = "auto"
 
+    # the first forward of a long text prompt in pieces (adapters.hf.prefill); config.json keeps the option as
+    # given, model.json the chunk it came to (harness.run.memory: chosen from free memory, so machine-dependent)
+    prefill_chunk: Annotated[Literal["auto"] | int, arg(
+        help="text prompts longer than N tokens are prefilled in pieces of N, natively, then committed (the "
+        "same numbers to float rounding; a piece's activations instead of the prompt's); auto: prompts up to "
+        f"{AUTO_WHOLE_PREFILL:,} tokens in one piece, longer ones in the largest piece free memory holds",
+        metavar="auto|N")] = "auto"
+
     def validate(self, spell: Callable[[str], str] | None = None) -> list[str]:
         """Check every field that needs no model (names are checked against the registries by
         ``runner.resolve``), read ``protect`` into its canonical form and drop repeated codecs, bits and tasks,
@@ -141,6 +152,9 @@ class RunConfig(VersionedJSON, what="run config", version=RUN_CONFIG_VERSION, ve
         if self.batch_size is not None and not _whole(self.batch_size, 1):
             raise RunError(f"{name('batch_size')} must be a positive number of prompts, got {self.batch_size!r}; "
                            f"leave it out for the default")
+        chunk = self.prefill_chunk
+        if chunk != "auto" and not _whole(chunk, 1):
+            raise RunError(f"{name('prefill_chunk')} takes auto or a number of tokens >= 1, got {chunk!r}")
         if self.value_bits is not None and not (_whole(self.value_bits, 1) and self.value_bits <= 16):
             raise RunError(f"{name('value_bits')} must be in 1..16, got {self.value_bits!r}; "
                            f"leave it out to use the key bits")

@@ -19,12 +19,12 @@ draws come from ``cache_config.seed`` (the codec seed).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from registry import Registry
-from registry.options import NoOptions, options_json, read_options
+from registry.options import NoOptions, allowed, options_json, read_options
 
 from harness.run.config import RunError, batch_size_for
 
@@ -110,6 +110,25 @@ class Task:
     def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
         """The prompts grouped as the runner should run them, in order (default: one by one)."""
         return [[p] for p in prompts]
+
+    #: whether a rollout teacher-forces the baseline's answer on a fork of its cache (the memory plan)
+    forks_cache: ClassVar[bool] = False
+
+    def memory_shape(self, prompts: list[Prompt], batch: int):
+        """Its longest batch for the memory plan (:class:`harness.run.memory.TaskShape`), from its options
+        alone (no tokenizer): the longest of the options counted in tokens of context, ``batch`` prompts of it
+        (or as many as it has), ``max_new_tokens`` after it; None where no option gives a context."""
+        from harness.run.memory import TaskShape
+
+        sizes = [v for f in fields(self.opts) if allowed(f).positions
+                 for v in (getattr(self.opts, f.name) if isinstance(getattr(self.opts, f.name), tuple)
+                           else (getattr(self.opts, f.name),)) if isinstance(v, int) and v > 0]
+        if not sizes:
+            return None
+        longest = max(sizes)
+        at = [p for p in prompts if isinstance(p.data, dict) and p.data.get("context") == longest] or prompts
+        return TaskShape(batch=max(1, min(batch, len(at))), context=longest,
+                         new_tokens=int(getattr(self.opts, "max_new_tokens", 0) or 0), forced=self.forks_cache)
 
     def baseline_batch(self, model, prompts: list[Prompt], seed: int) -> list[Any]:
         return [self.baseline(model, p, seed) for p in prompts]

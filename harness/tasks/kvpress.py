@@ -157,6 +157,7 @@ class KvpressTask(Task):
     metrics = ("kvpress_score", "output_match", "length_ratio", "kl", "top1_agree")
     score_metric = "kvpress_score"
     headline = "kl"  # graded; kvpress scores move in steps and mostly measure the model (module docstring)
+    forks_cache = True  # the baseline's answer teacher-forced on a fork (harness.tasks.generation)
 
     @dataclass(frozen=True)
     class Options:

@@ -79,6 +79,7 @@ class NeedleTask(Task):
     metrics = ("exact_match", "string_match_all", "output_match", "length_ratio", "kl", "top1_agree")
     score_metric = "string_match_all"
     headline = "kl"  # graded where exact match is all or nothing on a few prompts
+    forks_cache = True  # the baseline's answer teacher-forced on a fork (harness.tasks.generation)
 
     @dataclass(frozen=True)
     class Options:

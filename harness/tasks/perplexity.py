@@ -80,6 +80,13 @@ class PerplexityTask(Task):
             return None
         return slice(start - prefix, start - prefix + n), torch.tensor(ids[start + 1: start + 1 + n], device=logits.device)
 
+    def memory_shape(self, prompts: list[Prompt], batch: int):
+        """Teacher forcing keeps every column's logits (the prefix's, then each chunk's); nothing is generated."""
+        from harness.run.memory import TaskShape
+
+        return TaskShape(batch=max(1, min(self.opts.batch or batch, len(prompts))), context=self.opts.context,
+                         logit_columns=max(self.opts.prefix, self.opts.chunk))
+
     def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
         """Runs of up to ``batch`` (else ``--batch-size``) consecutive prompts; prompts of other
         token lengths run together left-padded, each on its own chunk plan. Every prompt's plan is

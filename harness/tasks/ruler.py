@@ -65,6 +65,7 @@ class RulerTask(Task):
     score_metric = "ruler_score"
     breakdown = ("ruler_task", "context")
     headline = "kl"  # graded; a RULER score moves in steps and mostly measures the model
+    forks_cache = True  # the baseline's answer teacher-forced on a fork (harness.tasks.generation)
 
     @dataclass(frozen=True)
     class Options:

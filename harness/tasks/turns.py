@@ -107,6 +107,13 @@ class TurnsTask(Task):
                            for t in range(1, k + 1))
         return out[:limit] if limit else out
 
+    def memory_shape(self, prompts: list[Prompt], batch: int):
+        """One conversation at a time (:meth:`batches`): its context counts every turn."""
+        from dataclasses import replace
+
+        shape = super().memory_shape(prompts, batch)
+        return replace(shape, batch=1, new_tokens=0)
+
     def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
         """One batch per conversation, whatever ``--batch-size``: its turns share one rollout."""
         return [list(run) for _, run in groupby(prompts, key=lambda p: p.data["conversation"])]

@@ -45,9 +45,14 @@ def _check(runs: dict, batches: int, per_rollout: int, rollouts_per_config: int 
     assert rows == rows_off and summary == summary_off
     assert shared == batches * per_rollout  # the baseline's, replayed by every configuration
     assert unshared == batches * per_rollout * (1 + ROLLOUTS * rollouts_per_config)
-    # a timed rollout that replayed the shared step still has a prefill: the step's seconds plus its replay
-    assert speed and all(s["prefill_s"] > 0 and s["prefill_shared"] for s in speed)
-    assert all(s["prefill_s"] > 0 and not s["prefill_shared"] for s in speed_off)
+    # a timed rollout that replayed the shared step records the step's seconds apart from its own replay
+    # (and encode), the step's the same in every rollout of its batch: the batch's cost, paid once
+    assert speed and all(s["prefill_s"] > 0 and s["prefill_shared"] and s["shared_forward_s"] > 0 for s in speed)
+    by_batch = {}
+    for s in speed:
+        by_batch.setdefault((s["task"], s["rollout"]), set()).add(s["shared_forward_s"])
+    assert all(len(seconds) == 1 for seconds in by_batch.values())
+    assert all(s["prefill_s"] > 0 and not s["prefill_shared"] and s["shared_forward_s"] is None for s in speed_off)
     table = [json.loads(line) for line in rows.decode().splitlines()]
     assert {r["label"] for r in table} == {"none", f"{PLAIN}@2", f"{RANDOMIZED}@2"}
     assert len(table) == len(speed) and {r["codec_seed"] for r in table if r["label"] == f"{RANDOMIZED}@2"} == {0, 1}

@@ -11,6 +11,7 @@ from helpers.tiny_lm import tiny_causal_lm
 
 from adapters.cache.config import CacheConfig
 from adapters.cache.rollout_clock import OFF, RolloutClock
+from adapters.cache.shared_prefill import SharedStep
 
 PROMPTS = [list(range(40, 110)), list(range(60, 101))]  # two lengths: a left-padded batch
 
@@ -34,6 +35,7 @@ def test_greedy_records_prefill_and_decode_and_changes_nothing(lm):
     assert rec["prefill_s"] > 0 and rec["decode_s"] > 0
     assert rec["decode_per_s"] == units / rec["decode_s"] and math.isfinite(rec["decode_per_s"])  # the same division
     assert rec["prefill_shared"]  # the first greedy computed the shared prefill; this one replayed it
+    assert rec["shared_forward_s"] > 0  # that forward's seconds, apart from this rollout's own replay
     assert rec["peak_bytes"] is None  # the CPU has no allocator counter
 
 
@@ -46,8 +48,8 @@ def test_teacher_forcing_decodes_nothing(lm):
     finally:
         lm.share_prefill = True
     rec = clock.record()
-    assert rec["prefill_s"] > 0 and not rec["prefill_shared"] and rec["sequences"] == 2
-    assert rec["decode_units"] == 0 and rec["decode_s"] is None and rec["decode_per_s"] is None
+    assert rec["prefill_s"] > 0 and not rec["prefill_shared"] and rec["shared_forward_s"] is None
+    assert rec["sequences"] == 2 and rec["decode_units"] == 0 and rec["decode_s"] is None and rec["decode_per_s"] is None
 
 
 class FakeClock:
@@ -63,13 +65,27 @@ class FakeClock:
         self.t += s
 
 
-def test_a_shared_prefill_counts_the_forward_it_replays():
+def test_a_shared_prefill_is_recorded_apart_from_the_rollouts_own():
+    """The shared forward's seconds go to ``shared_forward_s`` (the batch's cost, the same in every rollout that
+    starts from it); ``prefill_s`` keeps this rollout's own replay and encode, also where it computed the
+    forward itself (then inside its reading: taken out)."""
     fake = FakeClock()
     clock = RolloutClock("cpu", clock=fake)
     clock.start()
-    fake.advance(0.125)  # this rollout's replay and encode
-    clock.prefill_done(shared_s=0.5)
-    assert clock.prefill_s == 0.625 and clock.prefill_shared  # exact: binary fractions
+    fake.advance(0.125)  # this rollout's replay and encode of a forward computed earlier
+    clock.prefill_done(SharedStep(0.5, fresh=False))
+    assert (clock.prefill_s, clock.shared_forward_s, clock.prefill_shared) == (0.125, 0.5, True)  # exact: binary
+    first = RolloutClock("cpu", clock=fake)
+    first.start()
+    fake.advance(0.5 + 0.25)  # the shared forward, computed by this rollout, then its own replay
+    first.prefill_done(SharedStep(0.5, fresh=True))
+    assert (first.prefill_s, first.shared_forward_s) == (0.25, 0.5)
+    assert first.record()["shared_forward_s"] == 0.5 and first.record()["prefill_s"] == 0.25
+    own = RolloutClock("cpu", clock=fake)
+    own.start()
+    fake.advance(0.375)
+    own.prefill_done()
+    assert (own.prefill_s, own.shared_forward_s, own.prefill_shared) == (0.375, None, False)
     clock.decode_start()
     fake.advance(0.25)
     clock.decode_done(3)
@@ -95,7 +111,7 @@ def test_on_cuda_one_sync_per_boundary_and_the_peak_over_every_gpu(monkeypatch):
 def test_off_touches_nothing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d: pytest.fail("OFF synced"))
     OFF.start(4, ["cuda:0"])
-    OFF.prefill_done(1.0)
+    OFF.prefill_done(SharedStep(1.0, fresh=False))
     OFF.decode_start()
     OFF.decode_done(9)
     OFF.stop()

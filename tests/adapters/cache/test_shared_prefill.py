@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from adapters.cache.shared_prefill import SharedPrefill, same_key
+from adapters.cache.shared_prefill import SharedPrefill, SharedStep, same_key
 
 
 def test_keys_compare_tensors_by_contents():
@@ -28,9 +28,10 @@ def test_one_entry_computed_once_per_key_and_timed():
 
     first, s0 = memo.get(("x", torch.ones(2)), compute("x"), [torch.device("cpu")])
     again, s1 = memo.get(("x", torch.ones(2)), compute("x"), [torch.device("cpu")])
-    assert calls == ["x"] and again is first and s0 is None and s1 == 0.25  # its compute's seconds, exact
+    # its compute's seconds, exact (binary fractions), computed by the first call and replayed by the second
+    assert calls == ["x"] and again is first and s0 == SharedStep(0.25, True) and s1 == SharedStep(0.25, False)
     other, s2 = memo.get(("y",), compute("y"), [torch.device("cpu")])
-    assert calls == ["x", "y"] and s2 is None and other["tag"] == "y"
+    assert calls == ["x", "y"] and s2 == SharedStep(0.25, True) and other["tag"] == "y"
     back, _ = memo.get(("x", torch.ones(2)), compute("x"), [torch.device("cpu")])
     assert calls == ["x", "y", "x"] and back is not first  # one entry: 'x' was released for 'y'
     memo.release()

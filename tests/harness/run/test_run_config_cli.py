@@ -50,6 +50,7 @@ ARGV = {
     "baseline": (["--no-baseline-row"], False),
     "device_map": (["--device-map", "auto"], "auto"),
     "graphs": (["--graphs", "off"], "off"),
+    "prefill_chunk": (["--prefill-chunk", "4096"], 4096),
 }
 
 
