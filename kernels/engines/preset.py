@@ -52,6 +52,13 @@ def e2m1_value(codes: torch.Tensor) -> torch.Tensor:
     return torch.where((codes & 8) != 0, -mag, mag)
 
 
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """C's ``roundf`` (and Metal's ``round``): to the nearest integer, halfway cases away from zero; exact for every
+    float (``floor(x + 0.5)`` is not: 0.49999997 + 0.5 rounds up to 1)."""
+    t = x.trunc()
+    return torch.where((x - t).abs() == 0.5, t + x.sign(), x.round())
+
+
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """uint8 [..., n] (values < 16) -> [..., n / 2]: element 2i in the low nibble, 2i + 1 in the high."""
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
