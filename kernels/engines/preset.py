@@ -1,6 +1,6 @@
 """An inference engine's KV-cache format as a codec: :class:`EnginePreset`, the base of the engines'
-presets (kernels/engines/vllm_kv.py, kernels/engines/vllm_turboquant.py, kernels/engines/sglang_kv.py), and the fp8 casts they
-share. A preset stores keys and values in the engine's format (values at the preset's bits: ``--value-bits``
+presets (one module per engine family in kernels/engines/), and what several share: the fp8 and fp4 casts, nibble
+packing, C's rounding, per-tensor fp8 and NVFP4. A preset stores keys and values in the engine's format (values at the preset's bits: ``--value-bits``
 does not apply) and reproduces the engine's arithmetic, so a report compares what runs today with the
 research codecs on the same prompts.
 """
@@ -195,3 +195,26 @@ class BlockFp4(EnginePreset):
             return TokenCodes(Element.E2M1, bits=4, scale_field="scale", scale=self._tensor_scale(s), group=self.group,
                               block_scale=self.block_scale)
         return TokenLayout(side("k"), side("v"))
+
+
+class Nvfp4(BlockFp4, PerTensorFp8):
+    """NVFP4 as TensorRT-LLM writes it (``cvt_warp_fp16_to_fp4``, which vLLM's ``nvfp4`` cache took over): per
+    block of 16, ``sf = g * (amax * (1 / 6))`` stored as fp8 e4m3 (nearest even, saturating) with ``g = 1 /
+    k_scale``, then each coordinate times ``1 / (sf * k_scale)`` rounded to e2m1 (``cvt.rn.satfinite.e2m1x2``:
+    ties to even, saturating at 6); read back as ``e2m1 * sf * k_scale``. Subclasses give ``engine``."""
+    block_scale = BlockScale.E4M3
+    bits_supported = (4,)
+
+    def _tensor_scale(self, side):
+        return self._scale(side)
+
+    def _block_scale(self, sf):
+        return fp8_value(sf, "e4m3")
+
+    def _quantize(self, x, side):
+        xb = x.float().unflatten(-1, (-1, self.group))
+        g = torch.tensor(1.0 / self._scale(side))  # float32 throughout, as the kernel
+        sf = fp8_saturate(g * (xb.abs().amax(-1) * torch.tensor(1.0 / 6.0)), "e4m3")
+        s = fp8_value(sf, "e4m3").unsqueeze(-1)
+        inv = torch.where(s != 0, 1.0 / (s * (1.0 / g)), torch.zeros_like(s))
+        return {"codes": pack_nibbles(e2m1_codes(xb * inv, "even").flatten(-2)), "scale": sf}
