@@ -203,7 +203,6 @@ class Nvfp4(BlockFp4, PerTensorFp8):
     k_scale``, then each coordinate times ``1 / (sf * k_scale)`` rounded to e2m1 (``cvt.rn.satfinite.e2m1x2``:
     ties to even, saturating at 6); read back as ``e2m1 * sf * k_scale``. Subclasses give ``engine``."""
     block_scale = BlockScale.E4M3
-    bits_supported = (4,)
 
     def _tensor_scale(self, side):
         return self._scale(side)

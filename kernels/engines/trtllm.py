@@ -76,4 +76,4 @@ class TrtllmFp8(_PerLayer8):
 @register_codec("trtllm-nvfp4")
 class TrtllmNvfp4(Nvfp4):
     """TensorRT-LLM ``kv_cache_quant_algo=NVFP4``: ``k_scale`` / ``v_scale`` the second-level scales' reciprocals."""
-    engine = "TensorRT-LLM"
+    engine, bits_supported = "TensorRT-LLM", (4,)

@@ -178,4 +178,4 @@ class VllmInt4PerTokenHead(EnginePreset):
 @register_codec("vllm-nvfp4")
 class VllmNvfp4(Nvfp4):
     """vLLM ``--kv-cache-dtype nvfp4``: fp8 block scales, and the per-layer ``k_scale`` / ``v_scale``."""
-    engine = "vLLM"
+    engine, bits_supported = "vLLM", (4,)
