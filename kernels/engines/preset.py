@@ -6,6 +6,7 @@ research codecs on the same prompts.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -66,6 +67,20 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2)
+
+
+def rate(cls: type, bits: int, head_dim: int = 128, dtype: torch.dtype = torch.float16) -> tuple[float, float]:
+    """Bits an engine's cache stores per coordinate, (keys, values), counted from its byte formula at ``bits`` and
+    ``head_dim``, with the scales that take the model's dtype in ``dtype`` (16-bit: how engines run)."""
+    from kernels.base import make_codec
+
+    codec = make_codec(cls.name, bits, head_dim)
+    shape = (1, head_dim)
+    if "dtype" in inspect.signature(codec.expected_nbytes).parameters:
+        k, v = codec.expected_nbytes(shape, dtype), codec.expected_value_nbytes(shape, dtype)
+    else:
+        k, v = codec.expected_nbytes(shape), codec.expected_value_nbytes(shape)
+    return 8 * k / head_dim, 8 * v / head_dim
 
 
 class _PresetValues:
