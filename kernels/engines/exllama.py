@@ -51,7 +51,8 @@ import torch
 from kernels.engines.preset import EnginePreset, _PresetValues
 from kernels.packing import BitField
 from kernels.registry import register_codec
-from kernels.rotation import fwht
+from kernels.rotation import fwht, hadamard_matrix
+from kernels.token_layout import BlockScale, Element, TokenCodes, TokenLayout
 
 R32 = torch.tensor(0.17677669529663688110, dtype=torch.float32)  # 1/sqrt(32), as ExLlamaV3 writes it
 
@@ -95,6 +96,17 @@ def exl2_dequantize(q: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Te
     return y.transpose(-1, -2).flatten(-3)
 
 
+def exl2_rotation(d: int) -> torch.Tensor:
+    """float32 [d, d]: stored code 2t + e of each 64 (coefficient t of the even (e = 0) or odd group) to
+    coordinates, x = y @ M: the inverse transform H / 32 of each group, interleaved back."""
+    m = torch.zeros(d, d)
+    h = hadamard_matrix(32) / 32
+    for g in range(0, d, 64):
+        for e in (0, 1):
+            m[g + e:g + 64:2, g + e:g + 64:2] = h
+    return m
+
+
 class _ExLlamaV2Q(_ExLlama):
     """ExLlamaV2's Q4 / Q6 / Q8 caches: ``code_bits`` (keys, values)."""
     engine = "ExLlamaV2"
@@ -131,6 +143,12 @@ class _ExLlamaV2Q(_ExLlama):
         else:  # two bytes a lane: even coefficient, then odd
             codes = q.transpose(-1, -2).flatten(-3)
         return {"codes": codes, "scale": scale}
+
+    def _build_token_layout(self):
+        def side(bits):  # (q - 2^(b-1)) times the fp16 scale of each 32 stored values, then the transform
+            return TokenCodes(Element.UINT, bits=bits, scale_field="scale", group=32, block_scale=BlockScale.FIELD,
+                              zero_point=float(2 ** (bits - 1)), rotation=exl2_rotation(self.head_dim))
+        return TokenLayout(side(self.code_bits[0]), side(self.code_bits[1]))
 
     def _dequantize(self, t, side):
         bits = self._side_bits(side)
@@ -180,6 +198,9 @@ class ExLlamaV2Fp8(_ExLlama):
 
     def _dequantize(self, t, side):
         return (t["codes"].to(torch.int32) << 8).to(torch.int16).view(torch.float16)
+
+    def _build_token_layout(self):
+        return TokenLayout(TokenCodes(Element.E5M2), TokenCodes(Element.E5M2))  # e5m2: the top byte of fp16
 
 
 # --- ExLlamaV3 -----------------------------------------------------------------------------------------------
@@ -262,3 +283,17 @@ class ExLlamaV3(_ExLlama):
     def _dequantize(self, t, side):
         bits = self._side_bits(side)
         return exl3_dequantize(exl3_unpack(t["codes"], bits), t["scale"], bits)
+
+    def _build_token_layout(self):
+        """Where each side's codes are one bit plane (2, 4 or 8 bits: a dense little-endian stream), the fused
+        kernel reads (q - m + 1/2) * s * (1 / sqrt(32)) / m, then the unnormalized transform of each 32."""
+        d = self.head_dim
+
+        def side(bits):
+            m = 2 ** (bits - 1)
+            return TokenCodes(Element.UINT, bits=bits, scale_field="scale", group=32, block_scale=BlockScale.FIELD,
+                              zero_point=m - 0.5, scale=float(R32) / m,
+                              rotation=torch.block_diag(*[hadamard_matrix(32)] * (d // 32)))
+        if len(_planes(self.bits)) > 1 or len(_planes(self.value_bits)) > 1:
+            return None
+        return TokenLayout(side(self.bits), side(self.value_bits))

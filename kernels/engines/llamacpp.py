@@ -69,6 +69,7 @@ from kernels.engines.preset import EnginePreset, round_half_away
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.rotation import hadamard_matrix
+from kernels.token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout, permutation
 
 QK = 32  # coordinates per block, every type here
 IQ4NL_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # kvalues_iq4nl
@@ -95,6 +96,10 @@ def _rotate(x: torch.Tensor, n: int) -> torch.Tensor:
     if not n:
         return x
     return (x.unflatten(-1, (-1, n)) @ ggml_hadamard(n).to(x.device)).flatten(-2)
+
+
+#: the stored order of a block's 4-bit codes (byte j: element j, then element j + 16)
+NIBBLE_ORDER = [j // 2 + 16 * (j % 2) for j in range(QK)]
 
 
 def _nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -167,6 +172,21 @@ class _Ggml(EnginePreset):
     def stores_before_attending(self, held):
         return self.opts.new_tokens == "stored"
 
+    #: the fused kernel's reading of the codes (TokenCodes' keywords), or None where it cannot (q5's split bits)
+    fused_codes: dict | None = None
+
+    def _build_token_layout(self):
+        if self.fused_codes is None:
+            return None
+        d, kw = self.head_dim, dict(self.fused_codes)
+        order = permutation(NIBBLE_ORDER, d) if kw.pop("nibbles", False) else torch.eye(d)
+
+        def side(s):
+            n = self.rotation[s]
+            rot = order if not n else order @ torch.block_diag(*[ggml_hadamard(n)] * (d // n))
+            return TokenCodes(scale_field="d", group=QK, block_scale=BlockScale.FIELD, rotation=rot, **kw)
+        return TokenLayout(side("k"), side("v"))
+
     def _blocks(self, xb: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
@@ -178,6 +198,7 @@ class _Ggml(EnginePreset):
 class LlamaCppQ8_0(_Ggml):
     """llama.cpp ``-ctk q8_0 -ctv q8_0``."""
     bits_supported, block_bytes = (8,), 2 + QK
+    fused_codes = {"element": Element.INT8, "codes_field": "qs"}
 
     def _blocks(self, xb):
         d = xb.abs().amax(-1, keepdim=True) / 127.0
@@ -247,6 +268,7 @@ class _Five:
 class LlamaCppQ4_0(_Four, _Symmetric4):
     """llama.cpp ``-ctk q4_0 -ctv q4_0``."""
     bits_supported, block_bytes, half = (4,), 2 + QK // 2, 8
+    fused_codes = {"element": Element.UINT, "bits": 4, "codes_field": "qs", "zero_point": 8.0, "nibbles": True}
 
 
 @register_codec("llamacpp-q5_0")
@@ -259,6 +281,8 @@ class LlamaCppQ5_0(_Five, _Symmetric4):
 class LlamaCppQ4_1(_Four, _Affine):
     """llama.cpp ``-ctk q4_1 -ctv q4_1``."""
     bits_supported, block_bytes, top = (4,), 2 + 2 + QK // 2, 15
+    fused_codes = {"element": Element.UINT, "bits": 4, "codes_field": "qs", "offset": Offset.ZERO, "zero_field": "m",
+                   "nibbles": True}
 
 
 @register_codec("llamacpp-q5_1")
@@ -272,6 +296,8 @@ class LlamaCppIq4Nl(_Four, _Ggml):
     """llama.cpp ``-ctk iq4_nl -ctv iq4_nl``: 16 non-uniform levels, a least-squares block scale (the CUDA writer,
     ``quantize_f32_iq4_nl_block``; the CPU reference searches more scales)."""
     bits_supported, block_bytes = (4,), 2 + QK // 2
+    fused_codes = {"element": Element.CODEBOOK, "bits": 4, "codes_field": "qs", "nibbles": True,
+                   "codebook": torch.tensor(IQ4NL_LEVELS, dtype=torch.float32)}
 
     def _blocks(self, xb):
         levels = torch.tensor(IQ4NL_LEVELS, dtype=torch.float32, device=xb.device)

@@ -41,16 +41,20 @@ import torch
 
 from kernels.engines.preset import EnginePreset
 from kernels.registry import register_codec
+from kernels.token_layout import Element, Offset, TokenCodes, TokenLayout, permutation
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+#: the stored order of each 8 coordinates' 4-bit codes (byte k: the pair U4_PAIRS[k], the first low)
+U4_PAIRS = ((0, 2), (4, 6), (1, 3), (5, 7))
 
 
 def pack_u4(q: torch.Tensor) -> torch.Tensor:
     """uint8 codes [..., d] (< 16) -> [..., d / 2] in TurboMind's order: per 8 codes (v0|v2, v4|v6, v1|v3, v5|v7),
     the first of each pair in the low nibble."""
     v = q.unflatten(-1, (-1, 8))
-    pairs = [(0, 2), (4, 6), (1, 3), (5, 7)]
-    return torch.stack([v[..., a] | (v[..., b] << 4) for a, b in pairs], dim=-1).flatten(-2)
+    return torch.stack([v[..., a] | (v[..., b] << 4) for a, b in U4_PAIRS], dim=-1).flatten(-2)
 
 
 def unpack_u4(packed: torch.Tensor) -> torch.Tensor:
@@ -105,6 +109,12 @@ class _TurboMind(EnginePreset):
 
     def stores_before_attending(self, held):
         return self.opts.new_tokens == "stored"
+
+    def _build_token_layout(self):
+        order = None if self.code_bits == 8 else permutation([i for pair in U4_PAIRS for i in pair], self.head_dim)
+        side = TokenCodes(Element.UINT, bits=self.code_bits, scale_field="scale", offset=Offset.ZERO,
+                          zero_field="zero", rotation=order)
+        return TokenLayout(side, side)
 
     def expected_nbytes(self, shape):
         return math.prod(shape[:-1]) * self.bytes_per_vector

@@ -40,6 +40,7 @@ import torch
 from kernels.engines.preset import EnginePreset, round_half_away
 from kernels.packing import BitField
 from kernels.registry import register_codec
+from kernels.token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
 
 EPS = 1e-7  # the kernel's floor under the scale
 
@@ -98,6 +99,11 @@ class _MlxAffine(EnginePreset):
     def _dequantize(self, t, side):
         q = self.field.unpack(t["codes"]).float().unflatten(-1, (-1, self.group))
         return (q * t["scale"].float().unsqueeze(-1) + t["bias"].float().unsqueeze(-1)).flatten(-2)
+
+    def _build_token_layout(self):
+        side = TokenCodes(Element.UINT, bits=self.bits, scale_field="scale", group=self.group,
+                          block_scale=BlockScale.FIELD, offset=Offset.ZERO, zero_field="bias")
+        return TokenLayout(side, side)
 
     def native_tokens(self, held):
         return held if held < self.opts.quantized_kv_start else None

@@ -30,6 +30,7 @@ import torch
 
 from kernels.engines.preset import EnginePreset, Nvfp4, fp8_saturate, fp8_value
 from kernels.registry import register_codec
+from kernels.token_layout import Element, TokenCodes, TokenLayout
 
 
 class _PerLayer8(EnginePreset):
@@ -47,10 +48,15 @@ class _PerLayer8(EnginePreset):
             raise ValueError(f"codec '{self.name}': kv_scale must be finite and > 0, got {self.opts.kv_scale}")
         self.bytes_per_vector = self.head_dim
 
+    def _build_token_layout(self):
+        side = TokenCodes(self.element, scale=self.opts.kv_scale)
+        return TokenLayout(side, side)
+
 
 @register_codec("trtllm-int8")
 class TrtllmInt8(_PerLayer8):
     """TensorRT-LLM ``kv_cache_quant_algo=INT8``."""
+    element = Element.INT8
 
     def _quantize(self, x, side):
         y = x.float() * torch.tensor(1.0 / self.opts.kv_scale, dtype=torch.float32)
@@ -63,6 +69,7 @@ class TrtllmInt8(_PerLayer8):
 @register_codec("trtllm-fp8")
 class TrtllmFp8(_PerLayer8):
     """TensorRT-LLM ``kv_cache_quant_algo=FP8``."""
+    element = Element.E4M3
 
     def _quantize(self, x, side):
         t = x.dtype if x.dtype in (torch.float16, torch.bfloat16) else torch.float32
