@@ -24,7 +24,9 @@ a value is rounded to fp16 once, after its scale, as the table kernels round the
 
 Supported (else :func:`supports` says why and the dispatcher falls back to PyTorch): head dims that are
 powers of two from 32 to 256, code widths of 1, 2, 3, 4 or 8 bits, block scales of 16 or more
-coordinates (a power of two), normalization on the key side only.
+coordinates (a power of two; bytes, or numbers as ggml's and MLX's are, with a zero per block where the
+format has one), normalization on the key side only. The query is the codec's ``prepare_query`` of q
+(llama.cpp dots its cache with a q8 query); the native window sees q itself.
 """
 from __future__ import annotations
 
