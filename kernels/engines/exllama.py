@@ -2,7 +2,8 @@
 ``exl2-q4`` / ``exl2-q6`` / ``exl2-q8`` (``ExLlamaV2Cache_Q4`` / ``_Q6`` / ``_Q8``) and ``exl3`` (ExLlamaV3's
 ``CacheLayer_quant``, ``k_bits`` = the codec's bits, ``v_bits`` an option, 2 to 8 each).
 
-ExLlamaV2, read from turboderp-org/exllamav2 at da07fac (``exllamav2/exllamav2_ext/cuda/cache_q.cuh``:
+ExLlamaV2, read from turboderp-org/exllamav2 at da07fac (the same files as the 0.3.2 wheel on PyPI;
+``exllamav2/exllamav2_ext/cuda/cache_q.cuh``:
 ``fp16_to_q`` / ``q_to_fp16``; ``cuda/cache.cu``: the kernels per cache type; ``exllamav2/cache.py``), built
 without fast math (``-O3``), its half-precision intrinsics reproduced op for op in torch's float16:
 
@@ -24,8 +25,8 @@ without fast math (``-O3``), its half-precision intrinsics reproduced op for op 
   ``new_tokens='native'``.
 
 ExLlamaV3, read from turboderp-org/exllamav3 at 4f8ad01 (v1.4.1; ``exllamav3_ext/cache/q_cache_kernels.cuh``:
-``quant_block_x4`` / ``dequant_block_x4``; ``exllamav3/cache/quant.py``), float32 arithmetic from the fp16 cache
-input:
+``quant_block_x4`` / ``dequant_block_x4``; ``exllamav3/cache/quant.py``; the 1.6.5 wheel on PyPI changes only
+their index arithmetic), float32 arithmetic from the fp16 cache input:
 
 - Per 32 consecutive coordinates: the Sylvester Hadamard (butterflies on index bits 0 to 4) times 1/sqrt(32)
   (the float32 constant); ``s = max |v| + 1e-10``; codes ``floor(fma(v * (1 / s), m, m))`` with m = 2^(b-1),
