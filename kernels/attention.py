@@ -45,7 +45,8 @@ def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | Non
                     scored with ``codec.score`` (its estimator), values ``codec.decode_values``;
       decoded:      (keys, values) [B, Hkv, T, d] already decoded, attended by plain dot products.
     window_k/v:   native recent tokens [B, Hkv, W, d], after the prefix; or None.
-    k_new/v_new:  native tokens in flight [B, Hkv, t, d], after the window; or None.
+    k_new/v_new:  tokens in flight [B, Hkv, t, d], after the window: native, or ``codec.encode`` /
+                  ``codec.encode_values`` states where the engine attends them as stored; or None.
     lengths:      int [B] or None: sequence b uses prefix tokens [0, lengths[b]) (right padding).
     window_lengths: int [B] or None: sequence b uses window tokens [0, window_lengths[b]).
     mask:         bool (True = keep) or additive, broadcastable to [B, Hq, Tq, T + W + t].
@@ -55,6 +56,10 @@ def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | Non
     softcap:      attention logit soft-capping (Gemma 2): cap(s) = softcap * tanh(s / softcap) on the
                   scaled scores, before the mask; None: no capping.
     Returns [B, Hq, Tq, d] in q's dtype; a query with nothing to attend gets zeros.
+
+    The compressed tokens (prefix, decoded or not, and encoded tokens in flight) are dotted with
+    ``codec.prepare_query(q)``, the query as the codec's engine dots it with its cache (llama.cpp quantizes it);
+    native tokens with q itself.
     """
     B, Hq, Tq, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -66,18 +71,23 @@ def attend(q: torch.Tensor, codec: Codec | None = None, key_state: Encoded | Non
     Hkv = key_state.shape[-3] if key_state is not None else ref.shape[-3]
     G = Hq // Hkv
     qg = q.reshape(B, Hkv, G * Tq, d)  # query heads grouped by the KV head they read
+    qc = qg if codec is None else codec.prepare_query(q).reshape(B, Hkv, G * Tq, d)  # for the compressed tokens
     scores, values = [], []  # per part: [B, Hkv, G * Tq, n] float32, [B, Hkv, n, d] float32
     if key_state is not None:
-        scores.append(codec.score(qg, key_state).float())
+        scores.append(codec.score(qc, key_state).float())
         values.append(codec.decode_values(value_state).float())
     elif decoded is not None:
-        scores.append(qg.float() @ decoded[0].float().transpose(-1, -2))
+        scores.append(qc.float() @ decoded[0].float().transpose(-1, -2))
         values.append(decoded[1].float())
     # per part, which of its tokens each sequence holds ([B, 1, 1, n] bool, None: all): applied with
     # the other masks after the soft-cap, which would turn a -inf score into a finite -softcap
     keeps = [_lengths_mask(lengths, B, scores[0].shape[-1], q.device)] if scores else []
     for k, v, lens in ((window_k, window_v, window_lengths), (k_new, v_new, None)):
-        if k is not None and k.shape[-2] > 0:
+        if isinstance(k, Encoded) and k.num_tokens > 0:  # in flight, attended as the engine stores them
+            scores.append(codec.score(qc, k).float())
+            keeps.append(None)
+            values.append(codec.decode_values(v).float())
+        elif k is not None and k.shape[-2] > 0:
             scores.append(qg.float() @ k.float().transpose(-1, -2))
             keeps.append(_lengths_mask(lens, B, scores[-1].shape[-1], q.device))
             values.append(v.float())

@@ -45,6 +45,9 @@ class Codec:
     #: keys' format (``value_bits`` other than ``bits`` refused, ``value_group`` does not apply) and the engine's
     #: own arithmetic, which may round through the input's dtype
     engine_preset: ClassVar[bool] = False
+    #: the engine whose cache the codec reproduces ('llama.cpp', 'vLLM', ...; kernels/engines/), None for a research
+    #: codec: the report groups the deployed caches by it
+    engine: ClassVar[str | None] = None
     #: the codec's options: a frozen dataclass with typed fields and defaults (kernels.config checks them)
     Options: ClassVar[type] = NoOptions
 
@@ -72,6 +75,23 @@ class Codec:
         """Layers an engine's preset keeps uncompressed by itself (vLLM's TurboQuant: the first and last
         two), given the codec's ``Options`` instance; the cache keeps them native as it keeps ``--protect``'s."""
         return set()
+
+    # --- the engine's behaviour around its bytes (kernels/attention.py and adapters/cache/layer_kv.py ask) ---
+    def prepare_query(self, q: torch.Tensor) -> torch.Tensor:
+        """The query [..., Tq, d] as the engine dots it with the stored keys (llama.cpp quantizes it to 8 bits
+        per block of 32); the identity for every codec that leaves it alone. Native tokens see the query as given."""
+        return q
+
+    def stores_before_attending(self, held: int) -> bool:
+        """True where the engine writes the tokens in flight to its cache before attending them, so they are
+        attended as stored; False where it attends them in the model's precision (the cache's default).
+        ``held``: tokens the layer holds before them."""
+        return False
+
+    def native_tokens(self, held: int) -> int | None:
+        """How many of the ``held`` most recent tokens the engine keeps unquantized (MLX: every token until its
+        ``quantized_kv_start``), or None: the run's ``--residual`` window decides."""
+        return None
 
     @classmethod
     def head_dim_unsupported(cls, head_dim: int) -> str | None:

@@ -6,14 +6,18 @@ One token of one head, ``d`` coordinates, is read back as
 
     y_j = code value of coordinate j          (:class:`Element`: fp8 or fp4 bits, int8, or an
                                                 unsigned b-bit code, or a codebook entry it indexes)
-    y_j *= block scale of j's group            (``group``: one scale byte per ``group`` coordinates,
-                                                read as :class:`BlockScale` says)
+    y_j -= zero_point                          (a constant: llama.cpp's q4_0 codes are 0..15 for -8..7)
+    y_j *= block scale of j's group            (``group``: one scale per ``group`` coordinates, a byte
+                                                read as :class:`BlockScale` says, or a number)
+    y_j += block zero of j's group             (``group`` with ``offset == Offset.ZERO``: MLX's biases)
     y_j -= zp                                  (``offset == Offset.PACKED_ZP``: the zero point in the
                                                 low 4 mantissa bits of the float32 scale)
     y  /= sqrt(|y|^2 + 1e-16)                  (``normalize``: vLLM TurboQuant's norm correction)
     y  *= scale                                (a field [..., T, 1] or a constant)
     y_j += zero                                (``offset == Offset.ZERO``: an additive field [..., T, 1])
-    x   = y @ M                                (``rotation``: M float32 [d, d], or none)
+    x   = y @ M                                (``rotation``: M float32 [d, d], or none; a permutation
+                                                where an engine orders its codes otherwise, as ggml's
+                                                nibbles: element j low and j + 16 high in byte j)
 
 for keys and values alike (:class:`TokenCodes`, one per side). Scores are then ``q . x`` = ``y . (M q)``
 (the query is rotated once), and the attention output ``sum_t p_t x_t = (sum_t p_t y_t) @ M`` (the
@@ -43,6 +47,7 @@ class BlockScale(str, Enum):
 
     E4M3 = "e4m3"  # an fp8 value (NVFP4)
     UE8M0 = "ue8m0"  # a power of two, 2^(byte - 127) (MX)
+    FIELD = "field"  # a number in the field's own float dtype (ggml's fp16 ``d``, MLX's scales)
 
 
 class Offset(str, Enum):
@@ -56,9 +61,10 @@ class TokenCodes:
     """One side (keys or values) of a token layout; see the module docstring.
 
     ``codes_field``: uint8 [..., T, ceil(d bits / 8)]; ``scale_field``: float32 or float16 [..., T, 1]
-    (None: the constant ``scale``), or with a ``group`` uint8 [..., T, d / group] block scales, each
-    read as ``block_scale`` says and times the constant ``scale``; ``zero_field``: float16 [..., T, 1]
-    where ``offset`` is ZERO."""
+    (None: the constant ``scale``), or with a ``group`` [..., T, d / group] block scales (uint8, or numbers
+    for BlockScale.FIELD), each read as ``block_scale`` says and times the constant ``scale``;
+    ``zero_field``: float [..., T, 1] where ``offset`` is ZERO ([..., T, d / group] with a ``group``);
+    ``zero_point``: a constant taken from every code before its scale."""
 
     element: Element
     bits: int = 8
@@ -72,14 +78,15 @@ class TokenCodes:
     rotation: torch.Tensor | None = None  # float32 [d, d] on the CPU: x = y @ rotation
     group: int | None = None  # coordinates per block scale (None: the scale is per token or constant)
     block_scale: BlockScale = BlockScale.E4M3
+    zero_point: float = 0.0
 
     def __post_init__(self):
         if self.element in (Element.E4M3, Element.E5M2, Element.INT8) and self.bits != 8:
             raise ValueError(f"{self.element.value} codes are 8 bits, got {self.bits}")
         if self.element == Element.E2M1 and self.bits != 4:
             raise ValueError(f"e2m1 codes are 4 bits, got {self.bits}")
-        if self.group is not None and (self.scale_field is None or self.offset != Offset.NONE):
-            raise ValueError("block scales live in a scale field, with no offset")
+        if self.group is not None and (self.scale_field is None or self.offset == Offset.PACKED_ZP):
+            raise ValueError("block scales live in a scale field, with no packed zero point")
         if (self.element == Element.CODEBOOK) != (self.codebook is not None):
             raise ValueError("a codebook goes with Element.CODEBOOK, and only with it")
         if self.codebook is not None and self.codebook.numel() != 2 ** self.bits:
@@ -91,6 +98,16 @@ class TokenCodes:
 
     def row_bytes(self, d: int) -> int:
         return -(-d * self.bits // 8)
+
+
+def permutation(order: list[int], d: int) -> torch.Tensor:
+    """float32 [d, d] with x = y @ M putting stored code i at coordinate ``order[i % n] + i - i % n`` (``order``
+    one block of n codes, repeated over the head dim): an engine's own code order as a rotation."""
+    n = len(order)
+    m = torch.zeros(d, d)
+    for i in range(d):
+        m[i, i - i % n + order[i % n]] = 1.0
+    return m
 
 
 @dataclass(frozen=True, eq=False)

@@ -142,7 +142,10 @@ class LayerKV:
         else:
             keep = self.config.residual
         block = self.codec.token_block
-        counts = [max(w - keep, 0) // block * block for w in self.seq_window]  # per sequence, as alone
+        counts = []  # per sequence, as alone; an engine may keep more of them native (MLX before quantized_kv_start)
+        for c, w in zip(self.seq_committed, self.seq_window):
+            engine = self.codec.native_tokens(c + w)
+            counts.append(max(w - (keep if engine is None else engine), 0) // block * block)
         if not any(counts):
             return
         if self.store_k is None:
@@ -338,6 +341,12 @@ class LayerKV:
                                            q.device)
         keys = self.compressed_keys()
         path = self._fused_path(q, mask, softcap, keys)
+        if k_new is not None and self.codec is not None and self.codec.stores_before_attending(self.length):
+            # the engine writes the tokens in flight to its cache first: attended as stored (the same bytes the
+            # append below stores); a fused kernel reads them decoded, as native tokens
+            k_new, v_new = self.codec.encode(k_new, self.finite), self.codec.encode_values(v_new, self.finite)
+            if path is not None:
+                k_new, v_new = self.codec.decode(k_new), self.codec.decode_values(v_new)
         if path is not None:
             wk, wv = self.window_k, self.window_v
             if k_new is not None:  # each sequence's new token right after its own window
@@ -347,16 +356,15 @@ class LayerKV:
             return decode_attention(q, keys, self.compressed_values(), self.codec, wk, wv,
                                     scale=scale, backend=self.config.backend, lengths=lengths,
                                     window_lengths=window_lengths, path=path)
-        prefix = {}
+        prefix = {"codec": self.codec}  # its prepare_query for the compressed tokens
         if keys is not None:
             if self._uses_memo() or self.config.attend == "reconstruct":
                 prefix["decoded"] = self.decoded()
             else:
-                prefix = {"codec": self.codec, "key_state": self.compressed_keys(),
-                          "value_state": self.compressed_values()}
+                prefix.update(key_state=self.compressed_keys(), value_state=self.compressed_values())
         if ragged_read and pads is not None and any(pads) and k_new is not None:  # the new pads are not keys
             keep_new = ragged.keep_after_pads(tuple(pads), k_new.shape[-2], str(q.device))
-            old = (self.committed if prefix else 0) + (0 if self.window_k is None else self.window_k.shape[-2])
+            old = (self.committed if keys is not None else 0) + (0 if self.window_k is None else self.window_k.shape[-2])
             mask = torch.cat([torch.ones(q.shape[0], old, dtype=torch.bool, device=q.device), keep_new], -1)[:, None, None]
         return attend(q, **prefix, window_k=self.window_k, window_v=self.window_v, k_new=k_new, v_new=v_new,
                       lengths=lengths, window_lengths=window_lengths, mask=mask, causal=causal, scale=scale,

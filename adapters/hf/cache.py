@@ -137,7 +137,10 @@ class CompressedLayer(CacheLayerMixin):
         # window kept in the projection's transposed layout is read with other rounding in a batch
         k, v = k.contiguous(), v.contiguous()
         self.kv.append(k, v, self._pads)
-        if self.kv.codec is not None:  # the first prefill of a codec layer (which has just committed)
+        codec = self.kv.codec
+        if codec is not None:  # the first prefill of a codec layer (which has just committed)
+            if codec.stores_before_attending(0):  # an engine that writes its cache first attends it as stored
+                return codec.decode(codec.encode(k)), codec.decode_values(codec.encode_values(v))
             return k, v
         return self.kv.window_k, self.kv.window_v  # no codec: nothing commits, the window is the history
 

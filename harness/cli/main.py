@@ -94,15 +94,21 @@ def cmd_list(a: ListCommand) -> int:
     from adapters.registry import list_models
     from harness.tasks import UNAVAILABLE, list_tasks
     from kernels import codec_class, list_codecs
+    from kernels.engines.preset import rate
     from registry.options import help_of
     from metrics import list_metrics
 
     print("models:")
     for name, spec in list_models().items():
         print(f"  {name:<26} {spec.modality:<6} {spec.description}")
-    print("codecs (bits):")
+    print("codecs (bits):  [an engine's cache: its engine; bits per coordinate, keys/values at head dim 128, 16-bit]")
     for name, bits in list_codecs().items():
-        print(f"  {name:<26} {','.join(map(str, bits))}")
+        cls = codec_class(name)
+        rates = ""
+        if cls.engine_preset:
+            per = [f"{b}: {k:.3g}/{v:.3g}" for b in bits for k, v in [rate(cls, b)]]
+            rates = f"  [{cls.engine}; {', '.join(per)}]"
+        print(f"  {name:<26} {','.join(map(str, bits))}{rates}")
         for f, shown in _option_lines(codec_class(name).Options):
             print(f"      --codec-opt {name}.{f.name}={_opt_text(f.default)}  ({shown})")
     print("tasks:")

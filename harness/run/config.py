@@ -300,6 +300,25 @@ def seeded(cache_config: CacheConfig, codec_seeds: list[int]) -> list[CacheConfi
     return [replace(cache_config, seed=s) for s in seeds]
 
 
+#: the KV caches engines deploy (kernels/engines/), each at its own bits, by engine: ``--preset deployed`` runs them
+#: all beside OCTOPUS and TurboQuant-MSE, ``--preset deployed:ENGINE`` one engine's (TensorRT-LLM's int8 needs a
+#: calibrated per-layer scale: --codec-opt trtllm-int8.kv_scale=...)
+DEPLOYED: dict[str, list[str]] = {
+    "vllm": ["vllm-fp8@8", "vllm-fp8-e5m2@8", "vllm-fp8-per-token-head@8", "vllm-int8-per-token-head@8",
+             "vllm-int4-per-token-head@4", "vllm-nvfp4@4", "vllm-turboquant-k8v4@8", "vllm-turboquant-4bit-nc@4",
+             "vllm-turboquant-k3v4-nc@3", "vllm-turboquant-3bit-nc@3"],
+    "sglang": ["sglang-fp8-e4m3@8", "sglang-fp8-e5m2@8", "sglang-fp4-e2m1@4"],
+    "transformers": ["hf-quanto@2,4", "hf-hqq@2,4"],
+    "llamacpp": ["llamacpp-q8_0@8", "llamacpp-q5_1@5", "llamacpp-q5_0@5", "llamacpp-q4_1@4", "llamacpp-q4_0@4",
+                 "llamacpp-iq4_nl@4"],
+    "mlx": ["mlx-g64@2,3,4,8"],
+    "exllamav2": ["exl2-q8@8", "exl2-q6@8", "exl2-q4@4", "exl2-fp8@8"],
+    "exllamav3": ["exl3@2,3,4,8"],
+    "lmdeploy": ["lmdeploy-int8@8", "lmdeploy-int4@4"],
+    "trtllm": ["trtllm-fp8@8", "trtllm-nvfp4@4"],
+}
+_RESEARCH = ["octopus", "turboquant-mse"]
+
 #: ``harness run --preset NAME``: values that replace the defaults (flags given still win).
 #: 'default' is the quick sweep (every codec, minutes on a laptop CPU); 'full' the paper-sized one.
 PRESETS: dict[str, dict] = {
@@ -312,15 +331,8 @@ PRESETS: dict[str, dict] = {
             "needle": {"contexts": [1024, 2048], "repeats": 2},
         },
     },
-    # the KV caches engines deploy (kernels/engines/vllm_kv.py, vllm_turboquant.py, sglang_kv.py, hf_quantized.py), each
-    # at its own bits, beside OCTOPUS and TurboQuant-MSE
-    "deployed": {
-        "codecs": ["octopus", "turboquant-mse", "vllm-fp8@8", "vllm-fp8-e5m2@8", "vllm-fp8-per-token-head@8",
-                   "vllm-int8-per-token-head@8", "vllm-int4-per-token-head@4", "vllm-nvfp4@4", "vllm-turboquant-k8v4@8",
-                   "vllm-turboquant-4bit-nc@4", "vllm-turboquant-k3v4-nc@3", "vllm-turboquant-3bit-nc@3",
-                   "sglang-fp8-e4m3@8", "sglang-fp8-e5m2@8", "sglang-fp4-e2m1@4", "hf-quanto@2,4", "hf-hqq@2,4"],
-        "bits": [2, 3, 4],
-    },
+    "deployed": {"codecs": _RESEARCH + [c for codecs in DEPLOYED.values() for c in codecs], "bits": [2, 3, 4]},
+    **{f"deployed:{engine}": {"codecs": _RESEARCH + codecs, "bits": [2, 3, 4]} for engine, codecs in DEPLOYED.items()},
     # RULER's niah defaults (its scripts/synthetic.yaml and constants.py): 4 needles, 128 tokens to generate
     "ruler": {
         "tasks": ["needle"],

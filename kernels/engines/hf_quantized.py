@@ -45,6 +45,7 @@ from kernels.registry import register_codec
 
 class _TransformersQuantized(EnginePreset):
     """One backend of transformers' ``QuantizedCache``: ``library`` ('quanto' | 'hqq')."""
+    engine = "transformers"
     library: str
 
     @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """An inference engine's KV-cache format as a codec: :class:`EnginePreset`, the base of the engines'
-presets (kernels/engines/vllm_kv.py, kernels/engines/vllm_turboquant.py, kernels/engines/sglang_kv.py), and the fp8 casts they
-share. A preset stores keys and values in the engine's format (values at the preset's bits: ``--value-bits``
+presets (one module per engine family in kernels/engines/), and what several share: the fp8 and fp4 casts, nibble
+packing, C's rounding, per-tensor fp8 and NVFP4. A preset stores keys and values in the engine's format (values at the preset's bits: ``--value-bits``
 does not apply) and reproduces the engine's arithmetic, so a report compares what runs today with the
 research codecs on the same prompts.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -52,6 +53,13 @@ def e2m1_value(codes: torch.Tensor) -> torch.Tensor:
     return torch.where((codes & 8) != 0, -mag, mag)
 
 
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """C's ``roundf`` (and Metal's ``round``): to the nearest integer, halfway cases away from zero; exact for every
+    float (``floor(x + 0.5)`` is not: 0.49999997 + 0.5 rounds up to 1)."""
+    t = x.trunc()
+    return torch.where((x - t).abs() == 0.5, t + x.sign(), x.round())
+
+
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """uint8 [..., n] (values < 16) -> [..., n / 2]: element 2i in the low nibble, 2i + 1 in the high."""
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
@@ -59,6 +67,20 @@ def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2)
+
+
+def rate(cls: type, bits: int, head_dim: int = 128, dtype: torch.dtype = torch.float16) -> tuple[float, float]:
+    """Bits an engine's cache stores per coordinate, (keys, values), counted from its byte formula at ``bits`` and
+    ``head_dim``, with the scales that take the model's dtype in ``dtype`` (16-bit: how engines run)."""
+    from kernels.base import make_codec
+
+    codec = make_codec(cls.name, bits, head_dim)
+    shape = (1, head_dim)
+    if "dtype" in inspect.signature(codec.expected_nbytes).parameters:
+        k, v = codec.expected_nbytes(shape, dtype), codec.expected_value_nbytes(shape, dtype)
+    else:
+        k, v = codec.expected_nbytes(shape), codec.expected_value_nbytes(shape)
+    return 8 * k / head_dim, 8 * v / head_dim
 
 
 class _PresetValues:
@@ -188,3 +210,25 @@ class BlockFp4(EnginePreset):
             return TokenCodes(Element.E2M1, bits=4, scale_field="scale", scale=self._tensor_scale(s), group=self.group,
                               block_scale=self.block_scale)
         return TokenLayout(side("k"), side("v"))
+
+
+class Nvfp4(BlockFp4, PerTensorFp8):
+    """NVFP4 as TensorRT-LLM writes it (``cvt_warp_fp16_to_fp4``, which vLLM's ``nvfp4`` cache took over): per
+    block of 16, ``sf = g * (amax * (1 / 6))`` stored as fp8 e4m3 (nearest even, saturating) with ``g = 1 /
+    k_scale``, then each coordinate times ``1 / (sf * k_scale)`` rounded to e2m1 (``cvt.rn.satfinite.e2m1x2``:
+    ties to even, saturating at 6); read back as ``e2m1 * sf * k_scale``. Subclasses give ``engine``."""
+    block_scale = BlockScale.E4M3
+
+    def _tensor_scale(self, side):
+        return self._scale(side)
+
+    def _block_scale(self, sf):
+        return fp8_value(sf, "e4m3")
+
+    def _quantize(self, x, side):
+        xb = x.float().unflatten(-1, (-1, self.group))
+        g = torch.tensor(1.0 / self._scale(side))  # float32 throughout, as the kernel
+        sf = fp8_saturate(g * (xb.abs().amax(-1) * torch.tensor(1.0 / 6.0)), "e4m3")
+        s = fp8_value(sf, "e4m3").unsqueeze(-1)
+        inv = torch.where(s != 0, 1.0 / (s * (1.0 / g)), torch.zeros_like(s))
+        return {"codes": pack_nibbles(e2m1_codes(xb * inv, "even").flatten(-2)), "scale": sf}

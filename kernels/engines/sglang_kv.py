@@ -33,6 +33,7 @@ def fp8_cast(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 class _SglangFp8(PerTensorFp8):
+    engine = "SGLang"
     bits_supported = (8,)
 
     def _quantize(self, x, side):

@@ -40,10 +40,10 @@ import functools
 
 import torch
 
-from kernels.engines.preset import BlockFp4, EnginePreset, PerTensorFp8, e2m1_codes, fp8_saturate, fp8_value, pack_nibbles
+from kernels.engines.preset import EnginePreset, Nvfp4, PerTensorFp8, fp8_saturate, fp8_value
 from kernels.registry import register_codec
 from kernels.rotation import fwht
-from kernels.token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
+from kernels.token_layout import Element, Offset, TokenCodes, TokenLayout
 
 
 def _round_half_away(x: torch.Tensor) -> torch.Tensor:
@@ -52,6 +52,7 @@ def _round_half_away(x: torch.Tensor) -> torch.Tensor:
 
 
 class _VllmFp8(PerTensorFp8):
+    engine = "vLLM"
     bits_supported = (8,)
 
     def _quantize(self, x, side):
@@ -71,6 +72,7 @@ class VllmFp8E5m2(_VllmFp8):
 
 class _PerTokenHead(EnginePreset):
     """Symmetric per-(token, head) scales: fp8 e4m3 (round to nearest even) or int8 (truncated)."""
+    engine = "vLLM"
     bits_supported = (8,)
     qmax, qmin = 127.0, -128.0
 
@@ -132,6 +134,7 @@ def rht_signs(d: int) -> torch.Tensor:
 @register_codec("vllm-int4-per-token-head")
 class VllmInt4PerTokenHead(EnginePreset):
     """vLLM ``--kv-cache-dtype int4_per_token_head``."""
+    engine = "vLLM"
     bits_supported = (4,)
 
     @classmethod
@@ -173,21 +176,6 @@ class VllmInt4PerTokenHead(EnginePreset):
 
 
 @register_codec("vllm-nvfp4")
-class VllmNvfp4(BlockFp4, PerTensorFp8):
+class VllmNvfp4(Nvfp4):
     """vLLM ``--kv-cache-dtype nvfp4``: fp8 block scales, and the per-layer ``k_scale`` / ``v_scale``."""
-    engine, block_scale = "vLLM", BlockScale.E4M3
-    bits_supported = (4,)
-
-    def _tensor_scale(self, side):
-        return self._scale(side)
-
-    def _block_scale(self, sf):
-        return fp8_value(sf, "e4m3")
-
-    def _quantize(self, x, side):
-        xb = x.float().unflatten(-1, (-1, self.group))
-        g = torch.tensor(1.0 / self._scale(side))  # float32 throughout, as the kernel
-        sf = fp8_saturate(g * (xb.abs().amax(-1) * torch.tensor(1.0 / 6.0)), "e4m3")
-        s = fp8_value(sf, "e4m3").unsqueeze(-1)
-        inv = torch.where(s != 0, 1.0 / (s * (1.0 / g)), torch.zeros_like(s))
-        return {"codes": pack_nibbles(e2m1_codes(xb * inv, "even").flatten(-2)), "scale": sf}
+    engine, bits_supported = "vLLM", (4,)

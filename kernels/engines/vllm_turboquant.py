@@ -77,6 +77,7 @@ def lloyd_max_centroids(d: int, bits: int) -> torch.Tensor:
 
 class _VllmTurboQuant(EnginePreset):
     """One TurboQuant preset: ``key_bits`` (8 = fp8), ``preset_value_bits``, ``norm_correction``."""
+    engine = "vLLM"
     key_bits: int
     norm_correction: bool
 

@@ -24,7 +24,9 @@ a value is rounded to fp16 once, after its scale, as the table kernels round the
 
 Supported (else :func:`supports` says why and the dispatcher falls back to PyTorch): head dims that are
 powers of two from 32 to 256, code widths of 1, 2, 3, 4 or 8 bits, block scales of 16 or more
-coordinates (a power of two), normalization on the key side only.
+coordinates (a power of two; bytes, or numbers as ggml's and MLX's are, with a zero per block where the
+format has one), normalization on the key side only. The query is the codec's ``prepare_query`` of q
+(llama.cpp dots its cache with a q8 query); the native window sees q itself.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ _LOG2E = 1.4426950408889634
 _ELEMENT = {Element.E4M3: 0, Element.E5M2: 1, Element.INT8: 2, Element.UINT: 3, Element.CODEBOOK: 4,
             Element.E2M1: 5}
 _OFFSET = {Offset.NONE: 0, Offset.PACKED_ZP: 1, Offset.ZERO: 2}
-_BLOCK_SCALE = {BlockScale.E4M3: 0, BlockScale.UE8M0: 1}
+_BLOCK_SCALE = {BlockScale.E4M3: 0, BlockScale.UE8M0: 1, BlockScale.FIELD: 2}
 
 
 class SideFormat(NamedTuple):
@@ -62,7 +64,8 @@ class SideFormat(NamedTuple):
     OFFSET: int           #: 0 none, 1 a zero point packed in the scale's low mantissa bits, 2 an additive zero field
     NORMALIZE: bool       #: the token's codes are scaled to unit norm (keys only)
     GROUP: int            #: coordinates per block scale (0: one scale per token)
-    BLOCK_SCALE: int      #: a block scale's format: 0 e4m3, 1 ue8m0
+    BLOCK_SCALE: int      #: a block scale's format: 0 e4m3, 1 ue8m0, 2 a number (the field's float dtype)
+    ZERO_POINT: float     #: a constant taken from every code before its scale
     CHUNK: int            #: coordinates per chunk read at once (a scale block, or 64)
     HW_FP8: bool          #: e4m3 converted by the hardware (sm_89+ compiled), else by integer arithmetic
 
@@ -87,10 +90,11 @@ def _e4m3(c):
 
 
 @triton.jit
-def _chunk(CODES, SCALE, offs, mask_n, C0: tl.constexpr, SIDE: tl.constexpr, CB, zp):
+def _chunk(CODES, SCALE, ZERO, offs, mask_n, C0: tl.constexpr, SIDE: tl.constexpr, CB, zp):
     """Coordinates [C0, C0 + SIDE.CHUNK) of tokens ``offs`` as float32 [BLOCK_N, CHUNK]: the codes read as
-    numbers (whole 32-bit words per thread, :mod:`._unpack`), less the packed zero point ``zp`` [BLOCK_N],
-    times the block's scale where the chunk is one scale group (CHUNK == GROUP). 0 where masked."""
+    numbers (whole 32-bit words per thread, :mod:`._unpack`), less the constant and the packed zero point
+    ``zp`` [BLOCK_N], times the block's scale and plus its zero where the chunk is one scale group
+    (CHUNK == GROUP). 0 where masked."""
     CW: tl.constexpr = SIDE.CHUNK
     ROW: tl.constexpr = SIDE.ROW_BYTES
     if SIDE.BITS == 8:  # bytes: a plain tile load, converted by the hardware where it can
@@ -117,15 +121,22 @@ def _chunk(CODES, SCALE, offs, mask_n, C0: tl.constexpr, SIDE: tl.constexpr, CB,
         big = (2 + (m & 1)).to(tl.float32) * tl.exp2(((m >> 1) - 2).to(tl.float32))
         mag = tl.where(m < 2, m.to(tl.float32) * 0.5, big)
         y = tl.where((c & 8) != 0, -mag, mag)
+    if SIDE.ZERO_POINT != 0.0:
+        y = y - SIDE.ZERO_POINT
     if SIDE.OFFSET == 1:
         y = y - zp[:, None]
-    if SIDE.GROUP > 0:  # one scale byte for the chunk's coordinates
-        sb = tl.load(SCALE + offs * (ROW * 8 // SIDE.BITS // SIDE.GROUP) + C0 // SIDE.GROUP, mask=mask_n,
-                     other=0).to(tl.int32)
-        if SIDE.BLOCK_SCALE == 0:
-            y = y * _e4m3(sb)[:, None]
+    if SIDE.GROUP > 0:  # one scale for the chunk's coordinates (and one zero)
+        gi = offs * (ROW * 8 // SIDE.BITS // SIDE.GROUP) + C0 // SIDE.GROUP
+        if SIDE.BLOCK_SCALE == 2:
+            y = y * tl.load(SCALE + gi, mask=mask_n, other=0.0).to(tl.float32)[:, None]
         else:
-            y = y * tl.exp2((sb - 127).to(tl.float32))[:, None]
+            sb = tl.load(SCALE + gi, mask=mask_n, other=0).to(tl.int32)
+            if SIDE.BLOCK_SCALE == 0:
+                y = y * _e4m3(sb)[:, None]
+            else:
+                y = y * tl.exp2((sb - 127).to(tl.float32))[:, None]
+        if SIDE.OFFSET == 2:
+            y = y + tl.load(ZERO + gi, mask=mask_n, other=0.0).to(tl.float32)[:, None]
     return y
 
 
@@ -141,7 +152,7 @@ def _token_scale(side: SideFields, offs, mask_n, SIDE: tl.constexpr):
         zp = (bits & 15).to(tl.float32)
         sc = (bits & -16).to(tl.float32, bitcast=True)
     zero = tl.zeros([offs.shape[0]], tl.float32)
-    if SIDE.OFFSET == 2:
+    if SIDE.OFFSET == 2 and SIDE.GROUP == 0:  # per token (a group's zero is added to its codes by _chunk)
         zero = tl.load(side.zero + offs, mask=mask_n, other=0.0).to(tl.float32)
     return sc, zp, zero
 
@@ -163,7 +174,7 @@ def _token_block(start, hi, state, query, keys: SideFields, values: SideFields, 
     raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
     nrm2 = tl.zeros([BLOCK_N], tl.float32)
     for c in tl.static_range(D // KEYS.CHUNK):
-        y = _chunk(keys.codes, keys.scale, offs, mask_n, c * KEYS.CHUNK, KEYS, keys.codebook, kzp)
+        y = _chunk(keys.codes, keys.scale, keys.zero, offs, mask_n, c * KEYS.CHUNK, KEYS, keys.codebook, kzp)
         if KEYS.NORMALIZE:
             nrm2 += tl.sum(y * y, 1)
         raw = tl.dot(y.to(tl.float16), fk[c], raw)
@@ -179,7 +190,8 @@ def _token_block(start, hi, state, query, keys: SideFields, values: SideFields, 
     vs, vzp, vz = _token_scale(values, offs, mask_n, VALUES)
     acc_new = ()
     for c in tl.static_range(D // VALUES.CHUNK):
-        y = _chunk(values.codes, values.scale, offs, mask_n, c * VALUES.CHUNK, VALUES, values.codebook, vzp)
+        y = _chunk(values.codes, values.scale, values.zero, offs, mask_n, c * VALUES.CHUNK, VALUES, values.codebook,
+                   vzp)
         v = tl.where(mask_n[:, None], y * vs[:, None] + vz[:, None], 0.0).to(tl.float16)
         acc_new = acc_new + (tl.dot(tl.trans(v), p16, acc[c] * alpha[None, :]),)
     return m_new, l_i, acc_new
@@ -229,8 +241,8 @@ def _token_split_kernel(
     VC += t0 * VALUES.ROW_BYTES
     KS += t0 * (D // KEYS.GROUP if KEYS.GROUP > 0 else 1)  # a scale per token, or per group of coordinates
     VS += t0 * (D // VALUES.GROUP if VALUES.GROUP > 0 else 1)
-    KZ += t0
-    VZ += t0
+    KZ += t0 * (D // KEYS.GROUP if KEYS.GROUP > 0 else 1)  # a zero per token, or per group
+    VZ += t0 * (D // VALUES.GROUP if VALUES.GROUP > 0 else 1)
     keys = SideFields(KC, KS, KZ, KCB, k_scale)
     values = SideFields(VC, VS, VZ, VCB, v_scale)
     m_i = tl.full([GP], -1.0e30, tl.float32)
@@ -288,7 +300,7 @@ class _SidePlan:
         self.format = SideFormat(ELEMENT=_ELEMENT[side.element], BITS=side.bits, ROW_BYTES=side.row_bytes(D),
                                  HAS_SCALE=side.scale_field is not None, OFFSET=_OFFSET[side.offset],
                                  NORMALIZE=side.normalize, GROUP=side.group or 0,
-                                 BLOCK_SCALE=_BLOCK_SCALE[side.block_scale],
+                                 BLOCK_SCALE=_BLOCK_SCALE[side.block_scale], ZERO_POINT=float(side.zero_point),
                                  CHUNK=side.group or min(64, D),  # coordinates per chunk: a scale group, or 64
                                  HW_FP8=_hw_fp8(device))
 
@@ -333,7 +345,7 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
     GP = max(16, triton.next_power_of_2(G))
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     lens = None if lengths is None else as_lengths(lengths, B, dev)
-    qf = q.reshape(B * Hq, D).float()
+    qf = codec.prepare_query(q).reshape(B * Hq, D).float()  # as the engine dots it with its cache (llama.cpp: q8)
     if kp.rotation is not None:  # scores are y . (M q): rotate the query once
         qf = qf @ kp.rotation.T
     qf = qf.contiguous()

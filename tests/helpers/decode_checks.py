@@ -14,11 +14,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def ref_lse(q, ks, codec, wk, lengths, scale) -> torch.Tensor:
-    """Natural log-sum-exp of the reference's scaled scores over [compressed prefix, window], [B, Hq]."""
+    """Natural log-sum-exp of the reference's scaled scores over [compressed prefix, window], [B, Hq]: the prefix
+    dotted with the query as the codec's engine dots it (``prepare_query``), the window with q."""
     B, Hq, _, d = q.shape
     Hkv = ks.shape[-3]
     qg = q.reshape(B, Hkv, Hq // Hkv, d)
-    s = codec.score(qg, ks).float()
+    s = codec.score(codec.prepare_query(q).reshape(qg.shape), ks).float()
     if lengths is not None:
         keep = torch.arange(s.shape[-1], device=s.device) < torch.as_tensor(lengths, device=s.device).reshape(B, 1, 1, 1)
         s = s.masked_fill(~keep, float("-inf"))

@@ -193,6 +193,37 @@ def reference_distortion(name: str, bits: int, u: torch.Tensor) -> tuple[float, 
     if name == "vllm-int4-per-token-head":  # after a random-sign Hadamard rotation: another draw of the same
         # distribution (as quarot); the per-token extremes spread the mean by ~1%
         return float(((x - _int4_zero_point_ref(x)) ** 2).sum(-1).mean()), 0.03
+    if name in ("trtllm-fp8", "trtllm-nvfp4"):  # per-layer scale 1.0: vLLM's fp8 and nvfp4 arithmetic
+        ref = fp8_round(x, "e4m3") if name == "trtllm-fp8" else _fp4_ref(x, "vllm-nvfp4")
+        return float(((x - ref) ** 2).sum(-1).mean()), 1e-3
+    # the other engines' formats (helpers/engine_refs.py: their arithmetic from their definitions) on the same vectors:
+    # the same codes up to float rounding (the float32 key at 1e-3, as above)
+    return float(((x - _engine_ref(name, bits, x)) ** 2).sum(-1).mean()), 1e-3
+
+
+def _engine_ref(name: str, bits: int, x: np.ndarray) -> np.ndarray:
+    """x [n, d] float64 through engine ``name``'s key format at ``bits``, with its defaults, back."""
+    from helpers import engine_refs as E
+
+    x32 = x.astype(np.float32)
+    if name.startswith("llamacpp-"):  # keys rotated by the Hadamard over blocks of d = 128 (llama.cpp's rule)
+        h = E.hadamard(x.shape[-1])
+        return E.ggml_dequantized(x @ h, name.partition("-")[2]) @ h
+    if name.startswith("mlx-g"):
+        group = int(name[len("mlx-g"):])
+        return E.mlx_dequantized(*E.mlx_affine(x32, group, bits), group).astype(np.float64)
+    if name == "exl2-fp8":  # the upper byte of fp16
+        return (x.astype(np.float16).view(np.uint16) & 0xFF00).view(np.float16).astype(np.float64)
+    if name in ("exl2-q4", "exl2-q6", "exl2-q8"):  # Q6's keys are 8-bit
+        code_bits = 4 if name == "exl2-q4" else 8
+        return E.exl2_dequantized(*E.exl2_q(x32, code_bits), code_bits).astype(np.float64)
+    if name == "exl3":
+        return E.exl3_dequantized(*E.exl3_q(x32, bits), bits).astype(np.float64)
+    if name in ("lmdeploy-int8", "lmdeploy-int4"):  # a float32 model runs in float16
+        code_bits = 8 if name == "lmdeploy-int8" else 4
+        return E.turbomind_dequantized(*E.turbomind(x32, code_bits)).astype(np.float64)
+    if name == "trtllm-int8":  # scale 1.0: every coordinate of a unit vector rounds to 0 or +-1
+        return np.clip(np.rint(x32), -128, 127).astype(np.float64)
     raise KeyError(name)
 
 

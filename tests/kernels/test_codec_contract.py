@@ -28,7 +28,7 @@ def _bits(name: str) -> list[int]:
 
 
 def _dim(name: str, d: int) -> int:
-    """``d``, or 128 for a codec that refuses ``d`` (vLLM's int4 cache: powers of two only)."""
+    """``d``, or 128 for a codec that refuses ``d`` (vLLM's int4 cache: powers of two only; mlx-g128: groups of 128)."""
     return d if CODECS[name].head_dim_unsupported(d) is None else 128
 
 
@@ -138,7 +138,7 @@ def test_seed_determinism(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_config_json_round_trip_rebuilds_the_same_codec(name):
-    d = 64
+    d = _dim(name, 64)
     bits = _bits(name)[-1]
     value_bits = None if CODECS[name].engine_preset else 4  # an engine's preset fixes its value bits
     c = make_codec(name, bits, d, seed=7, layer=3, num_heads=H, value_bits=value_bits, value_group=16)
@@ -160,7 +160,7 @@ def test_options_are_declared_with_defaults_and_resolved(name):
     cls = CODECS[name]
     declared = [f.name for f in fields(cls.Options)]
     cls.Options()  # every option has a default
-    c = make_codec(name, _bits(name)[0], 64)
+    c = make_codec(name, _bits(name)[0], _dim(name, 64))
     assert list(options_json(c.config.options)) == declared  # the config names every option the codec ran with
     assert c.opts is c.config.options and type(c.opts) is cls.Options
 
@@ -168,8 +168,9 @@ def test_options_are_declared_with_defaults_and_resolved(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_unknown_option_rejected(name):
     declared = [f.name for f in fields(CODECS[name].Options)]
-    for build in (lambda: make_codec(name, _bits(name)[0], 64, levls=3),
-                  lambda: CodecConfig(name, _bits(name)[0], 64, options={"levls": 3}),
+    d = _dim(name, 64)
+    for build in (lambda: make_codec(name, _bits(name)[0], d, levls=3),
+                  lambda: CodecConfig(name, _bits(name)[0], d, options={"levls": 3}),
                   lambda: codec_options(name, {"levls": "3"}, strings=True)):
         with pytest.raises(ValueError, match=r"unknown option\(s\) \['levls'\]") as e:
             build()
@@ -181,7 +182,7 @@ def test_unknown_option_rejected(name):
 def test_wrong_option_type_rejected(name):
     for f in fields(CODECS[name].Options):
         with pytest.raises(ValueError, match=f"codec option {name}.{f.name} must be") as e:
-            make_codec(name, _bits(name)[0], 64, **{f.name: {"not": "an option value"}})
+            make_codec(name, _bits(name)[0], _dim(name, 64), **{f.name: {"not": "an option value"}})
         assert "\n" not in str(e.value)
 
 

@@ -15,11 +15,11 @@ from adapters.cache.config import CacheConfig
 from adapters.cache.kv_cache import CompressedKVCache
 
 from adapters.cache.layer_kv import LayerKV
-from kernels import list_codecs, make_codec
+from kernels import codec_class, list_codecs, make_codec
 from kernels.backend import Decision
 
-CODECS = [c for c in list_codecs() if c != "none"]
 B, HKV, HQ, D = 1, 2, 4, 64
+CODECS = [c for c in list_codecs() if c != "none" and codec_class(c).head_dim_unsupported(D) is None]
 
 
 def _plain() -> str:

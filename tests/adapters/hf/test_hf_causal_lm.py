@@ -15,7 +15,7 @@ from adapters.hf.cache import CompressedCache, attach
 from adapters.cache.config import CacheConfig
 from adapters.registry import get_model
 from kernels import CODECS as CODEC_CLASSES
-from kernels import list_codecs
+from kernels import list_codecs, make_codec
 
 CODECS = list(list_codecs())
 # codecs that are transformers' own quantized cache keep its window (residual_length), not --residual's
@@ -28,6 +28,11 @@ def _quanto_unpacks_in_torch():
     """quanto's pure-PyTorch unpacking, not its C++ extension's first-use build (tests/helpers/quanto_cpu.py)."""
     with quanto_unpacks_in_torch():
         yield
+
+
+#: TensorRT-LLM's int8 cache takes a calibrated per-layer scale (ModelOpt's amax / 127): the tiny model's keys and
+#: values stay within 127 / 32
+OPTIONS = {"trtllm-int8": {"kv_scale": 1 / 32}}
 
 
 def _bits(codec: str) -> int:
@@ -91,7 +96,10 @@ def test_every_codec_generates_and_scores(lm, ids, native_refs, codec):
     # transformers' own cache keeps its window in its options: 8 tokens, as --residual 8 for the others
     # (at 4 bits: its 2-bit groups, quantized again at every flush, move this tiny model's logits by more than a
     # tenth of losing the context, the ceiling of the check below)
-    options = {"residual_length": 8} if codec in LIBRARY else {}
+    options = {"residual_length": 8} if codec in LIBRARY else OPTIONS.get(codec, {})
+    why = CODEC_CLASSES[codec].head_dim_unsupported(lm.geometry[2]) if codec != "none" else None
+    if why is not None:
+        pytest.skip(why)
     cfg = CacheConfig(codec=codec, bits=4 if codec in LIBRARY else _bits(codec), residual=8, options=options)
     with attach(model) as new_cache:
         cache = new_cache(cfg)
@@ -102,11 +110,13 @@ def test_every_codec_generates_and_scores(lm, ids, native_refs, codec):
         cache2 = new_cache(cfg)
         logits = _chunked(model, ids, cache2)
     native, other = native_refs
-    assert torch.equal(logits[:, :50], native[:, :50])  # the prefill is plain attention, whatever the codec
+    # the prefill is plain attention, unless the engine writes it to its cache first (then it moves, as below)
+    p = 50 if codec == "none" or not make_codec(cfg.codec_config(32, 1)).stores_before_attending(0) else 0
+    assert torch.equal(logits[:, :p], native[:, :p])
     if codec == "none":
         assert torch.equal(logits, native)
     else:  # the later chunks read the compressed cache
-        assert_moved_less_than_lost(kl(native[0, 50:], logits[0, 50:]), kl(native[0, 50:], other[0, 50:]))
+        assert_moved_less_than_lost(kl(native[0, p:], logits[0, p:]), kl(native[0, p:], other[0, p:]))
         block = cache2.kv[0].codec.token_block  # all but the 8-token window, in whole token blocks
         # transformers flushes whenever its residual reaches 8: every chunk here, so all 90 end quantized
         want = 90 if codec in LIBRARY else (90 - 8) // block * block

@@ -1,5 +1,5 @@
 """``--codec NAME@B``: a codec at its own bit widths beside the run's ``--bits`` (an engine's preset), and
-``--preset deployed``, which runs vLLM's KV-cache dtypes beside OCTOPUS and TurboQuant-MSE."""
+``--preset deployed``, which runs the engines' KV caches beside OCTOPUS and TurboQuant-MSE."""
 from __future__ import annotations
 
 import json
@@ -35,8 +35,8 @@ def test_the_deployed_preset_runs_every_preset_at_its_bits(tmp_path):
                              limit=1, codec_seeds=[0], batch_size=1)
     out = run(config, out=tmp_path / "run", model=tiny_causal_lm(head_dim=64), progress=False, log=lambda *_: None)
     labels = {r["label"] for r in read_rows(out / "rows.jsonl")}
-    presets = {c for c in deployed["codecs"] if "@" in c and "," not in c} | {"hf-quanto@2", "hf-quanto@4",
-                                                                             "hf-hqq@2", "hf-hqq@4"}
+    presets = {f"{name}@{b}" for c in deployed["codecs"] if "@" in c
+               for name, bits in [c.split("@")] for b in bits.split(",")}  # hf-quanto@2,4: hf-quanto@2, hf-quanto@4
     assert presets <= labels and {"octopus@2", "turboquant-mse@4", "none"} <= labels
     assert "vllm-fp8@2" not in labels  # a preset runs at its own bits only
     int4 = next(r for r in read_rows(out / "rows.jsonl") if r["label"] == "vllm-int4-per-token-head@4")
