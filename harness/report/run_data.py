@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.report.formatting import plot_file
+from harness.run.config import RunConfig
 from harness.run.folder import RunFolder
 from harness.run.input_files import InputError, field, read_run_json
 from harness.run.lines import read_speed
@@ -51,7 +52,17 @@ def read_run(out: Path, rows: list[dict] | None = None) -> RunData:
     them to rows.jsonl), else rows.jsonl's."""
     folder = RunFolder(out)
     config = read_run_json(folder.config)
+    try:  # a folder of an older version: its missing fields at their defaults; of a newer one: refused
+        config = RunConfig.from_json(config).to_json()
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{folder.config}: {e}: the folder was made by another version of the harness; read it "
+                         f"with that version (or run it again with --fresh)") from None
     model = read_run_json(folder.model, {})
+    try:  # what the reports and compare read of it
+        for key in ("model", "environment"):
+            field(model, key, dict, str(folder.model), default=None)
+    except InputError as e:
+        raise InputError(f"{e}; the harness writes this file: restore it, or run again with --fresh") from None
     rows = read_rows(folder.rows) if rows is None else rows
     speed, problem = read_speed(out)
     registry = read_run_json(folder.registry, None)
