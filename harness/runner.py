@@ -149,9 +149,9 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
     folder, so that shards of another configuration cannot start beside it). A folder this call
     created is removed again if it fails before then (not by a shard: others may be using it)."""
     config, spec = resolve(config, log)
+    work = plan(config, log)
     if model is None:  # the shape it declares, before its weights load
         check_declared(config, spec)
-    work = plan(config, log)
     out = Path(out) if out else config.default_out()
     if shard is not None and shard.count == 1:
         shard = None

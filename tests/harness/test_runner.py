@@ -217,7 +217,8 @@ def test_fresh_starts_over_only_after_validation(lm, textfile, tmp_path):
 @pytest.mark.parametrize("bad, message", [
     (dict(limit=0), "--limit must be a positive number"), (dict(limit=-1), "--limit must be a positive number"),
     (dict(residual=-5), "--residual must be >= 0"), (dict(value_bits=0), "--value-bits must be in 1..16"),
-    (dict(value_group=0), "--value-group must be >= 1"), (dict(bits=[9]), "does not support bits=9"),
+    (dict(value_group=0), "--value-group must be >= 1"),
+    (dict(codecs=[f"{TWO[0]}@9"]), "does not support bits=9"),
     (dict(device="gpu"), "is not a device"), (dict(dtype="float8"), "--dtype 'float8' is not a dtype"),
     (dict(codec_options={TWO[0]: {"nope": "1"}}), "--codec-opt"),
     (dict(batch_size=0), "--batch-size must be a positive number"),
