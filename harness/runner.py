@@ -68,9 +68,8 @@ from metrics import modalities
 def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
     """Validate everything that needs no model and fill the model's default tasks: field values
     (``RunConfig.validate``: repeats dropped with a note), model, task, codec names, task and codec
-    options, each codec against the bit widths. Returns (config, model spec)."""
+    options, each codec's bit widths. Returns (config, model spec)."""
     from adapters.registry import get_model
-    from kernels import codec_class
 
     for note in config.validate():
         log(note)
@@ -91,38 +90,44 @@ def resolve(config: RunConfig, log=print) -> tuple[RunConfig, object]:
     if unknown:
         raise RunError(f"options given for task(s) {sorted(unknown)} that this run does not have ({config.tasks})")
     config.task_options = {t: task_options(get_task(t), config.task_options.get(t, {})) for t in config.tasks}
-    for c, _ in config.codec_entries():
-        codec_class(c)  # unknown codec -> "Unknown codec 'x'. Available: ..."
+    # unknown codec -> "Unknown codec 'x'. Available: ..."; NAME@B at a width it lacks -> RunError; a note for
+    # each bare name that runs at other widths than --bits
+    config.codec_entries(log)
     if not config.bits:
         raise RunError("no bit widths given")
-    # options for a codec the run does not have, or that its Options reject -> RunError; no codec
-    # supporting any given bit width -> RunError (head-dim checks need the model: check_pairs again)
-    check_pairs(config.cache_configs(), None)
+    config.cache_configs()  # options for a codec the run does not have, or that its Options reject -> RunError
     return config, spec
 
 
-def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int] | None) -> tuple[list[CacheConfig], list[dict]]:
-    """Split into (runnable, skipped with reasons) by building each codec once for the model's head dim."""
+def check_declared(config: RunConfig, spec) -> None:
+    """Before the weights load: the run's options against the shape the model declares (``spec.declared``: its
+    config file, GGUF header or architecture; a path its loader would refuse is refused here): protected layers
+    and task contexts against its layers and positions, and every codec against its heads and head dim (RunError
+    where none can run; the skipped are logged once the model has loaded)."""
+    shape = spec.declared(config.model_path) if spec.declared is not None else None
+    if shape is None:  # a model that declares nothing (a Hub name): the loaded model is checked
+        return
+    check_limits(config, _options(config), shape.layers, shape.positions, shape.source)
+    if shape.geometry is not None:
+        check_pairs(config.cache_configs(), shape.geometry)
+
+
+def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int]) -> tuple[list[CacheConfig], list[dict]]:
+    """Split into (runnable, skipped with reasons) by building each codec once for the model's ``geometry``
+    (layers, KV heads, head dim); RunError where no codec can run."""
     from kernels import make_codec
 
     ok, skipped = [], []
+    layers, n_kv, head_dim = geometry
     for cc in cache_configs:
         if cc.codec == "none":
             ok.append(cc)
             continue
         try:
-            if geometry is not None:
-                layers, n_kv, head_dim = geometry
-                make_codec(cc.codec_config(head_dim, n_kv))
-                if len(cc.protected_layers(layers)) >= layers:  # --protect, or an engine's own native layers
-                    raise ValueError(f"every one of the model's {layers} layers stays native (--protect, or the "
-                                     f"layers the codec's engine keeps uncompressed): nothing to compress")
-            else:
-                from kernels import codec_class
-
-                if cc.bits not in codec_class(cc.codec).bits_supported:
-                    raise ValueError(f"codec '{cc.codec}' does not support bits={cc.bits}; supported: "
-                                     f"{list(codec_class(cc.codec).bits_supported)}")
+            make_codec(cc.codec_config(head_dim, n_kv))
+            if len(cc.protected_layers(layers)) >= layers:  # --protect, or an engine's own native layers
+                raise ValueError(f"every one of the model's {layers} layers stays native (--protect, or the "
+                                 f"layers the codec's engine keeps uncompressed): nothing to compress")
             ok.append(cc)
         except (ValueError, TypeError) as e:
             skipped.append({"codec": cc.codec, "bits": cc.bits, "label": cc.label, "reason": str(e)})
@@ -145,11 +150,9 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
     folder, so that shards of another configuration cannot start beside it). A folder this call
     created is removed again if it fails before then (not by a shard: others may be using it)."""
     config, spec = resolve(config, log)
-    if spec.modality == "text" and model is None:  # the limits its config file declares, before it loads
-        from adapters.hf.models import declared_limits
-
-        check_limits(config, _options(config), *declared_limits(config.model_path), f"{config.model_path}/config.json")
     work = plan(config, log)
+    if model is None:  # the shape it declares, before its weights load
+        check_declared(config, spec)
     planned = run_memory(config, spec.modality, work, model, log)  # before the folder is touched
     out = Path(out) if out else config.default_out()
     if shard is not None and shard.count == 1:

@@ -15,6 +15,7 @@ JSON equal the ones written. A field may carry its help and where its value may 
 from __future__ import annotations
 
 import functools
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -32,7 +33,7 @@ _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False,
 
 @dataclass(frozen=True)
 class Allowed:
-    """Where an option may lie: a number (or each item of a tuple option) in [lo, hi] (None: open), one of
+    """Where an option may lie: a finite number (or each item of a tuple option) in [lo, hi] (None: open), one of
     ``choices``, a tuple ``nonempty``; ``positions``: at most the model's positions (tokens of context),
     checked once the model's limits are known (from its config file before it loads)."""
     lo: float | None = None
@@ -46,6 +47,8 @@ class Allowed:
         if self.nonempty and not items:
             raise ValueError("give at least one value")
         for v in items:
+            if isinstance(v, float) and not math.isfinite(v):  # NaN passes every comparison: said first
+                raise ValueError(f"{v} is not a finite number")
             if self.choices and v not in self.choices:
                 raise ValueError(f"must be one of {', '.join(repr(c) for c in self.choices)}")
             if self.lo is not None and v < self.lo or self.hi is not None and v > self.hi:

@@ -5,7 +5,6 @@ module joins its folder's wing; an import that runs back up fails here, naming t
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 

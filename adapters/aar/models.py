@@ -121,6 +121,13 @@ def _resolve(path: str | Path) -> dict[str, Path | None]:
             "laion_clap": laion[0] if laion and not clap else None}
 
 
+def released_aar_config(path: str | Path) -> tuple[AARConfig, str]:
+    """(the AAR transformer's config, the file it was read from) of released weights, read off the file's tensor
+    shapes (memory-mapped: no weight is read) before the pipeline loads."""
+    file = _resolve(path)["aar"]
+    return aar_config_from_state(read_state_dict(file, AAR_KEY)), str(file)
+
+
 def released_pipeline(path: str | Path, device="cpu", dtype=torch.float32) -> AARPipeline:
     files = _resolve(path)
     aar = build_aar(read_state_dict(files["aar"], AAR_KEY))
@@ -135,5 +142,5 @@ def released_pipeline(path: str | Path, device="cpu", dtype=torch.float32) -> AA
                        weights=f"{files['aar'].name} + {files['sat'].name}")
 
 
-__all__ = ["TINY_AAR", "TINY_SAT", "FULL_AAR", "FULL_SAT", "random_pipeline", "released_pipeline",
+__all__ = ["TINY_AAR", "TINY_SAT", "FULL_AAR", "FULL_SAT", "random_pipeline", "released_pipeline", "released_aar_config",
            "build_aar", "build_sat", "aar_config_from_state", "sat_config_from_state", "randomize_sat_"]

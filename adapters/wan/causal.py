@@ -15,8 +15,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from adapters.loading import resolve
+from adapters.protocol import DeclaredShape
 from adapters.registry import register_model
 from adapters.wan import CAUSAL_FORCING, CAUSVID, build_random, load_released, tiny_spec
+from adapters.wan.build import released_path
+
 
 def _no_path(name: str, path) -> None:
     if path:
@@ -24,22 +27,34 @@ def _no_path(name: str, path) -> None:
                          f"use '{name.rsplit('-', 1)[0]}' for the released weights")
 
 
+def _shape(spec, path, released: bool) -> DeclaredShape:
+    """A Wan model's shape is its recipe's architecture (a released checkpoint must match it: it loads
+    strictly); the path is checked as the loader checks it."""
+    released_path(spec, path) if released else _no_path(spec.name, path)
+    t = spec.transformer
+    return DeclaredShape(t["num_layers"], t["num_attention_heads"], t["attention_head_dim"], None,
+                         f"model '{spec.name}''s architecture")
+
+
 @register_model("causvid", modality="video", default_task="video",
-                description="CausVid (Wan 2.1 1.3B, 3 latent frames/block, 3 steps, shift 8); path: model.pt")
+                description="CausVid (Wan 2.1 1.3B, 3 latent frames/block, 3 steps, shift 8); path: model.pt",
+                declared=lambda path: _shape(CAUSVID, path, released=True))
 def load_causvid(path: str | None, device="auto", dtype="auto"):
     return load_released(CAUSVID, path, *resolve(device, dtype))
 
 
 @register_model("causal-forcing", modality="video", default_task="video",
                 description="Causal Forcing frame-wise (Wan 2.1 1.3B, 1 latent frame/block, 4 warped steps, "
-                            "shift 5); path: causal_forcing.pt")
+                            "shift 5); path: causal_forcing.pt",
+                declared=lambda path: _shape(CAUSAL_FORCING, path, released=True))
 def load_causal_forcing(path: str | None, device="auto", dtype="auto"):
     return load_released(CAUSAL_FORCING, path, *resolve(device, dtype))
 
 
 @register_model("causvid-random", modality="video", default_task="video",
                 description="full-size CausVid (Wan 2.1 1.3B) at seeded random weights, random prompt embeddings; "
-                            "no checkpoint (GPU smoke runs)")
+                            "no checkpoint (GPU smoke runs)",
+                declared=lambda path: _shape(replace(CAUSVID, name="causvid-random"), path, released=False))
 def load_causvid_random(path: str | None = None, device="auto", dtype="auto"):
     _no_path("causvid-random", path)
     return build_random(replace(CAUSVID, name="causvid-random"), *resolve(device, dtype), text_encoder=False)
@@ -47,7 +62,8 @@ def load_causvid_random(path: str | None = None, device="auto", dtype="auto"):
 
 @register_model("causal-forcing-random", modality="video", default_task="video",
                 description="full-size Causal Forcing (Wan 2.1 1.3B) at seeded random weights, random prompt "
-                            "embeddings; no checkpoint (GPU smoke runs)")
+                            "embeddings; no checkpoint (GPU smoke runs)",
+                declared=lambda path: _shape(replace(CAUSAL_FORCING, name="causal-forcing-random"), path, released=False))
 def load_causal_forcing_random(path: str | None = None, device="auto", dtype="auto"):
     _no_path("causal-forcing-random", path)
     return build_random(replace(CAUSAL_FORCING, name="causal-forcing-random"), *resolve(device, dtype),
@@ -56,7 +72,8 @@ def load_causal_forcing_random(path: str | None = None, device="auto", dtype="au
 
 @register_model("causvid-tiny", modality="video", default_task="video",
                 description="CausVid recipe on a tiny random Wan (2 layers, 2x32 heads, 48x64, 9 latent frames); "
-                            "no checkpoint")
+                            "no checkpoint",
+                declared=lambda path: _shape(tiny_spec(CAUSVID), path, released=False))
 def load_causvid_tiny(path: str | None = None, device="auto", dtype="auto"):
     _no_path("causvid-tiny", path)
     return build_random(tiny_spec(CAUSVID), *resolve(device, dtype))
@@ -64,7 +81,8 @@ def load_causvid_tiny(path: str | None = None, device="auto", dtype="auto"):
 
 @register_model("causal-forcing-tiny", modality="video", default_task="video",
                 description="Causal Forcing recipe on a tiny random Wan (2 layers, 2x32 heads, 48x64, 9 latent "
-                            "frames); no checkpoint")
+                            "frames); no checkpoint",
+                declared=lambda path: _shape(tiny_spec(CAUSAL_FORCING), path, released=False))
 def load_causal_forcing_tiny(path: str | None = None, device="auto", dtype="auto"):
     _no_path("causal-forcing-tiny", path)
     return build_random(tiny_spec(CAUSAL_FORCING), *resolve(device, dtype))

@@ -122,7 +122,7 @@ def check_args(args: dict) -> ModelArgs:
     named as here (``model option kvcodec.chunk=0: ...`` for :class:`Options`, which names the model itself).
     lm-eval reads 'none' as None: an argument given as none takes its default."""
     from adapters.cache.config import check_protect
-    from adapters.hf.models import declared_limits
+    from adapters.hf.models import declared_shape
     from kernels import codec_class
     from kernels.config import check_bits
 
@@ -154,7 +154,7 @@ def check_args(args: dict) -> ModelArgs:
         raise ValueError(f"model '{MODEL_NAME}': {e}") from None
     own = {f.name: args[f.name] for f in fields(Options) if f.name in args}
     options = read_options("model", MODEL_NAME, Options, own, strings=False)  # names the model itself
-    layers, _ = declared_limits(pretrained)
+    layers = declared_shape(pretrained, MODEL_NAME).layers  # the checkpoint's config (or GGUF header), no weights
     if layers is not None:
         try:
             check_protect(cache.protect, layers)

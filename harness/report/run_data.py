@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.report.formatting import plot_file
+from harness.run.config import RunConfig
 from harness.run.folder import RunFolder
-from harness.run.input_files import InputError, read_run_json
+from harness.run.input_files import InputError, field, read_run_json
 from harness.run.lines import read_speed
 from harness.run.rows import atomic_write, dumps, read_rows
 
@@ -51,16 +52,57 @@ def read_run(out: Path, rows: list[dict] | None = None) -> RunData:
     them to rows.jsonl), else rows.jsonl's."""
     folder = RunFolder(out)
     config = read_run_json(folder.config)
+    try:  # a folder of an older version: its missing fields at their defaults; of a newer one: refused
+        config = RunConfig.from_json(config).to_json()
+    except (ValueError, TypeError) as e:
+        raise InputError(f"{folder.config}: {e}: the folder was made by another version of the harness; read it "
+                         f"with that version (or run it again with --fresh)") from None
     model = read_run_json(folder.model, {})
+    try:  # what the reports and compare read of it
+        for key in ("model", "environment"):
+            field(model, key, dict, str(folder.model), default=None)
+    except InputError as e:
+        raise InputError(f"{e}; the harness writes this file: restore it, or run again with --fresh") from None
     rows = read_rows(folder.rows) if rows is None else rows
     speed, problem = read_speed(out)
     registry = read_run_json(folder.registry, None)
     if registry is None:  # a run made before registry.json: the registries as they are now
         registry = declared(config, model, rows)
-    elif registry.get("version") != REGISTRY_VERSION:
-        raise InputError(f"{folder.registry}: version {registry.get('version')!r}, this harness reads version "
-                         f"{REGISTRY_VERSION}; delete it to rebuild it from the registries")
+    else:
+        check_registry(registry, folder.registry)
     return RunData(folder.path, config, model, rows, speed, problem, registry)
+
+
+#: registry.json's entries as :func:`declared` writes them: {field: its kind (None: may be null)}
+_SHAPES = {"metrics": {"display": str, "higher_is_better": (bool, None), "scale": str, "description": str},
+           "tasks": {"metrics": list, "headline": (str, None), "score_metric": (str, None), "breakdown": list,
+                     "media": dict},
+           "codecs": {"engine_preset": bool, "native_layers": list}}
+
+
+def check_registry(registry: dict, path: Path) -> None:
+    """registry.json (``registry``, read from ``path``) of the version and shape :func:`declared` writes; an
+    :class:`InputError` naming the first entry that is not (a task entry may be null: a task unknown here)."""
+    fix = "delete it to rebuild it from the registries"
+    if registry.get("version") != REGISTRY_VERSION:
+        raise InputError(f"{path}: version {registry.get('version')!r}, this harness reads version "
+                         f"{REGISTRY_VERSION}; {fix}")
+    for section, shape in _SHAPES.items():
+        entries = registry.get(section)
+        try:
+            if not isinstance(entries, dict):
+                raise InputError(f"'{section}' must be a JSON object, found {json.dumps(entries)[:40]}")
+            for name, entry in entries.items():
+                if entry is None and section == "tasks":
+                    continue
+                if not isinstance(entry, dict):
+                    raise InputError(f"{section} '{name}' must be a JSON object, found {json.dumps(entry)[:40]}")
+                for key, kind in shape.items():
+                    nullable = isinstance(kind, tuple) and None in kind
+                    kinds = tuple(k for k in kind if k is not None) if isinstance(kind, tuple) else kind
+                    field(entry, key, kinds, f"{section} '{name}'", **({"default": None} if nullable else {}))
+        except InputError as e:
+            raise InputError(f"{path}: {e}; {fix}") from None
 
 
 def write_registry(out: Path, config: dict, model: dict) -> None:

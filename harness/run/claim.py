@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.run.config import RunConfig, RunError
 from harness.run.folder import RunFolder
 from harness.run.lock import RunLocked, holder
-from harness.run.rows import atomic_write, dumps
+from harness.run.rows import UnsafePath, atomic_write, dumps
 
 def check_out(out: Path) -> None:
     """``out`` is a folder, or can be created as one, and can be written."""
@@ -49,11 +49,15 @@ def _run_config(path: Path) -> dict | None:
 
 
 def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
-    """Under the folder's lock, before anything is written: ``out`` must be empty or a harness run
-    folder (by its config.json) of this configuration, or of any configuration with ``fresh``."""
+    """Under the folder's lock, before anything is written (and before the model loads): ``out`` must be empty
+    or a harness run folder (by its config.json) of this configuration, or of any configuration with ``fresh``
+    (which deletes its run files, links included); without it, no link stands where the run appends or files
+    (:func:`refuse_links`)."""
     entries = sorted(p.name for p in out.iterdir() if not p.name.startswith(RunFolder.LOCK))
     if not entries:
         return
+    if not fresh:
+        refuse_links(out)
     old = _run_config(RunFolder(out).config)
     if old is None:
         shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
@@ -68,6 +72,22 @@ def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         raise RunError(f"{out} holds a run with another configuration (differs in: {', '.join(diff)}); "
                        f"pass another --out, or --fresh to start it over")
+
+
+def refuse_links(out: Path) -> None:
+    """:class:`UnsafePath` for a symbolic link in ``out`` where a run appends (the line files: rows, speed,
+    timings and their shards' files) or in place of a folder it files into (baselines, each modality's media):
+    the run would refuse it as it writes, after the model has loaded; the files it rewrites whole (config.json,
+    registry.json, the reports, ...) replace a link with the file (:func:`harness.run.rows.write_via`)."""
+    from metrics import modalities
+
+    appended = re.compile(rf"({'|'.join(RunFolder.LINE_STEMS)})(\.shard-\d+-of-\d+)?\.jsonl")
+    dirs = RunFolder.dirs(modalities())
+    for p in sorted(out.iterdir()):
+        if p.is_symlink() and (appended.fullmatch(p.name) or p.name in dirs):
+            raise UnsafePath(f"{p} is a symbolic link; the harness writes only regular files and folders in a run "
+                             f"folder: delete the link (or put what it names in its place), or start over with "
+                             f"--fresh")
 
 
 def live_shards(out: Path) -> dict[str, tuple[int, str, str]]:

@@ -246,22 +246,52 @@ class RunConfig(VersionedJSON, what="run config", version=RUN_CONFIG_VERSION, ve
                     out.append(CacheConfig(codec=codec, bits=b, options=options, **common))
         return out
 
-    def codec_entries(self) -> list[tuple[str, list[int]]]:
-        """[(codec name, its bit widths)]: ``--bits`` for a plain name, its own for ``NAME@B[,B...]``."""
+    def codec_entries(self, log: Callable[[str], None] | None = None) -> list[tuple[str, list[int]]]:
+        """[(codec name, its bit widths)], the widths chosen so that a codec never runs at one it lacks:
+
+        - ``NAME@B[,B...]``: those widths; one the codec does not take is a :class:`RunError` (before any
+          model loads);
+        - a bare ``NAME``: the widths of ``--bits`` it takes, and where it takes none of them, every width it
+          takes (an engine's fixed-width cache named bare, ``vllm-fp8``, runs at 8).
+
+        ``log``: where a bare name's widths differ from ``--bits``, one note line says which it runs at.
+        An unknown name raises the codec registry's ValueError (naming the codecs there are)."""
+        from kernels import codec_class
+
         out = []
         for entry in self.codecs:
             name, sep, own = str(entry).partition("@")
-            if not sep:
+            takes = list(codec_class(name).bits_supported)  # unknown name -> "Unknown codec 'x'. Available: ..."
+            if name == "none":  # the baseline: its width is nominal
                 out.append((name, list(self.bits)))
-                continue
-            try:
-                bits = [int(b) for b in own.split(",")]
-            except ValueError:
-                bits = []
-            if not bits or any(b < 1 for b in bits):
-                raise RunError(f"--codec {entry}: NAME@B takes bit widths, e.g. {name}@8 or {name}@2,3")
-            out.append((name, bits))
+            elif sep:
+                out.append((name, _own_bits(entry, name, own, takes)))
+            else:
+                common = [b for b in self.bits if b in takes]
+                if log is not None and common != list(self.bits):
+                    given = f"{flag('bits')} {' '.join(map(str, self.bits))}"
+                    log(f"note: {flag('codecs')} {name} runs at {','.join(map(str, common))} of {given} (it takes "
+                        f"{','.join(map(str, takes))})" if common else
+                        f"note: {flag('codecs')} {name} runs at {','.join(map(str, takes))}, its own "
+                        f"width{'s' if len(takes) > 1 else ''} (it takes none of {given})")
+                out.append((name, common or takes))
         return out
+
+
+def _own_bits(entry: str, name: str, own: str, takes: list[int]) -> list[int]:
+    """The widths of ``--codec NAME@B[,B...]``; RunError for text that is not widths, or a width the codec lacks."""
+    try:
+        bits = [int(b) for b in own.split(",")]
+    except ValueError:
+        bits = []
+    if not bits or any(b < 1 for b in bits):
+        raise RunError(f"--codec {entry}: NAME@B takes bit widths, e.g. {name}@8 or {name}@2,3")
+    lacking = [b for b in bits if b not in takes]
+    if lacking:
+        widths = ",".join(map(str, takes))
+        raise RunError(f"--codec {entry}: codec '{name}' does not support bits={','.join(map(str, lacking))}; it "
+                       f"takes {widths}: pass {name}@{widths}, or name it bare ({name}) to run it at the widths it takes")
+    return bits
 
 
 @functools.cache

@@ -82,6 +82,26 @@ def holder(path: Path) -> tuple[int, str, str] | None:
     return None if who is None or stale(Path(path), who) else who
 
 
+def _take_over(path: Path, who: tuple[int, str, str]) -> None:
+    """Remove the stale lock at ``path`` held by ``who``, and only that one: it is moved aside by an atomic
+    rename first, and put back where it turns out to be another process's lock, made since ``who`` was read
+    (two processes finding one stale lock: the first to take it over must not lose its new lock to the second)."""
+    aside = path.with_name(f"{path.name}.{os.getpid()}.stale")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:  # another process took it over first
+        return
+    if owner(aside) != who:  # a live lock made since: back in place (unless a third process has one there now)
+        try:
+            os.link(aside, path)
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: a rename, where nothing has taken the place since
+            if not path.exists():
+                os.rename(aside, path)
+    aside.unlink(missing_ok=True)
+
+
 def describe(who: tuple[int, str, str] | None) -> str:
     return f"process {who[0]} on {who[1]}" if who and who[0] else "another process"
 
@@ -105,7 +125,7 @@ class RunLock:
             except FileExistsError:
                 who = owner(self.path)
                 if stale(self.path, who):
-                    self.path.unlink(missing_ok=True)
+                    _take_over(self.path, who)
                     continue
                 if who is None:  # created, not yet written by its owner: busy for a moment
                     return 0, "?", "start"

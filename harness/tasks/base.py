@@ -20,8 +20,9 @@ draws come from ``cache_config.seed`` (the codec seed).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterable
 
 from registry import Registry
 from registry.options import NoOptions, allowed, options_json, read_options
@@ -136,6 +137,12 @@ class Task:
     def evaluate_batch(self, model, prompts: list[Prompt], cache_config, seed: int, baselines: list[Any],
                        out_dir: Path) -> list[dict]:
         return [self.evaluate(model, p, cache_config, seed, b, out_dir) for p, b in zip(prompts, baselines)]
+
+
+def first(prompts: Iterable[Prompt], limit: int | None) -> list[Prompt]:
+    """The first ``limit`` prompts (all where None) of a generator: a task's prompts are made lazily, so that
+    an option that multiplies them past any run (repeats=10^12) with ``--limit`` makes only what runs."""
+    return list(islice(prompts, limit))
 
 
 def artifact_label(cache_config) -> str:

@@ -29,7 +29,7 @@ from kernels import private_generator
 from registry.options import Allowed, option
 from metrics.text import first_number
 
-from harness.tasks.base import Prompt, Task, register_task
+from harness.tasks.base import Prompt, Task, first, register_task
 from harness.tasks.generation import baseline_answers, graded_answers
 from harness.tasks.text_corpus import load_excerpts, text_hash
 
@@ -108,16 +108,15 @@ class NeedleTask(Task):
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         self._source = source
         self._ruler()  # a bad value stops the run before the model loads
-        out = []
-        for ctx in self.opts.contexts:
-            for depth in self.opts.depths:
-                if not 0.0 <= depth <= 1.0:
-                    raise ValueError(f"needle depth must be in [0, 1], got {depth}")
-                for rep in range(self.opts.repeats):
-                    pid = f"niah-c{ctx}-d{depth:g}" + (f"-r{rep}" if self.opts.repeats > 1 else "")
-                    out.append(Prompt(pid, {"context": int(ctx), "depth": float(depth), "repeat": rep},
-                                      {"source": source or "default", "context": int(ctx)}))
-        return out[:limit] if limit else out
+        for depth in self.opts.depths:
+            if not 0.0 <= depth <= 1.0:
+                raise ValueError(f"needle depth must be in [0, 1], got {depth}")
+        many = self.opts.repeats > 1
+        return first((Prompt(f"niah-c{ctx}-d{depth:g}" + (f"-r{rep}" if many else ""),
+                             {"context": int(ctx), "depth": float(depth), "repeat": rep},
+                             {"source": source or "default", "context": int(ctx)})
+                      for ctx in self.opts.contexts for depth in self.opts.depths for rep in range(self.opts.repeats)),
+                     limit)
 
     def _ruler(self) -> str:
         variant = self.opts.ruler

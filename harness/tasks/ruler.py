@@ -36,9 +36,9 @@ from pathlib import Path
 from kernels import private_generator
 from registry.options import Allowed, option
 
-from harness.tasks.base import Prompt, Task, register_task
+from harness.tasks.base import Prompt, Task, first, register_task
 from harness.tasks.generation import baseline_answers, graded_answers
-from harness.tasks.ruler_synthetic import RULER_TASKS, TOKENS_TO_GENERATE, Corpus, draft, fit
+from harness.tasks.ruler_synthetic import RULER_TASKS, TOKENS_TO_GENERATE, Corpus, draft, family, fit
 from harness.tasks.text_corpus import text_hash
 
 
@@ -93,16 +93,19 @@ class RulerTask(Task):
 
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         self._source = source
-        out = []
-        for ctx in self.opts.contexts:
+        for ctx in self.opts.contexts:  # what needs no tokenizer, checked before the model loads
             for name in self.opts.tasks:
                 if name not in RULER_TASKS:
                     raise ValueError(f"ruler: unknown task '{name}'. Available: {', '.join(RULER_TASKS)}")
-                for rep in range(self.opts.repeats):
-                    out.append(Prompt(f"{name}-c{ctx}-r{rep}", {"task": name, "context": int(ctx), "repeat": rep},
-                                      {"ruler_task": name, "context": int(ctx), "repeat": rep,
-                                       "source": source or "default"}))
-        return out[:limit] if limit else out
+                answer = TOKENS_TO_GENERATE[family(name)]
+                if ctx <= answer:
+                    raise ValueError(f"ruler: {name} does not fit a context of {ctx} tokens: its answer alone takes "
+                                     f"{answer} (RULER's tokens_to_generate, counted in the context); give "
+                                     f"ruler.contexts above {answer}")
+        return first((Prompt(f"{name}-c{ctx}-r{rep}", {"task": name, "context": int(ctx), "repeat": rep},
+                             {"ruler_task": name, "context": int(ctx), "repeat": rep, "source": source or "default"})
+                      for ctx in self.opts.contexts for name in self.opts.tasks for rep in range(self.opts.repeats)),
+                     limit)
 
     # --- building a prompt -----------------------------------------------------------------
     def corpus(self) -> Corpus:

@@ -38,7 +38,7 @@ from adapters.cache.config import CacheConfig
 from kernels import private_generator
 from registry.options import Allowed, option
 
-from harness.tasks.base import Prompt, Task, register_task
+from harness.tasks.base import Prompt, Task, first, register_task
 from harness.tasks.needle import RULER_WORDING
 from harness.tasks.ruler import render
 from harness.tasks.ruler_synthetic import DEPTHS, Corpus, Niah, fit, niah
@@ -97,15 +97,16 @@ class TurnsTask(Task):
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         """One prompt per turn, the turns of a conversation in order; ``limit`` counts turns."""
         self._source = source
-        k, out = self.opts.turns, []
-        for ctx in self.opts.contexts:
-            for rep in range(self.opts.repeats):
-                conv = f"turns-c{ctx}-r{rep}"
-                out.extend(Prompt(f"{conv}-t{t}", {"conversation": conv, "context": int(ctx), "turn": t},
-                                  {"turn": t, "turns": k, "context": int(ctx), "repeat": rep,
-                                   "source": source or "default"})
-                           for t in range(1, k + 1))
-        return out[:limit] if limit else out
+        k, answers = self.opts.turns, self.opts.turns * self.opts.max_new_tokens
+        for ctx in self.opts.contexts:  # what needs no tokenizer, checked before the model loads
+            if ctx <= answers:
+                raise ValueError(f"turns: {k} turns do not fit a conversation of {ctx} tokens: their answers alone "
+                                 f"take {k} x {self.opts.max_new_tokens} = {answers}; give turns.contexts above "
+                                 f"{answers}, or fewer turns.turns or turns.max_new_tokens")
+        return first((Prompt(f"turns-c{ctx}-r{rep}-t{t}", {"conversation": f"turns-c{ctx}-r{rep}", "context": int(ctx),
+                                                           "turn": t},
+                             {"turn": t, "turns": k, "context": int(ctx), "repeat": rep, "source": source or "default"})
+                      for ctx in self.opts.contexts for rep in range(self.opts.repeats) for t in range(1, k + 1)), limit)
 
     def memory_shape(self, prompts: list[Prompt], batch: int):
         """One conversation at a time (:meth:`batches`): its context counts every turn."""

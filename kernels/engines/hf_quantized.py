@@ -41,6 +41,7 @@ import torch
 from kernels.engines.preset import EnginePreset
 from kernels.packing import BitField
 from kernels.registry import register_codec
+from registry.options import Allowed, option
 
 
 class _TransformersQuantized(EnginePreset):
@@ -50,17 +51,15 @@ class _TransformersQuantized(EnginePreset):
 
     @dataclass(frozen=True)
     class Options:
-        q_group_size: int = 64  # coordinates a scale and zero cover
-        residual_length: int = 128  # tokens kept in the model's dtype before a flush
-        axis_key: int = 0  # transformers' default for both backends
-        axis_value: int = 0
+        q_group_size: int = option(64, "coordinates a scale and zero cover", Allowed(lo=1))
+        residual_length: int = option(128, "tokens kept in the model's dtype before a flush", Allowed(lo=0))
+        # transformers' default for both backends (quanto takes 0 or -1, HQQ 0 or 1)
+        axis_key: int = option(0, "the keys' quantization axis", Allowed(choices=(-1, 0, 1)))
+        axis_value: int = option(0, "the values' quantization axis", Allowed(choices=(-1, 0, 1)))
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
         o = self.opts
-        if o.q_group_size < 1 or o.residual_length < 0:
-            raise ValueError(f"codec '{self.name}': q_group_size must be >= 1 and residual_length >= 0 "
-                             f"(got {o.q_group_size}, {o.residual_length})")
         axes = (0, -1) if self.library == "quanto" else (0, 1)
         if o.axis_key not in axes or o.axis_value not in axes:
             raise ValueError(f"codec '{self.name}': axis_key and axis_value must be one of {axes}")

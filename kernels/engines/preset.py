@@ -15,8 +15,10 @@ import torch
 from kernels.base import Codec
 from kernels.encoded import Encoded
 from kernels.token_layout import BlockScale, Element, TokenCodes, TokenLayout
+from registry.options import Allowed, option
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+_FP32 = torch.finfo(torch.float32)
 
 
 def fp8_saturate(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -153,13 +155,13 @@ class PerTensorFp8(EnginePreset):
 
     @dataclass(frozen=True)
     class Options:
-        k_scale: float = 1.0  # the per-layer key scale (1.0 without calibrated checkpoint scales)
-        v_scale: float = 1.0
+        # the per-layer scales (1.0 without calibrated checkpoint scales): float32 in the engines, so a normal
+        # float32 (zero, a subnormal or one past float32 would divide every coordinate to inf or NaN)
+        k_scale: float = option(1.0, "the per-layer key scale", Allowed(lo=_FP32.tiny, hi=_FP32.max))
+        v_scale: float = option(1.0, "the per-layer value scale", Allowed(lo=_FP32.tiny, hi=_FP32.max))
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
-        if not all(0 < s < math.inf for s in (self.opts.k_scale, self.opts.v_scale)):
-            raise ValueError(f"codec '{self.name}': k_scale and v_scale must be finite and > 0")
         self.bytes_per_vector = self.head_dim
 
     def _scale(self, side: str) -> float:

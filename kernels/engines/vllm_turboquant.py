@@ -43,6 +43,7 @@ from kernels.engines.preset import EnginePreset, fp8_saturate, fp8_value
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.rotation import hadamard_matrix
+from registry.options import Allowed, option
 from kernels.token_layout import Element, Offset, TokenCodes, TokenLayout
 
 
@@ -83,7 +84,8 @@ class _VllmTurboQuant(EnginePreset):
 
     @dataclass(frozen=True)
     class Options:
-        boundary_layers: int = 2  # vLLM's n: the first and last n layers stay native (0: none, for experiments)
+        boundary_layers: int = option(2, "vLLM's n: the first and last n layers stay native (0: none, for "
+                                         "experiments)", Allowed(lo=0))
 
     @classmethod
     def head_dim_unsupported(cls, head_dim):

@@ -115,19 +115,20 @@ def test_config_round_trip_and_mismatch(textfile, tmp_path, lm):
             progress=False, log=lambda *_: None)
 
 
-def test_rejected_pairs_are_skipped_with_a_note(lm, textfile, tmp_path):
+def test_a_bare_codec_runs_at_the_bits_it_takes_with_a_note(lm, textfile, tmp_path):
     codec = "octopus-qjl"  # a codec without a 1-bit width
     assert 1 not in list_codecs()[codec] and 2 in list_codecs()[codec]
+    notes = []
     out = run(_config(textfile, tasks=["perplexity"], codecs=[codec], bits=[1, 2], limit=1), out=tmp_path / "r",
-              model=lm, progress=False, log=lambda *_: None)
-    labels = {r["label"] for r in read_rows(out / "rows.jsonl")}
-    assert labels == {"none", f"{codec}@2"}
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["skipped"][0]["label"] == f"{codec}@1" and "bits=1" in summary["skipped"][0]["reason"]
-    assert f"`{codec}@1`" in (out / "report.md").read_text()
-    with pytest.raises(RunError, match="no requested codec/bit width can run"):
-        run(_config(textfile, tasks=["perplexity"], codecs=[codec], bits=[1], limit=1), out=tmp_path / "r2",
+              model=lm, progress=False, log=notes.append)
+    assert {r["label"] for r in read_rows(out / "rows.jsonl")} == {"none", f"{codec}@2"}
+    assert json.loads((out / "summary.json").read_text())["skipped"] == []  # not run at 1, and not a skip
+    assert f"note: --codec {codec} runs at 2 of --bits 1 2 (it takes {','.join(map(str, list_codecs()[codec]))})" \
+        in notes
+    with pytest.raises(RunError, match=f"--codec {codec}@1: codec '{codec}' does not support bits=1"):
+        run(_config(textfile, tasks=["perplexity"], codecs=[f"{codec}@1"], bits=[2], limit=1), out=tmp_path / "r2",
             model=lm, progress=False, log=lambda *_: None)
+    assert not (tmp_path / "r2").exists()
 
 
 def test_head_dim_rejected_is_a_clear_error(lm, textfile, tmp_path):
@@ -192,7 +193,7 @@ def test_folder_with_foreign_files_is_refused_and_kept(lm, textfile, tmp_path):
 def test_fresh_starts_over_only_after_validation(lm, textfile, tmp_path):
     out = run(_one(textfile), out=tmp_path / "run", model=lm, progress=False, log=lambda *_: None)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    for bad in (dict(residual=-5), dict(bits=[9]), dict(limit=0), dict(codecs=["nope"])):
+    for bad in (dict(residual=-5), dict(codecs=[f"{TWO[0]}@9"]), dict(limit=0), dict(codecs=["nope"])):
         with pytest.raises(ValueError):
             run(_one(textfile, **bad), out=out, fresh=True, model=lm, progress=False, log=lambda *_: None)
         assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before, bad
@@ -217,7 +218,8 @@ def test_fresh_starts_over_only_after_validation(lm, textfile, tmp_path):
 @pytest.mark.parametrize("bad, message", [
     (dict(limit=0), "--limit must be a positive number"), (dict(limit=-1), "--limit must be a positive number"),
     (dict(residual=-5), "--residual must be >= 0"), (dict(value_bits=0), "--value-bits must be in 1..16"),
-    (dict(value_group=0), "--value-group must be >= 1"), (dict(bits=[9]), "does not support bits=9"),
+    (dict(value_group=0), "--value-group must be >= 1"),
+    (dict(codecs=[f"{TWO[0]}@9"]), "does not support bits=9"),
     (dict(device="gpu"), "is not a device"), (dict(dtype="float8"), "--dtype 'float8' is not a dtype"),
     (dict(codec_options={TWO[0]: {"nope": "1"}}), "--codec-opt"),
     (dict(batch_size=0), "--batch-size must be a positive number"),
@@ -242,9 +244,8 @@ def test_cuda_without_cuda_is_an_error(textfile, tmp_path, monkeypatch):
 
 def test_a_failed_load_leaves_nothing_and_the_corrected_command_runs(lm, textfile, tmp_path):
     out = tmp_path / "run"
-    with pytest.raises(RunError, match="no requested codec/bit width"):
-        run(_one(textfile, bits=[1]) if 1 not in list_codecs()[TWO[0]] else _one(textfile, bits=[9]), out=out,
-            model=lm, progress=False, log=lambda *_: None)
+    with pytest.raises(RunError, match="no requested codec/bit width"):  # every layer of the model kept native
+        run(_one(textfile, protect="0,1"), out=out, model=lm, progress=False, log=lambda *_: None)
     assert not out.exists()
     run(_one(textfile), out=out, model=lm, progress=False, log=lambda *_: None)
     assert len(read_rows(out / "rows.jsonl")) == 2

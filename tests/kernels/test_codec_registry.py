@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import pytest
 
-import kernels
 from kernels import CODECS, Codec, register_codec
 
 

@@ -81,7 +81,7 @@ def test_clear_errors(args, message, capsys, tmp_path):
 def test_rejected_bit_width_is_a_clear_error(ckpt, capsys, tmp_path):
     codec, bits = next((c, b) for c, b in list_codecs().items() if c != "none")
     bad = max(bits) + 1
-    assert main(["run", "--model", "hf", "--model-path", str(ckpt), "--codec", codec, "--bits", str(bad),
+    assert main(["run", "--model", "hf", "--model-path", str(ckpt), "--codec", f"{codec}@{bad}",
                  "--quiet", "--out", str(tmp_path / "x")]) == 2
     assert f"does not support bits={bad}" in capsys.readouterr().err
 
@@ -111,7 +111,7 @@ def _one_line_error(capsys, message):
 
 @pytest.mark.parametrize("extra, message", [
     (["--limit", "0"], "--limit must be a positive number"), (["--limit", "-1"], "--limit must be a positive number"),
-    (["--residual", "-5"], "--residual must be >= 0"), (["--bits", "9"], "does not support bits=9"),
+    (["--residual", "-5"], "--residual must be >= 0"), (["--bits", "0"], "--bits must be positive integers"),
     (["--dtype", "float8"], "--dtype 'float8' is not a dtype"), (["--value-bits", "0"], "--value-bits must be"),
 ])
 def test_bad_arguments_are_one_line_before_the_model_loads(ckpt, capsys, tmp_path, extra, message):

@@ -409,7 +409,7 @@ def test_harness_report_of_a_folder_that_is_no_run(tmp_path, capsys, monkeypatch
 def test_valid_input_that_looks_unusual_is_accepted(tmp_path, checkpoint):
     """What the checks must not refuse: numeric prompt ids, value bits apart from the codec's key bits, a
     torch dtype from Python, and contexts that RoPE scaling stretches past max_position_embeddings."""
-    from adapters.hf.models import declared_limits
+    from adapters.hf.models import declared_shape
     from harness.lm_eval.model import check_args
     from harness.tasks import get_task
 
@@ -419,11 +419,14 @@ def test_valid_input_that_looks_unusual_is_accepted(tmp_path, checkpoint):
     pytest.importorskip("lm_eval")
     check_args({"pretrained": str(checkpoint), "codec": "octopus", "bits": 3, "value_bits": 8, "dtype": torch.bfloat16})
     ck = tmp_path / "yarn"
-    ck.mkdir()
-    base = {"num_hidden_layers": 4, "max_position_embeddings": 32768}
+    shutil.copytree(checkpoint, ck)
+    config = json.loads((checkpoint / "config.json").read_text())
+    base = {k: v for k, v in config.items() if k not in ("layer_types", "rope_parameters")}
+    base.update(num_hidden_layers=4, max_position_embeddings=32768)
     (ck / "config.json").write_text(json.dumps({**base, "rope_scaling": {"type": "yarn", "factor": 4.0,
                                                                          "original_max_position_embeddings": 32768}}))
-    assert declared_limits(ck) == (4, 131072)
+    assert declared_shape(ck, "hf")[::3] == (4, 131072)  # (layers, positions)
     (ck / "config.json").write_text(json.dumps({**base, "max_position_embeddings": 131072, "rope_scaling": {
-        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}))
-    assert declared_limits(ck) == (4, 131072)  # llama 3.1 declares the stretched length already
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0}}))
+    assert declared_shape(ck, "hf")[::3] == (4, 131072)  # llama 3.1 declares the stretched length already

@@ -72,7 +72,7 @@ def test_options_are_transformers_cache_config():
                                              "axis_key": 1, "axis_value": 1}
     with pytest.raises(ValueError, match="axis_key and axis_value must be one of"):
         make_codec("hf-quanto", 4, 128, axis_key=1)  # quanto's axes are 0 and -1
-    with pytest.raises(ValueError, match="q_group_size must be >= 1"):
+    with pytest.raises(ValueError, match="q_group_size=0: 0 is out of range"):
         make_codec("hf-quanto", 4, 128, q_group_size=0)
     # the per-token form cuts groups at a token-head's end where 64 does not divide the head dim
     c = make_codec("hf-hqq", 4, 80)
