@@ -194,8 +194,9 @@ def test_what_cannot_be_graphed_says_why(cfg, ids, why):
 def test_every_codec_takes_static_steps_but_transformers_own_quantized_cache(codec):
     """Every codec's layers take the static layout once committed (KIVI's blocks, the engines' presets with
     their per-token kernel on CUDA), and static steps generate what eager steps generate; transformers' own
-    quantized caches (hf-quanto, hf-hqq) live in transformers' layer objects and decode eagerly, saying so."""
-    lm = tiny_causal_lm(head_dim=64)
+    quantized caches (hf-quanto, hf-hqq) live in transformers' layer objects and decode eagerly, saying so.
+    Head dim 128: a multiple of every engine's group (MLX's 128, ExLlamaV2's 64)."""
+    lm = tiny_causal_lm(head_dim=128)
     bits = list_codecs()[codec]
     cfg = CacheConfig(codec=codec, bits=3 if 3 in bits else min(bits), residual=8)
     with torch.no_grad(), attach(lm.model) as new_cache:
