@@ -27,12 +27,20 @@ keeps it out of rows.jsonl (timings differ from run to run).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 
-if TYPE_CHECKING:
-    from adapters.cache.shared_prefill import SharedStep
+
+class SharedStep(NamedTuple):
+    """How a rollout got its first step from a :class:`adapters.cache.shared_prefill.SharedPrefill`:
+    ``seconds`` its compute took (synced wall time), ``fresh`` True where this call computed it (inside
+    the caller's own timing), False where it was computed earlier and only replayed. It lives with the
+    clock that reads it, so that the shared step imports the clock and not the other way round."""
+
+    seconds: float
+    fresh: bool
+
 
 def _cuda(devices: Iterable[torch.device]) -> list[torch.device]:
     return [d for d in devices if d.type == "cuda"]
@@ -73,7 +81,7 @@ class RolloutClock:
             torch.cuda.reset_peak_memory_stats(d)
         self._t0 = wall(self.devices, self.clock)
 
-    def prefill_done(self, shared: "SharedStep | None" = None) -> None:
+    def prefill_done(self, shared: SharedStep | None = None) -> None:
         """After the prefill. ``shared``: where its forward ran once for several rollouts and was replayed
         into this cache, that forward's seconds and whether this rollout computed it (then inside its own
         reading, and taken out): ``prefill_s`` is this rollout's own part, ``shared_forward_s`` the forward."""

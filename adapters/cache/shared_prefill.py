@@ -12,18 +12,18 @@ encodes them exactly as after a live first step (:meth:`adapters.cache.kv_cache.
 
 One entry: a new key releases the last one before computing its own, so a run holds one prompt
 batch's first step at a time. Each rollout that starts from an entry learns the seconds its compute took
-and whether it computed it itself (:class:`SharedStep`), so that its clock records that shared forward
+and whether it computed it itself (:class:`adapters.cache.rollout_clock.SharedStep`), so that its clock records that shared forward
 apart from its own replay and encode (:meth:`adapters.cache.rollout_clock.RolloutClock.prefill_done`):
 the forward is the batch's cost, paid once, the replay each configuration's.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, NamedTuple, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 import torch
 
-from adapters.cache.rollout_clock import wall
+from adapters.cache.rollout_clock import SharedStep, wall
 
 T = TypeVar("T")
 
@@ -36,15 +36,6 @@ def same_key(a, b) -> bool:
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(same_key(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and a == b
-
-
-class SharedStep(NamedTuple):
-    """How a rollout got its first step from a :class:`SharedPrefill`: ``seconds`` its compute took
-    (synced wall time), ``fresh`` True where this call computed it (inside the caller's own timing),
-    False where it was computed earlier and only replayed."""
-
-    seconds: float
-    fresh: bool
 
 
 class SharedPrefill:

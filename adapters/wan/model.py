@@ -27,8 +27,8 @@ from adapters.cache.config import CacheConfig
 
 from adapters.cache.kv_cache import CompressedKVCache
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
-from adapters.cache.rollout_clock import OFF, RolloutClock
-from adapters.cache.shared_prefill import SharedPrefill, SharedStep
+from adapters.cache.rollout_clock import OFF, RolloutClock, SharedStep
+from adapters.cache.shared_prefill import SharedPrefill
 from kernels import private_generator
 
 from adapters.wan.attention import BlockState, causal_attention

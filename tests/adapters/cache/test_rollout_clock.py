@@ -10,8 +10,7 @@ import torch
 from helpers.tiny_lm import tiny_causal_lm
 
 from adapters.cache.config import CacheConfig
-from adapters.cache.rollout_clock import OFF, RolloutClock
-from adapters.cache.shared_prefill import SharedStep
+from adapters.cache.rollout_clock import OFF, RolloutClock, SharedStep
 
 PROMPTS = [list(range(40, 110)), list(range(60, 101))]  # two lengths: a left-padded batch
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from adapters.cache.shared_prefill import SharedPrefill, SharedStep, same_key
+from adapters.cache.rollout_clock import SharedStep
+from adapters.cache.shared_prefill import SharedPrefill, same_key
 
 
 def test_keys_compare_tensors_by_contents():
