@@ -1,4 +1,6 @@
-"""Tasks by name. Every module in this package that registers a :class:`Task` is imported on the
+"""The tasks, by name: one module each (a modality's task among them).
+
+Every module in this package that registers a :class:`Task` is imported on the
 first lookup (:meth:`registry.Registry.discover`); a module whose optional dependencies are missing
 is recorded in ``UNAVAILABLE`` (shown by ``harness list`` and by the unknown-task error) instead of
 breaking every other task."""
