@@ -1,7 +1,8 @@
 """Benchmarks and probes: ``harness bench`` and ``harness probe``, and what scripts/ measures with.
 
 ``harness bench`` is :mod:`.decode`, with :mod:`.encode`, :mod:`.ncu` and :mod:`.report`
-(``--generate``: :mod:`.generate`); ``harness probe`` is :mod:`.probe`; the pieces the measurement scripts in scripts/ build on (:mod:`.inputs`, :mod:`.timing`).
+(``--generate``: :mod:`.generate`); ``harness probe`` is :mod:`.probe`; the pieces the measurement
+scripts in scripts/ build on are :mod:`.inputs` and :mod:`.timing`.
 
 The launchers: :func:`main` (``harness bench ARGS``) and :func:`probe_main` (``harness probe ARGS``),
 each taking the command line after the subcommand and returning the exit code.
