@@ -51,7 +51,7 @@ def report(out: Path) -> bool:
     refused in one line (its own report is written as it ends; shards' runs can be reported while they
     go, their rows merged so far)."""
     if not RunFolder(out).config.is_file():
-        raise FileNotFoundError(f"{out} is not a run folder (no config.json); runs are under reports/")
+        raise FileNotFoundError(f"{out} is not a run folder (no {RunFolder.CONFIG}); runs are under reports/")
     lock = RunLock(out, role="report", wait=MERGE_WAIT_S)
     try:
         lock.acquire()

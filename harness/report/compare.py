@@ -68,7 +68,7 @@ class Run:
 def load_run(d: Path) -> Run:
     d = Path(d)
     if not RunFolder(d).rows.exists():
-        raise FileNotFoundError(f"{d} is not a run folder (no rows.jsonl); runs are under reports/")
+        raise FileNotFoundError(f"{d} is not a run folder (no {RunFolder(d).rows.name}); runs are under reports/")
     data = read_run(d)
     return Run(data, summarize_run(data))
 
@@ -86,7 +86,7 @@ def check_models(a: Run, b: Run) -> None:
     ma, mb = a.model.get("model"), b.model.get("model")
     fields = _differing(ma, mb, NOT_MODEL) if ma and mb else []
     if fields:
-        raise CompareError(f"{a.name} and {b.name} ran different models (model.json differs in "
+        raise CompareError(f"{a.name} and {b.name} ran different models ({RunFolder.MODEL} differs in "
                            f"{', '.join(fields)}); compare runs of one model")
 
 
