@@ -114,6 +114,6 @@ def drop_shard_files(out: Path, speed_merged: bool) -> None:
             try:
                 (out / shard.rows_name).unlink(missing_ok=True)
                 if speed_merged:  # else its lines are still only there
-                    (out / shard.speed_name).unlink(missing_ok=True)
+                    (out / shard.file_name(RunFolder.SPEED)).unlink(missing_ok=True)
             finally:
                 lock.release()

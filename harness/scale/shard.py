@@ -55,14 +55,6 @@ class Shard:
         return self.file_name(RunFolder.ROWS)
 
     @property
-    def speed_name(self) -> str:
-        return self.file_name(RunFolder.SPEED)
-
-    @property
-    def timings_name(self) -> str:
-        return self.file_name(RunFolder.TIMINGS)
-
-    @property
     def lock_name(self) -> str:
         return RunFolder.lock_name(self.tag)
 

@@ -6,7 +6,7 @@ TurboQuant-prod: the sketch of the query, Sq = M q, against the stored sign bits
 GPU (sm_90 and CuPy; skipped elsewhere): the kernel itself, at 1-5 bits, each lookup form (OCTOPUS fused and
 unfused tables, TurboQuant pairs and quads of codes), head dims 64/128, GQA groups 1-8, batches with per-sequence
 lengths (an empty one too), windows with per-sequence lengths, fp32/fp16/bf16 queries, many splits and a partial
-last tile. Tolerances as tests/kernels/triton/test_triton_decode_attention.py (tests/helpers/decode_checks.py):
+last tile. Tolerances as tests/kernels/triton/test_decode_attention.py (tests/helpers/decode_checks.py):
 fp16 tensor-core operands (keys from fp16 tables, one rounding or two for OCTOPUS's unfused ones, query
 features, probabilities, P * scale) and fp16 partial outputs, six roundings of a term to first order;
 bf16/fp16 outputs add their own rounding. The CPU side (tables, index, launch
