@@ -1,6 +1,6 @@
-"""Codecs by name, and by the class of their options. A new codec is one new module in ``kernels/`` that
-decorates its class with ``@register_codec("name")``; ``kernels/__init__.py`` imports every module of the
-package (:meth:`registry.Registry.discover`).
+"""Codecs by name, and by the class of their options. A new codec is one new module in ``kernels/codecs/`` (an
+engine's deployed cache: ``kernels/engines/``) that decorates its class with ``@register_codec("name")``; the
+first lookup imports every module of the two packages (:meth:`registry.Registry.discover`).
 
 Every codec has an ``Options`` class of its own (one that declares none, or inherits its parent's, gets
 its own empty subclass here), so an options instance names the codec it configures: :func:`codec_for`

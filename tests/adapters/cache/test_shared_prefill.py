@@ -1,4 +1,4 @@
-"""adapters/shared_prefill: one entry, keyed by tensor contents, released before the next is computed."""
+"""adapters/cache/shared_prefill: one entry, keyed by tensor contents, released before the next is computed."""
 from __future__ import annotations
 
 import torch
