@@ -85,14 +85,19 @@ def _seed_note(rows: tuple[OutputRow, ...]) -> str:
     return f"Codec seeds {', '.join(map(str, seeds))} write the same files: shown are the last seed's."
 
 
+def _baseline_player(media: Media, rows: tuple[OutputRow, ...], keys: dict[str, str], **extra) -> list[dict]:
+    """The baseline's player, first of a prompt's players ([] where no row has the baseline's file)."""
+    base_row = next((r for r in rows if r.files.get(keys.get("baseline"))), None)
+    if base_row is not None and (src := media.src(base_row.files[keys["baseline"]])):
+        return [{"label": "baseline (uncompressed)", "src": src, "caption": "", **extra}]
+    return []
+
+
 def video_section(media: Media, p: PromptOutputs, div_id: str, keys: dict[str, str]) -> dict:
     """``keys``: {role: artifact key} (:data:`ROLES`)."""
     rows = p.rows
     latest = _latest(rows)
-    base_row = next((r for r in rows if r.files.get(keys.get("baseline"))), None)
-    players = []
-    if base_row is not None and (src := media.src(base_row.files[keys["baseline"]])):
-        players.append({"label": "baseline (uncompressed)", "src": src, "caption": ""})
+    players = _baseline_player(media, rows, keys)
     drift, sheets, text, frames = {}, [], None, None
     for label, r in latest.items():
         arts = r.files
@@ -118,10 +123,7 @@ def audio_section(media: Media, p: PromptOutputs, div_id: str, keys: dict[str, s
     """``keys``: {role: artifact key} (:data:`ROLES`)."""
     rows = p.rows
     latest = _latest(rows)
-    base_row = next((r for r in rows if r.files.get(keys.get("baseline"))), None)
-    players = []
-    if base_row is not None and (src := media.src(base_row.files[keys["baseline"]])):
-        players.append({"label": "baseline (uncompressed)", "src": src, "caption": "", "image": None})
+    players = _baseline_player(media, rows, keys, image=None)
     scales = {}
     for label, r in latest.items():
         arts = r.files
