@@ -51,38 +51,29 @@ def load_causal_forcing(path: str | None, device="auto", dtype="auto"):
     return load_released(CAUSAL_FORCING, path, *resolve(device, dtype))
 
 
-@register_model("causvid-random", modality="video", default_task="video",
-                description="full-size CausVid (Wan 2.1 1.3B) at seeded random weights, random prompt embeddings; "
-                            "no checkpoint (GPU smoke runs)",
-                declared=lambda path: _shape(replace(CAUSVID, name="causvid-random"), path, released=False))
-def load_causvid_random(path: str | None = None, device="auto", dtype="auto"):
-    _no_path("causvid-random", path)
-    return build_random(replace(CAUSVID, name="causvid-random"), *resolve(device, dtype), text_encoder=False)
+def _random(name: str, spec, description: str, **build):
+    """Register ``name``: ``spec``'s architecture at seeded random weights, no checkpoint (``build``: what
+    :func:`adapters.wan.build_random` takes beyond the spec, device and dtype)."""
+    def load(path: str | None = None, device="auto", dtype="auto"):
+        _no_path(name, path)
+        return build_random(spec, *resolve(device, dtype), **build)
+
+    load.__name__ = load.__qualname__ = "load_" + name.replace("-", "_")  # who registered it, in errors
+    return register_model(name, modality="video", default_task="video", description=description,
+                          declared=lambda path: _shape(spec, path, released=False))(load)
 
 
-@register_model("causal-forcing-random", modality="video", default_task="video",
-                description="full-size Causal Forcing (Wan 2.1 1.3B) at seeded random weights, random prompt "
-                            "embeddings; no checkpoint (GPU smoke runs)",
-                declared=lambda path: _shape(replace(CAUSAL_FORCING, name="causal-forcing-random"), path, released=False))
-def load_causal_forcing_random(path: str | None = None, device="auto", dtype="auto"):
-    _no_path("causal-forcing-random", path)
-    return build_random(replace(CAUSAL_FORCING, name="causal-forcing-random"), *resolve(device, dtype),
-                        text_encoder=False)
-
-
-@register_model("causvid-tiny", modality="video", default_task="video",
-                description="CausVid recipe on a tiny random Wan (2 layers, 2x32 heads, 48x64, 9 latent frames); "
-                            "no checkpoint",
-                declared=lambda path: _shape(tiny_spec(CAUSVID), path, released=False))
-def load_causvid_tiny(path: str | None = None, device="auto", dtype="auto"):
-    _no_path("causvid-tiny", path)
-    return build_random(tiny_spec(CAUSVID), *resolve(device, dtype))
-
-
-@register_model("causal-forcing-tiny", modality="video", default_task="video",
-                description="Causal Forcing recipe on a tiny random Wan (2 layers, 2x32 heads, 48x64, 9 latent "
-                            "frames); no checkpoint",
-                declared=lambda path: _shape(tiny_spec(CAUSAL_FORCING), path, released=False))
-def load_causal_forcing_tiny(path: str | None = None, device="auto", dtype="auto"):
-    _no_path("causal-forcing-tiny", path)
-    return build_random(tiny_spec(CAUSAL_FORCING), *resolve(device, dtype))
+load_causvid_random = _random(
+    "causvid-random", replace(CAUSVID, name="causvid-random"),
+    "full-size CausVid (Wan 2.1 1.3B) at seeded random weights, random prompt embeddings; no checkpoint (GPU smoke "
+    "runs)", text_encoder=False)
+load_causal_forcing_random = _random(
+    "causal-forcing-random", replace(CAUSAL_FORCING, name="causal-forcing-random"),
+    "full-size Causal Forcing (Wan 2.1 1.3B) at seeded random weights, random prompt embeddings; no checkpoint "
+    "(GPU smoke runs)", text_encoder=False)
+load_causvid_tiny = _random(
+    "causvid-tiny", tiny_spec(CAUSVID),
+    "CausVid recipe on a tiny random Wan (2 layers, 2x32 heads, 48x64, 9 latent frames); no checkpoint")
+load_causal_forcing_tiny = _random(
+    "causal-forcing-tiny", tiny_spec(CAUSAL_FORCING),
+    "Causal Forcing recipe on a tiny random Wan (2 layers, 2x32 heads, 48x64, 9 latent frames); no checkpoint")
