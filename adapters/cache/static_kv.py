@@ -26,8 +26,10 @@ tokens back (:meth:`StaticKV.unload`), leaving its layer as the same steps run e
   it every step, shape-static, but only the step that fills the block commits (it encodes its tokens,
   counts them and moves the window; the others encode zeros into rows the lengths do not reach yet and
   move nothing), so the host reads no branch. A codec no fused kernel reads keeps its decoded keys and
-  values in [B, Hkv, capacity, d] buffers instead, each step decoding the tokens it commits, and attends
-  them with the PyTorch core: as the eager memo does for a codec read decoded (``memo_decoded``); for
+  values in float32 [B, Hkv, capacity + window slots, d] buffers instead, each step decoding the tokens it
+  commits, and attends them and a copy of its window after them in one SDPA (the eager PyTorch core's float32
+  softmax to float rounding, no key repeated per query head): as the eager memo does for a codec read decoded
+  (``memo_decoded``); for
   one read by its score estimator (QJL, TurboQuant-prod, OCTOPUS-QJL without a kernel) the keys are kept
   decoded in float32, whose dot products are the estimator's scores to float rounding
   (``<q, decode(k)>``: a test checks it), rather than unpacking every key's sketch again at each step;
@@ -43,7 +45,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.attention import attend, decode_attention
+from kernels.attention import decode_attention
 
 from kernels.checks import DeferredFinite
 
@@ -190,12 +192,14 @@ class StaticKV:
         self.dk = self.dv = None
         self._commit = None
         if path == "torch":
-            # a codec no fused kernel reads: its keys and values kept decoded; read by its score estimator,
-            # the keys decoded in float32 (whose dot products are the estimator's scores to float rounding)
+            # a codec no fused kernel reads: its keys and values kept decoded in float32 (read by its score
+            # estimator, the keys' dot products are the estimator's scores to float rounding), with the window's
+            # ring slots after them, so that one SDPA reads them all (_attend)
             self._memo = like._uses_memo() or like.config.attend == "reconstruct"
-            dk, dv = self._decoded(like)
-            self.dk, self.dv = dk.new_zeros(B, H, rows, d), dv.new_zeros(B, H, rows, d)
-            self._span = span
+            self.dk = k.new_zeros(B, H, rows + counters.ring, d, dtype=torch.float32)
+            self.dv = torch.zeros_like(self.dk)
+            self._rows = torch.arange(rows + counters.ring, device=k.device)
+            self._ring = self._rows[:counters.ring]
         elif G == 1:  # the window write and the commit in one launch, where the codec has one
             fused = like.codec.fused_commit(k.device)
             if fused is not None:
@@ -288,9 +292,17 @@ class StaticKV:
             return decode_attention(q, self.keys, self.values, self.codec, self.wk, self.wv, scale=scale,
                                     backend=self.codec.config.backend, lengths=c.lengths,
                                     window_lengths=window_lengths, path=self.path)
-        T = self._span
-        return attend(q, decoded=(self.dk[:, :, :T], self.dv[:, :, :T]), window_k=self.wk, window_v=self.wv,
-                      lengths=c.lengths, window_lengths=window_lengths, scale=scale)
+        # the window's ring slots copied after the committed rows (a later commit writes its decoded rows over
+        # them), then one SDPA over the rows up to the window's last filled slot: the PyTorch core's float32
+        # softmax over [committed, window] (eager), to float rounding, with no key repeated per query head
+        at = c.commit_at + self._ring
+        self.dk.index_copy_(2, at, self.wk.to(self.dk.dtype))
+        self.dv.index_copy_(2, at, self.wv.to(self.dv.dtype))
+        filled = self._ring.numel() if window_lengths is None else c.fill + 1  # G = 1: every slot
+        keep = (self._rows < c.commit_at + filled)[None, None, None]  # [1, 1, 1, rows]
+        out = F.scaled_dot_product_attention(q.to(self.dk.dtype), self.dk, self.dv, attn_mask=keep, scale=scale,
+                                             enable_gqa=True)
+        return out.to(q.dtype)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, group: torch.Tensor | None = None) -> None:
         """Encode k, v [B, H, n, d] and write them at token rows ``rows`` (per-block fields at ``group``)."""

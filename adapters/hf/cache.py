@@ -50,7 +50,7 @@ from typing import Callable, Iterator
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kernels import make_codec
@@ -58,6 +58,7 @@ from kernels import make_codec
 from adapters.hf.arch import UnservableModel, attention_softcap, decoder_arch, geometry, refuse_padding, servable
 from adapters.hf.compat import cache_kwargs, check_transformers, passed_cache
 from adapters.hf.library_layer import is_library_layer, library_layer
+from adapters.hf.lower_right import chunk_mask, lower_right
 from adapters.hf.prefill import chunk_bounds, chunk_pads
 from adapters.hf.sliding import NativeSlidingLayer
 from adapters.cache.config import CacheConfig
@@ -328,8 +329,8 @@ def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
 
 def _native_attention(module) -> Callable:
     """The model's own attention function, called with the masks sdpa gets (see ``_register``)."""
-    if getattr(module.config, _NATIVE_ATTR, "sdpa") != "eager":
-        return ALL_ATTENTION_FUNCTIONS["sdpa"]
+    if getattr(module.config, _NATIVE_ATTR, "sdpa") != "eager":  # a chunk's None mask: lower-right causal
+        return lower_right(ALL_ATTENTION_FUNCTIONS["sdpa"])
     eager = sys.modules[type(module).__module__].eager_attention_forward  # eager lives in each modeling file
 
     def eager_with_sdpa_mask(module, query, key, value, mask, **kw):
@@ -348,8 +349,9 @@ def _native_attention(module) -> Callable:
 def _register() -> None:
     if ATTN_NAME not in ALL_ATTENTION_FUNCTIONS.valid_keys():
         AttentionInterface.register(ATTN_NAME, kvcodec_attention_forward)
-        # the same masks sdpa gets: None where sdpa would use is_causal, else a boolean [B, 1, Tq, T] (True = keep)
-        AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+        # the masks sdpa gets: None where sdpa would use is_causal, or for a causal chunk against its whole prefix
+        # (adapters.hf.lower_right), else a boolean [B, 1, Tq, T] (True = keep)
+        AttentionMaskInterface.register(ATTN_NAME, chunk_mask)
 
 
 @contextmanager
