@@ -16,7 +16,12 @@ from typing import Any
 
 import torch
 
-FORMAT = "kvcodec-harness baseline 1"
+FORMAT = "kvcodec-harness baseline 2"
+#: format 1 held the format and the tree under two metadata keys, which safetensors writes in its hash map's
+#: order, different in every process: format 2 holds both under one key, so a baseline's bytes are the same
+#: every time it is written (read: both)
+READS = ("kvcodec-harness baseline 1", FORMAT)
+META_KEY = "kvcodec-harness baseline"
 
 
 class BaselineFormatError(ValueError):
@@ -50,7 +55,7 @@ def save_tree(obj: Any, path: str | Path) -> None:
                         f"lists, tuples, dicts or dataclasses")
 
     tree = enc(obj)
-    save_file(tensors, str(path), metadata={"format": FORMAT, "tree": json.dumps(tree)})
+    save_file(tensors, str(path), metadata={META_KEY: json.dumps({"format": FORMAT, "tree": tree})})
 
 
 def load_tree(path: str | Path, types: tuple[type, ...] = ()) -> Any:
@@ -64,7 +69,14 @@ def load_tree(path: str | Path, types: tuple[type, ...] = ()) -> Any:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError) as e:
         return _legacy(path, e)
-    if meta.get("format") != FORMAT:
+    damaged = f"baseline {path} is damaged or from another version ({{}}); delete it and it is computed again"
+    if META_KEY in meta:
+        try:
+            meta = json.loads(meta[META_KEY])
+        except ValueError as e:
+            raise BaselineFormatError(damaged.format(f"ValueError: {e}")) from None
+    if not isinstance(meta, dict) or meta.get("format") not in READS:
+        meta = meta if isinstance(meta, dict) else {}
         raise BaselineFormatError(f"baseline {path} is not a harness baseline (format {meta.get('format')!r}); "
                                   f"delete it and it is computed again, or start over with --fresh")
     by_name = {t.__qualname__: t for t in types}
@@ -92,12 +104,12 @@ def load_tree(path: str | Path, types: tuple[type, ...] = ()) -> Any:
                                   f"is computed again")
 
     try:
-        return dec(json.loads(meta["tree"]))
+        tree = meta["tree"]
+        return dec(json.loads(tree) if meta["format"] == READS[0] else tree)  # format 1 holds it as text
     except BaselineFormatError:
         raise
     except (KeyError, TypeError, ValueError) as e:  # a damaged body, or a dataclass whose fields changed
-        raise BaselineFormatError(f"baseline {path} is damaged or from another version ({type(e).__name__}: {e}); "
-                                  f"delete it and it is computed again") from None
+        raise BaselineFormatError(damaged.format(f"{type(e).__name__}: {e}")) from None
 
 
 def _available(dev: torch.device) -> bool:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers.hostile import save_hostile
 
-from harness.tasks.baseline_io import BaselineFormatError, load_tree, save_tree
+from harness.tasks.baseline_io import META_KEY, READS, BaselineFormatError, load_tree, save_tree
 
 
 @dataclass
@@ -68,9 +68,9 @@ def test_damaged_baseline_is_a_format_error(tmp_path, damage):
         meta = dict(h.metadata())
     tensors = load_file(str(f))
     if damage == "tree":
-        meta["tree"] = meta["tree"][:-3]
+        meta[META_KEY] = meta[META_KEY][:-3]
     elif damage == "fields":
-        meta["tree"] = meta["tree"].replace('"fields"', '"fieldz"')
+        meta[META_KEY] = meta[META_KEY].replace('"fields"', '"fieldz"')
     else:
         tensors = {}
     save_file(tensors, str(f), metadata=meta)
@@ -124,3 +124,25 @@ def test_resuming_a_run_folder_with_a_hostile_baseline_runs_no_code(tmp_path):
     with pytest.raises(ValueError, match="never runs code"):
         run(cfg, out=out, model=lm, progress=False, log=lambda *_: None)
     assert not marker.exists()
+
+
+def test_a_baseline_is_the_same_bytes_every_time(tmp_path):
+    """safetensors writes its metadata map in a hash order that changes from one write to the next (a new hash
+    seed per map: two keys come out in either order), so the baseline keeps everything under one key: twenty
+    writes of the same baseline are the same bytes (with two keys, 20 writes agreeing has odds of 2 ** -19)."""
+    files = [tmp_path / f"{i}.pt" for i in range(20)]
+    for f in files:
+        save_tree({"a": torch.arange(3.0), "b": [1, "x"], "c": (2.5,)}, f)
+    assert len({f.read_bytes() for f in files}) == 1
+
+
+def test_a_format_1_baseline_still_reads(tmp_path):
+    """Format 1 (two metadata keys, the tree as text) reads as it did."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tree = {"$dict": [["x", {"$tensor": "t0", "device": "cpu"}], ["n", 3]]}
+    save_file({"t0": torch.ones(2)}, str(tmp_path / "old.pt"), metadata={"format": READS[0], "tree": json.dumps(tree)})
+    d = load_tree(tmp_path / "old.pt")
+    assert torch.equal(d["x"], torch.ones(2)) and d["n"] == 3
