@@ -88,11 +88,12 @@ def _manifest_prompts(manifest: Path) -> list[Prompt]:
 
 
 def _write_wav(path: Path, audio: np.ndarray, sr: int) -> None:
-    import soundfile as sf
+    from scipy.io import wavfile
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    # float: no clipping
-    write_via(path, lambda p: sf.write(str(p), np.asarray(audio, dtype=np.float32), sr, subtype="FLOAT"))
+    # float: no clipping; scipy's writer, not libsndfile's, whose float WAVs carry a PEAK chunk stamped with the
+    # time of writing (the same rollout would give other bytes a second later)
+    write_via(path, lambda p: wavfile.write(str(p), sr, np.asarray(audio, dtype=np.float32)))
 
 
 def _spectrogram_png(path: Path, base: np.ndarray, x: np.ndarray, sr: int, title: str, labels: tuple[str, str]) -> None:

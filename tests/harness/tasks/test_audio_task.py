@@ -138,3 +138,15 @@ def test_hostile_prompt_ids_stay_inside_the_run_folder(model, task, tmp_path, pi
     assert not (tmp_path / "outside").exists()
     for rel in row["artifacts"].values():
         assert (out / rel).resolve().is_relative_to((out / "audio").resolve()) and (out / rel).is_file()
+
+
+def test_a_wav_holds_no_time_of_writing(tmp_path):
+    """libsndfile stamps a float WAV's PEAK chunk with the time of writing, so the same rollout gave other bytes a
+    second later: the task's WAVs carry the samples alone (bit for bit, float32) and no PEAK chunk."""
+    from harness.tasks.audio import _write_wav
+
+    x = np.random.default_rng(0).standard_normal(4000).astype(np.float32) * 0.1
+    _write_wav(tmp_path / "a.wav", x, 16_000)
+    data = (tmp_path / "a.wav").read_bytes()
+    back, sr = sf.read(tmp_path / "a.wav", dtype="float32")
+    assert b"PEAK" not in data and sr == 16_000 and np.array_equal(back, x)
