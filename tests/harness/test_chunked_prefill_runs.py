@@ -1,7 +1,7 @@
 """Every text task whose context enters a cache (needle, ruler, kvpress, turns, perplexity's prefix): a run at
 ``--prefill-chunk 16`` writes the rows of the run at ``auto`` (these contexts are prefilled in one piece there)
 to float rounding, the baseline and every codec through the same chunking: no forward into an empty cache takes
-more than the chunk (the long context never enters one piece), and every replay into a codec's cache goes in
+more than the chunk (the long context never enters one piece; at ``auto`` it does), and every replay into a codec's cache goes in
 pieces of it. config.json records the option, model.json the chunk it came to."""
 from __future__ import annotations
 
@@ -106,7 +106,16 @@ def test_a_chunked_run_writes_the_unchunked_rows(case, tmp_path, watched):
               limit=2 if task == "kvpress" else 1, batch_size=2)
     if task == "kvpress":
         kw["prompts"] = _kvpress_file(tmp_path)
-    lm, rows = _lively(), {}
+    lm, rows, widest = _lively(), {}, {}
+    forward = lm.model.forward
+
+    def counted(*args, **kw):  # the model's own forwards into an empty cache (transformers' or ours)
+        cache, x = passed_cache(kw), kw.get("input_ids", args[0] if args else None)
+        if cache is not None and cache.get_seq_length() == 0:
+            widest[chunk] = max(widest.get(chunk, 0), x.shape[1])
+        return forward(*args, **kw)
+
+    lm.model.forward = counted
     for chunk in ("auto", CHUNK):
         config = text_run_config(tmp_path, prefill_chunk=chunk, **kw)
         for k in watched:
@@ -119,28 +128,9 @@ def test_a_chunked_run_writes_the_unchunked_rows(case, tmp_path, watched):
         # the baseline's prefill and every codec's replay of it, each in the run's chunk
         assert watched["native"] and set(watched["native"]) == {came_to}
         assert watched["replay"] and set(watched["replay"]) == {came_to}
+    # no long context entered a cache in one piece at chunk 16; at auto the whole context did
+    assert widest[CHUNK] == CHUNK < widest["auto"]
     assert {r["label"] for r in rows[CHUNK]} == {"none", "kivi@2", "octopus@2"}
     assert len(rows[CHUNK]) == len(rows["auto"]) > 0
     for got, want in zip(rows[CHUNK], rows["auto"]):
         close(got, want)
-
-
-def test_no_forward_takes_a_long_context_into_an_empty_cache(tmp_path):
-    """The model's own forwards: at chunk 16 none into an empty cache (transformers' or ours) is wider than 16
-    columns; at ``auto`` the needle's 520 tokens go in one."""
-    lm, widest = _lively(), {}
-    forward = lm.model.forward
-
-    def counted(*args, **kw):
-        cache = passed_cache(kw)
-        x = kw.get("input_ids", args[0] if args else None)
-        if cache is not None and cache.get_seq_length() == 0:
-            widest[key] = max(widest.get(key, 0), x.shape[1])
-        return forward(*args, **kw)
-
-    lm.model.forward = counted
-    for key in ("auto", CHUNK):
-        config = text_run_config(tmp_path, prefill_chunk=key, tasks=("needle",), codecs=("kivi",), limit=2,
-                                 task_options=CASES["needle"]["task_options"])
-        run(config, out=tmp_path / str(key), model=lm, progress=False, log=lambda *_: None)
-    assert widest[CHUNK] == CHUNK and widest["auto"] >= 500
