@@ -1,12 +1,19 @@
 #!/usr/bin/env python
-"""The memory plan (harness.run.memory) beside a run's measured peak, on a GPU: a needle run (one prompt per
-context, as ``harness run --model hf --task needle --task-opt needle.contexts=N --task-opt needle.depths=0.5
---codec octopus --bits 2 --codec-seeds 0`` runs it) through the real runner, on a decoder of a given shape
-at seeded random weights (no checkpoint: the byte tokenizer, the shape's own vocabulary).
+"""The memory plan (harness.run.memory) beside a run's measured peak, on a GPU, and the run's wall time split: a
+needle run (one prompt per context, as ``harness run --model hf --task needle --task-opt needle.contexts=N
+--task-opt needle.depths=0.5 --codec octopus turboquant-mse --bits 2 --codec-seeds 0`` runs it) through the real
+runner, every codec in one process, on a decoder of a given shape at seeded random weights (no checkpoint: the
+byte tokenizer, the shape's own vocabulary).
 
-    python -m scripts.memory_plan_bench --contexts 131072,262144,524288,1048000
+    python -m scripts.memory_plan_bench --contexts 1048000 --codec octopus turboquant-mse vllm-fp8@8 --bits 2
     python -m scripts.memory_plan_bench --contexts 65536 --prefill-chunk 4096 --codec kivi --bits 2
     python -m scripts.memory_plan_bench --config /ckpt/config.json --contexts 32768 --json out.json
+
+Per configuration (the baseline 'none' first) it prints the plan's moment, the measured peak of its rollout
+(speed.jsonl's ``peak_bytes``) and the wall split speed.jsonl records: the shared native forward (the prefill,
+computed once per batch: the same seconds in every row), the configuration's own replay and encode of it
+(``prefill_s``), graph capture (``capture_s``, once per process and batch shape) and the decode (``decode_s``,
+its tokens per second); the baseline's own rollout (not timed: rows compare against it) is in the total only.
 
 The measured peak is ``torch.cuda.max_memory_allocated`` over the whole run, weights included (each rollout's
 clock resets the counter: the peak before each reset is kept). The plan counts the same tensors; CUDA's own
@@ -90,20 +97,38 @@ class PeakMeter:
         return max(self.peaks) if self.peaks else None
 
 
+def wall_split(speed: list[dict]) -> dict:
+    """speed.jsonl's records -> {'shared_forward_s': the batch's native forward (once), 'configs': {label: {replay_
+    encode_s, capture_s, decode_s, decode_per_s, peak_bytes}}}: each configuration's first row (a batch's rows
+    share their rollout's record; one prompt per context here)."""
+    shared = next((r["shared_forward_s"] for r in speed if r.get("shared_forward_s") is not None), None)
+    configs = {}
+    for r in speed:
+        configs.setdefault(r["label"], {"replay_encode_s": r.get("prefill_s"), "capture_s": r.get("capture_s"),
+                                        "decode_s": r.get("decode_s"), "decode_per_s": r.get("decode_per_s"),
+                                        "peak_bytes": r.get("peak_bytes")})
+    return {"shared_forward_s": shared, "configs": configs}
+
+
+def _s(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--contexts", default="131072", help="needle contexts in tokens (comma list), one run each")
     ap.add_argument("--config", help="a config.json giving the shape (default: Qwen2.5-7B's)")
-    ap.add_argument("--codec", default="octopus")
-    ap.add_argument("--bits", type=int, default=2)
+    ap.add_argument("--codec", nargs="+", default=["octopus"], help="codecs, as harness run's --codec takes them")
+    ap.add_argument("--bits", nargs="+", type=int, default=[2])
     ap.add_argument("--prefill-chunk", default="auto")
     ap.add_argument("--batch-size", type=int, default=None)
-    ap.add_argument("--device", default="cuda", help="cuda (measured) or cpu (the plan alone: a smoke test)")
+    ap.add_argument("--device", default="cuda", help="cuda (measured) or cpu (the plan and the wall split: a smoke test)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args(argv)
     from harness.run.config import RunConfig
     from harness.run.memory import GIB
     from harness.run.memory_check import RunPlan, task_shapes
+    from harness.run.rows import read_rows
     from harness.runner import plan as run_plan
     from harness.runner import run
 
@@ -112,33 +137,36 @@ def main(argv: list[str] | None = None) -> int:
     lm = random_lm(config, dtype, a.device)
     chunk = a.prefill_chunk if a.prefill_chunk == "auto" else int(a.prefill_chunk)
     results = []
-    print(f"{'context':>9} {'chunk':>7} {'plan GiB':>9} {'measured GiB':>13} {'plan/measured':>14}  peak moment")
     for ctx in (int(c) for c in a.contexts.split(",")):
-        cfg = RunConfig(model="hf", model_path="(random)", tasks=["needle"], codecs=[a.codec], bits=[a.bits],
+        cfg = RunConfig(model="hf", model_path="(random)", tasks=["needle"], codecs=list(a.codec), bits=list(a.bits),
                         codec_seeds=[0], task_options={"needle": {"contexts": [ctx], "depths": [0.5]}},
                         prefill_chunk=chunk, batch_size=a.batch_size, device=a.device)
         lines: list[str] = []
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as out, PeakMeter(a.device, lm) as meter:
-            run(cfg, out=Path(out) / "run", model=lm, progress=False, log=lines.append)
-        shapes = [s for s in task_shapes(cfg, run_plan(cfg, print), a.device) if s]
+            folder = run(cfg, out=Path(out) / "run", model=lm, progress=False, log=lines.append)
+            split = wall_split(read_rows(folder / "speed.jsonl"))
+        total = time.perf_counter() - t0
+        shapes = [s for s in task_shapes(cfg, run_plan(cfg, lambda *_: None), a.device) if s]
         planned, _ = RunPlan(cfg, shapes, lm.model.config.to_dict(), a.device).worst(lm.prefill_chunk)
         r = {"context": ctx, "chunk": lm.prefill_chunk, "plan_bytes": planned.peak, "moment": planned.peak_moment,
              "items": planned.items, "moments": planned.moments, "measured_bytes": meter.peak,
-             "seconds": round(time.perf_counter() - t0, 1), "log": [x for x in lines if x.startswith(("memory", "  "))]}
+             "measured_stretches": meter.peaks, "seconds": round(total, 1), **split,
+             "log": [x for x in lines if x.startswith(("memory", "  "))]}
         results.append(r)
-        measured = (f"{meter.peak / GIB:>13.1f} {planned.peak / meter.peak:>14.3f}" if meter.peak
-                    else f"{'-':>13} {'-':>14}")
-        print(f"{ctx:>9} {str(r['chunk']):>7} {planned.peak / GIB:>9.1f} {measured}  {planned.peak_moment}", flush=True)
-        # the stretches measured: the prefill, the baseline's rollout, then each configuration's (codec 'none' first)
-        stretches = ["prefill", "baseline rollout", "none rollout"] + [m for m in planned.moments if m.endswith(
-            "rollout") and m != "baseline rollout"]
-        r["measured_by_stretch"] = dict(zip(stretches, meter.peaks))
-        for name, n in planned.moments.items():
-            got = r["measured_by_stretch"].get(name)
-            print(f"{'':>12}{name}: plan {n / GIB:.1f} GiB" + (f", measured {got / GIB:.1f} GiB" if got else ""))
-        if "none rollout" in r["measured_by_stretch"]:
-            print(f"{'':>12}none rollout: measured {r['measured_by_stretch']['none rollout'] / GIB:.1f} GiB")
+        measured = f"{meter.peak / GIB:.1f} GiB (plan/measured {planned.peak / meter.peak:.3f})" if meter.peak else "-"
+        print(f"context {ctx:,}, prefill chunk {r['chunk']}: plan {planned.peak / GIB:.1f} GiB at "
+              f"{planned.peak_moment}, measured {measured}; {total:.1f} s in all; shared native forward "
+              f"{_s(split['shared_forward_s'])} s (once per batch)", flush=True)
+        print(f"  {'config':<22} {'plan GiB':>9} {'peak GiB':>9} {'replay+encode s':>16} {'capture s':>10} "
+              f"{'decode s':>9} {'tokens/s':>9}")
+        print(f"  {'(shared prefill)':<22} {planned.moments['prefill'] / GIB:>9.2f} "
+              f"{(f'{meter.peaks[0] / GIB:.2f}' if meter.peaks else '-'):>9}")
+        for label, c in split["configs"].items():
+            moment = planned.moments.get(f"{label} rollout", planned.moments["baseline rollout"])
+            peak = "-" if c["peak_bytes"] is None else f"{c['peak_bytes'] / GIB:.2f}"
+            print(f"  {label:<22} {moment / GIB:>9.2f} {peak:>9} {_s(c['replay_encode_s']):>16} "
+                  f"{_s(c['capture_s']):>10} {_s(c['decode_s']):>9} {_s(c['decode_per_s']):>9}", flush=True)
         if meter.cuda:
             torch.cuda.empty_cache()
     if a.json:

@@ -6,6 +6,12 @@ linearly ramped scale: at scale s of S, ``t = cfg * s / (S - 1)`` and the guided
 seeded generator. The cache keeps the scale being predicted native (``residual_unit='append'``,
 ``residual=1``): every earlier scale is held only as codec states, encoded once as it leaves.
 
+Several clips in one rollout (B > 1, one generator per clip): each clip's tokens are drawn from its own
+generator over its own guided logits, so each clip's rollout is the one it gets alone to float rounding (a
+matmul over several clips' rows rounds otherwise than over one clip's, on the CPU as on a GPU: the tests
+check its logits to that rounding and its draws equal where no draw sits on a rounding's edge); the batch
+keeps a GPU busy where one clip's few hundred tokens cannot.
+
 Shapes: CLAP embedding ``[B, 512]``; tokens of scale s ``[B, scales[s]]``; guided logits
 ``[B, scales[s], V]``; f_hat ``[B, latent_dim, F]``; audio ``[B, F * hop]``.
 """
@@ -43,6 +49,13 @@ def sample_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float, generator
     return torch.multinomial(probs, 1, replacement=True, generator=generator).view(B, l)
 
 
+def _sample(guided: torch.Tensor, s: "SamplingConfig", generator) -> torch.Tensor:
+    """Tokens [B, l] from guided logits [B, l, V]: one generator for the batch, or clip b's rows from its own."""
+    if not isinstance(generator, (list, tuple)):
+        return sample_top_k_top_p(guided, s.top_k, s.top_p, generator)
+    return torch.cat([sample_top_k_top_p(guided[b:b + 1], s.top_k, s.top_p, g) for b, g in enumerate(generator)])
+
+
 @dataclass
 class Rollout:
     tokens: list[torch.Tensor]  # per scale [B, scales[s]] int64, CPU
@@ -52,6 +65,11 @@ class Rollout:
     #: the cache after the last scale (its config is the one the rollout used); None once dropped
     #: (a baseline kept for later rows needs only its outputs)
     cache: CompressedKVCache | None = field(default=None, repr=False)
+
+    def clip(self, b: int) -> "Rollout":
+        """Clip ``b`` of a batched rollout, as the rollout of that clip alone (the cache left out)."""
+        return Rollout([t[b:b + 1] for t in self.tokens], [x[b:b + 1] for x in self.logits], self.f_hat[b:b + 1],
+                       None if self.audio is None else self.audio[b:b + 1])
 
 
 @dataclass
@@ -125,15 +143,19 @@ class AARPipeline(ModelAdapter):
         return CompressedKVCache(self.cache_config(config), layers, heads, head_dim, device=self.device)
 
     @torch.no_grad()
-    def rollout(self, emb: torch.Tensor, config: CacheConfig, generator: torch.Generator | None = None,
+    def rollout(self, emb: torch.Tensor, config: CacheConfig,
+                generator: torch.Generator | list[torch.Generator] | None = None,
                 sampling: SamplingConfig | None = None, teacher: list[torch.Tensor] | None = None,
                 speed: RolloutClock | None = None) -> Rollout:
-        """Generate one pyramid (or, with ``teacher`` tokens, score it teacher-forced: the given
-        tokens are fed instead of sampled ones and no random number is drawn). ``speed`` times the
-        first scale (into the empty cache) as the prefill and the scales after it as the decode,
+        """Generate one pyramid per row of ``emb`` [B, cond_in] (or, with ``teacher`` tokens, score it
+        teacher-forced: the given tokens are fed instead of sampled ones and no random number is drawn).
+        ``generator``: one for the batch, or one per clip (each clip then draws as it does alone). ``speed``
+        times the first scale (into the empty cache) as the prefill and the scales after it as the decode,
         in tokens of the B sequences (guidance's unconditional rows not counted)."""
         if teacher is None and generator is None:
             raise ValueError("a free-running rollout needs a generator (kernels.private_generator)")
+        if isinstance(generator, (list, tuple)) and len(generator) != emb.shape[0]:
+            raise ValueError(f"{len(generator)} generators for a batch of {emb.shape[0]} clips: one per clip")
         s = sampling or SamplingConfig()
         aar, vq, scales = self.aar, self.sat.vq, self.aar.cfg.scales
         S, B = len(scales), emb.shape[0]
@@ -151,8 +173,7 @@ class AARPipeline(ModelAdapter):
                 logits = aar.step(x, cond, cache)  # [2B, l, V]
             t = s.cfg * si / (S - 1)
             guided = (1 + t) * logits[:B] - t * logits[B:]
-            idx = teacher[si].to(self.device) if teacher is not None else \
-                sample_top_k_top_p(guided, s.top_k, s.top_p, generator)
+            idx = teacher[si].to(self.device) if teacher is not None else _sample(guided, s, generator)
             tokens.append(idx.cpu())
             logits_out.append(guided.cpu())
             f_hat, nxt = vq.next_input(si, f_hat, vq.layers[si].lookup(idx))

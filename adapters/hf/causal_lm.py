@@ -25,7 +25,7 @@ from adapters.hf.graphed_decode import DecodeGraphs, GraphedDecode, GraphedForwa
 from adapters.hf.graphed_decode import why_not as graphed_why_not
 from adapters.hf.cache import CompressedCache, attach
 from adapters.hf.compat import cache_kwargs, takes_keyword
-from adapters.hf.prefill import native_prefill
+from adapters.hf.prefill import ChunkedFirstForward, native_prefill
 from adapters.cache.config import CacheConfig
 from adapters.cache.padded_batch import LeftPadded
 from adapters.protocol import CachePolicy, Geometry, ModelAdapter
@@ -168,7 +168,9 @@ class CausalLM(ModelAdapter):
             return native_prefill(self.model, x, padding, self.prefill_chunk)
 
         if self.share_prefill:
-            key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads), "logits_to_keep" in padding)
+            # the chunk too: another chunking's layers are other numbers (float rounding), never reused for it
+            key = (tuple(map(tuple, x.tolist())), None if pads is None else tuple(pads), "logits_to_keep" in padding,
+                   self.prefill_chunk)
             (layers, logits), shared = self._shared.get(key, compute, self.devices)
         else:
             (layers, logits), shared = compute(), None
@@ -205,6 +207,11 @@ class CausalLM(ModelAdapter):
         if mode == "off" or not isinstance(cache, CompressedCache):
             return nullcontext()
         return GraphedForward(self.model, cache, steps, capture=mode == "capture", pool=self._graphs)
+
+    def chunked_generate(self, cache):
+        """A context in which ``self.model.generate(..., cache)`` prefills as :meth:`greedy` does: a prompt longer
+        than ``prefill_chunk`` natively in chunks, then replayed into ``cache`` (:mod:`adapters.hf.prefill`)."""
+        return ChunkedFirstForward(self.model, cache, self.prefill_chunk, self._prefill)
 
     def _session(self, cache_config: CacheConfig | None, decodes: bool = False):
         """(context manager, cache factory): native rollouts touch nothing, except that one which

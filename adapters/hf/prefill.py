@@ -63,3 +63,49 @@ def native_prefill(model, x: torch.Tensor, padding: dict, chunk: int | None = No
         if not keep_last or (s, e) == bounds[-1]:
             out.append(logits)
     return list(native.layers), out[0] if len(out) == 1 else torch.cat(out, 1)
+
+
+class ChunkedFirstForward:
+    """``with ChunkedFirstForward(model, cache, chunk, prefill): model.generate(..., cache=cache)``: the
+    forward ``generate`` makes into the empty ``cache`` with more than ``chunk`` columns is answered by
+    ``prefill(x [B, t], cache, padding, pads)`` (:meth:`adapters.hf.causal_lm.CausalLM._prefill`: natively in
+    chunks, then replayed into the cache, as every other rollout prefills), which returns the logits; every
+    other call runs the model's own forward. ``padding``: the call's ``attention_mask`` [B, t] (left pads:
+    its leading zeros), ``position_ids`` and ``logits_to_keep`` where given. The model's ``forward`` is
+    replaced on the instance inside the block (its signature kept: generate reads it) and restored after."""
+
+    def __init__(self, model, cache, chunk: int | None, prefill):
+        self.model, self.cache, self.chunk, self.prefill = model, cache, chunk, prefill
+        self.key = next(iter(cache_kwargs(model, cache)))
+        self.prefills = 0  # forwards answered by ``prefill``
+
+    def __enter__(self) -> "ChunkedFirstForward":
+        import functools
+
+        self._own = vars(self.model).get("forward")  # an instance's own forward (accelerate's hooks) kept
+        forward = self.model.forward
+
+        def first_in_chunks(*args, **kw):
+            x = kw.get("input_ids", args[0] if args else None)
+            if (self.chunk is None or kw.get(self.key) is not self.cache or not isinstance(x, torch.Tensor)
+                    or x.shape[1] <= self.chunk or self.cache.get_seq_length() > 0
+                    or kw.get("inputs_embeds") is not None):
+                return forward(*args, **kw)
+            from transformers.modeling_outputs import CausalLMOutputWithPast
+
+            mask = kw.get("attention_mask")
+            padding = {k: kw[k] for k in ("attention_mask", "position_ids", "logits_to_keep") if kw.get(k) is not None}
+            pads = None if mask is None else (mask.shape[1] - mask.sum(1)).tolist()
+            self.prefills += 1
+            self.cache.set_padding(None)  # what attach's hook read from the mask for this call: replay takes pads
+            return CausalLMOutputWithPast(logits=self.prefill(x, self.cache, padding, pads),
+                                          past_key_values=self.cache)
+
+        self.model.forward = functools.wraps(forward)(first_in_chunks)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._own is None:
+            del self.model.forward  # the class's method again
+        else:
+            self.model.forward = self._own

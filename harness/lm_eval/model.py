@@ -10,6 +10,9 @@
   protect      none | boundary-1 | layer indices joined by ':' (e.g. 0:23; model_args are split on ',')
   codec_seed   the codec's own seed (rotations, projections)
   chunk        tokens per teacher-forced chunk after the prefill (default 64)
+  prefill_chunk  a context longer than N tokens is prefilled in pieces of N, natively, then committed, in every
+               request type (``harness run --prefill-chunk``; auto, the default: contexts up to 32,768 tokens
+               in one piece, longer ones in the largest piece free memory holds for the model's max length)
   device, dtype  as ``harness run`` takes them (auto: cuda + bfloat16 where available, else cpu + float32)
   graphs       auto (decode steps from CUDA graphs on CUDA where the cache allows) | static | off (eager)
   batch_size   (lm-eval's ``--batch_size``) requests run together through one cache, left-padded
@@ -90,7 +93,7 @@ def chunk_plan(n_context: int, n_scored: int, chunk: int) -> list[int]:
 #: flag, in the same words, the option named as model_args name it
 RUN_FIELDS = {"pretrained": "model_path", "codec": "codecs", "bits": "bits", "value_bits": "value_bits",
               "residual": "residual", "protect": "protect", "codec_seed": "codec_seeds", "device": "device",
-              "dtype": "dtype", "batch_size": "batch_size", "graphs": "graphs"}
+              "dtype": "dtype", "batch_size": "batch_size", "graphs": "graphs", "prefill_chunk": "prefill_chunk"}
 _LISTS = ("codecs", "bits", "codec_seeds")  # one value here, a list in the run's config
 _ARG_NAMES = {field: arg for arg, field in RUN_FIELDS.items()}
 
@@ -189,16 +192,18 @@ class KVCodecLM(HFLM):
     def __init__(self, pretrained: str | None = None, codec: str = "none", bits: int | None = None,
                  value_bits: int | None = None, residual: int = DEFAULT_RESIDUAL, protect="none", codec_seed: int = 0,
                  chunk: int = 64, device: str | None = "auto", dtype="auto", batch_size=1, graphs: str = "auto",
-                 **kwargs):
+                 prefill_chunk="auto", **kwargs):
         """Every argument checked first (:func:`check_args`; ``pretrained`` None: refused there, in one line)."""
         checked = check_args(dict(pretrained=pretrained, codec=codec, bits=bits, value_bits=value_bits,
                                   residual=residual, protect=protect, codec_seed=codec_seed, chunk=chunk,
-                                  device=device, dtype=dtype, batch_size=batch_size, graphs=graphs))
+                                  device=device, dtype=dtype, batch_size=batch_size, graphs=graphs,
+                                  prefill_chunk=prefill_chunk))
         run = checked.run
         self.lm = load_checkpoint(pretrained, MODEL_NAME, run.device, checked.dtype, graphs=run.graphs)
         super().__init__(pretrained=self.lm.model, tokenizer=self.lm.tokenizer, batch_size=run.batch_size, **kwargs)
         self.pretrained_path = str(pretrained)
         self.chunk = checked.options.chunk
+        self.lm.prefill_chunk = _prefill_chunk(run, self.lm, self.max_length)
         self.cache_cfg = self.lm.cache_config(checked.cache)
         _, n_kv, head_dim = self.lm.geometry
         self.codec_json = {k: v for k, v in self.cache_cfg.codec_config(head_dim, n_kv).to_json().items() if k != "layer"}
@@ -226,7 +231,7 @@ class KVCodecLM(HFLM):
         n = len(self.rollout_stats)
         means = {f: sum(s[f] for s in self.rollout_stats) / n for f in STAT_FIELDS} if n else {}
         return {"cache_config": self.cache_cfg.to_json(), "codec_config": self.codec_json,
-                "pretrained": self.pretrained_path, "chunk": self.chunk,
+                "pretrained": self.pretrained_path, "chunk": self.chunk, "prefill_chunk": self.lm.prefill_chunk,
                 "rollouts": dict(self.rollouts), "rollouts_with_committed_tokens": n,
                 "rollouts_without_committed_tokens": self.uncommitted, "mean": means}
 
@@ -288,7 +293,8 @@ class KVCodecLM(HFLM):
             return self._greedy_generate(context, max_length, stop, generation_kwargs.get("attention_mask"))
         with attach(self.model) as new_cache:
             cache = new_cache(self.cache_cfg)
-            with self.lm.graphed_generate(cache, max_length - context.shape[1] - 1):
+            # the prompt prefilled as greedy requests prefill it (in chunks where long), then graphed steps
+            with self.lm.chunked_generate(cache), self.lm.graphed_generate(cache, max_length - context.shape[1] - 1):
                 out = super()._model_generate(context, max_length, stop, **cache_kwargs(self.model, cache),
                                               **generation_kwargs)
         for b in range(context.shape[0]):
@@ -315,6 +321,16 @@ class KVCodecLM(HFLM):
             out[b, T:T + len(r["tokens"])] = torch.tensor(r["tokens"], dtype=out.dtype)
             self._record("generate_until", r["cache"], r["sequence"])
         return out
+
+
+def _prefill_chunk(run: RunConfig, lm, max_length: int) -> int | None:
+    """``prefill_chunk`` resolved as ``harness run`` resolves ``--prefill-chunk`` (:mod:`harness.run.memory_check`),
+    for a batch of contexts of the model's ``max_length`` (lm-eval truncates every context to it)."""
+    from harness.run.memory import TaskShape
+    from harness.run.memory_check import resolve_chunk
+
+    return resolve_chunk(run, [TaskShape(run.batch_size or 1, max_length, forced=True)],
+                         lm.model.config.to_dict(), str(lm.device))
 
 
 #: generation_config fields whose logits processors ``model.generate`` applies under greedy decoding too,

@@ -212,7 +212,7 @@ def _effective(task: str, eff: dict | None) -> EffectiveLength | None:
 def _speed_row(e: dict) -> SpeedRow:
     return SpeedRow(e["label"], e["rollouts"], tuple(e["sequences"]), tuple(e["devices"]), e["unit"],
                     bool(e["prefill_shared"]), Estimate.of(e["prefill"]), Estimate.of(e["decode"]),
-                    Estimate.of(e["peak"]))
+                    Estimate.of(e["peak"]), Estimate.of(e.get("shared_forward")), Estimate.of(e.get("capture")))
 
 
 # --- per prompt -------------------------------------------------------------------------------------------

@@ -283,17 +283,19 @@ class EffectiveLength(Section):
 
 @dataclass(frozen=True)
 class SpeedRow:
-    """A configuration's measured speed (:func:`harness.report.speed.summarize_speed`): prefill seconds,
-    decode ``unit``s per second, peak MiB (None: not measured)."""
+    """A configuration's measured speed (:func:`harness.report.speed.summarize_speed`): prefill seconds (the
+    shared forward apart), capture seconds, decode ``unit``s per second, peak MiB (None: not measured)."""
     label: str
     rollouts: int
     sequences: tuple[int, ...]
     devices: tuple[str, ...]
     unit: str
     prefill_shared: bool
-    prefill: Estimate | None
+    prefill: Estimate | None  # its own part: the replay and encode of a shared forward, or its whole first step
     decode: Estimate | None
     peak: Estimate | None
+    shared_forward: Estimate | None = None  # the prompt batch's shared native forward (once per batch)
+    capture: Estimate | None = None  # graphed decode steps' warm-up and capture
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,15 @@ def check_memory(config: RunConfig, tasks: list[TaskShape | None], model_config:
     return chunk
 
 
+def resolve_chunk(config: RunConfig, tasks: list[TaskShape], model_config: dict, device: str) -> int | None:
+    """``--prefill-chunk`` resolved for ``tasks`` without the check (:class:`RunPlan`; lm-eval's model, whose
+    requests are not known before they arrive)."""
+    if config.prefill_chunk != "auto":
+        return config.prefill_chunk
+    free, _ = free_bytes(device, config.device_map == "auto")
+    return RunPlan(config, tasks, model_config, device).chunk("auto", device, free)
+
+
 def task_shapes(config: RunConfig, work: list, device: str) -> list[TaskShape | None]:
     """Each text task's longest batch (:meth:`harness.tasks.base.Task.memory_shape`) at the run's batch size."""
     batch = batch_size_for(config.batch_size, device)

@@ -8,12 +8,19 @@ baseline's tokens through the compressed cache and compares next-scale logits (t
 KL) — free-running sampling diverges as soon as one token differs, teacher forcing does not.
 Artifacts: WAVs (baseline and codec), a spectrogram PNG (baseline beside codec) and per-scale
 teacher-forced curves (JSON).
+
+Clips run in batches of up to ``--batch-size``: one rollout holds them all, each clip drawing from its own
+generator (:meth:`adapters.aar.pipeline.AARPipeline.rollout`), so every row is the one its clip gets alone
+to float rounding (a product of several clips' rows rounds otherwise than one clip's: on the CPU's MKL as on
+cuBLAS); the batch's one speed record is shared by its rows. Left out, the batch is the device's default on
+a GPU (a single clip keeps it a few percent busy) and one clip on the CPU, whose rows stay bit for bit
+those of one clip at a time.
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -173,19 +180,46 @@ class AudioTask(Task):
     def _generator(self, model, prompt: Prompt, seed: int) -> torch.Generator:
         return private_generator("audio", prompt.id, seed, device=model.device)
 
+    def prompts_per_batch(self, model) -> int:
+        """``--batch-size``; left out, the GPU's default, and one clip on the CPU (module docstring)."""
+        if self.batch_size is None and torch.device(getattr(model, "device", "cpu")).type == "cpu":
+            return 1
+        return super().prompts_per_batch(model)
+
+    def batches(self, model, prompts: list[Prompt]) -> list[list[Prompt]]:
+        """Runs of up to :meth:`prompts_per_batch` consecutive clips."""
+        size = self.prompts_per_batch(model)
+        return [prompts[i:i + size] for i in range(0, len(prompts), size)]
+
     def baseline(self, model, prompt: Prompt, seed: int) -> AudioBaseline:
-        if getattr(model, "modality", None) != "audio":
-            raise TypeError(f"the audio task drives an audio model (aar, aar-tiny, aar-random), got {type(model).__name__}")
-        emb = model.embed(load_clip(prompt, self.clip_seconds))
-        r = model.rollout(emb, CacheConfig(codec="none"), self._generator(model, prompt, seed), self.sampling)
-        return AudioBaseline(emb, replace(r, cache=None), self.clip_seconds)
+        return self.baseline_batch(model, [prompt], seed)[0]
 
     def evaluate(self, model, prompt: Prompt, cache_config, seed: int, baseline: AudioBaseline, out_dir: Path) -> dict:
-        base = baseline.rollout
+        return self.evaluate_batch(model, [prompt], cache_config, seed, [baseline], out_dir)[0]
+
+    def baseline_batch(self, model, prompts: list[Prompt], seed: int) -> list[AudioBaseline]:
+        if getattr(model, "modality", None) != "audio":
+            raise TypeError(f"the audio task drives an audio model (aar, aar-tiny, aar-random), got {type(model).__name__}")
+        embs = [model.embed(load_clip(p, self.clip_seconds)) for p in prompts]
+        generators = [self._generator(model, p, seed) for p in prompts]
+        r = model.rollout(torch.cat(embs), CacheConfig(codec="none"), generators, self.sampling)
+        return [AudioBaseline(emb, r.clip(b), self.clip_seconds) for b, emb in enumerate(embs)]
+
+    def evaluate_batch(self, model, prompts: list[Prompt], cache_config, seed: int, baselines: list[AudioBaseline],
+                       out_dir: Path) -> list[dict]:
+        emb = torch.cat([b.emb for b in baselines])
         clock = RolloutClock(model.device)  # the free-running rollout: the teacher-forced pass decodes nothing
-        free = model.rollout(baseline.emb, cache_config, self._generator(model, prompt, seed), self.sampling,
+        free = model.rollout(emb, cache_config, [self._generator(model, p, seed) for p in prompts], self.sampling,
                              speed=clock)
-        tf = model.rollout(baseline.emb, cache_config, sampling=self.sampling, teacher=base.tokens)
+        teacher = [torch.cat(t) for t in zip(*(b.rollout.tokens for b in baselines))]
+        tf = model.rollout(emb, cache_config, sampling=self.sampling, teacher=teacher)
+        stats, speed = cache_row_stats(free.cache), clock.record()  # every clip's share: they hold the same tokens
+        return [self._row(model, p, cache_config, b.rollout, free.clip(i), tf.clip(i), stats, speed, Path(out_dir))
+                for i, (p, b) in enumerate(zip(prompts, baselines))]
+
+    def _row(self, model, prompt: Prompt, cache_config, base: Rollout, free: Rollout, tf: Rollout, stats: dict,
+             speed: dict, out_dir: Path) -> dict:
+        """A clip's row: its free-running and teacher-forced rollouts against its baseline's."""
         sr = model.sample_rate
         ref_wav, wav = base.audio[0].numpy(), free.audio[0].numpy()
         m = self.metric
@@ -198,10 +232,10 @@ class AudioTask(Task):
             "kl": am.pooled(m("kl"), base.logits, tf.logits),
             "free_token_match": m("free_token_match")(base.tokens, free.tokens),
         }
-        row.update(cache_row_stats(free.cache))  # the teacher-forced pass holds the same tokens
-        row["speed"] = clock.record()
+        row.update(stats)  # the teacher-forced pass holds the same tokens
+        row["speed"] = speed
         label = artifact_label(cache_config)
-        row["artifacts"] = self._write_artifacts(model, prompt, label, base, free, tf, row, Path(out_dir))
+        row["artifacts"] = self._write_artifacts(model, prompt, label, base, free, tf, row, out_dir)
         return row
 
     def _write_artifacts(self, model, prompt, label, base, free, tf, row, out_dir: Path) -> dict:

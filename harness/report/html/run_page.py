@@ -132,13 +132,11 @@ def effective(s: EffectiveLength, task: TaskReport, ctx: dict) -> dict:
 
 
 def speed(s: Speed, task: TaskReport, ctx: dict) -> dict:
-    """Per configuration: rollouts, sequences, prefill s, decode rate, peak MiB (each mean ± 95%), device."""
+    """Per configuration: rollouts, sequences, shared forward s, own prefill s, decode rate, capture s, peak MiB
+    (each mean ± 95%), device."""
     rows = []
     for e in s.rows:
-        text = speed_mod.cells_text(e)
-        means = ((x.mean if x else None) for x in (e.prefill, e.decode, e.peak))
-        sort = [None, e.rollouts, e.sequences[-1], *means, None]
-        rows.append([cell(x, k) for x, k in zip(text, sort)])
+        rows.append([cell(x, k) for x, k in zip(speed_mod.cells_text(e), speed_mod.sort_keys(e))])
     return {"table": table(speed_mod.columns(list(s.rows)), rows, cls="speed"),
             "notes": prose(speed_mod.notes(list(s.rows)))}
 

@@ -305,3 +305,26 @@ def test_float32_by_default_on_every_device(monkeypatch, device):
     for name in ("aar-tiny", "aar-random"):
         assert get_model(name).load(None, device, "auto") == (torch.device(device), torch.float32)
         assert get_model(name).load(None, device, "bfloat16") == (torch.device(device), torch.bfloat16)
+
+
+def test_a_batch_of_clips_rolls_out_each_clip_as_alone(pipe):
+    """Three clips in one rollout, one generator each: each clip's tokens those it draws alone, its logits,
+    latents and audio to float rounding (a matmul over three clips' rows sums as over one, in other blockings);
+    teacher-forced too; one generator per clip or it is refused."""
+    embs = [StandInConditioner()(np.sin(2 * np.pi * f * np.arange(24_000) / 48_000).astype(np.float32))
+            for f in (220, 330, 440)]
+    s = SamplingConfig(top_k=8, top_p=0.9)
+    for cfg in (CacheConfig("none"), CacheConfig("octopus", 2)):
+        alone = [pipe.rollout(e, cfg, private_generator("test", i), s) for i, e in enumerate(embs)]
+        batch = pipe.rollout(torch.cat(embs), cfg, [private_generator("test", i) for i in range(3)], s)
+        teacher = [torch.cat(t) for t in zip(*(a.tokens for a in alone))]
+        forced = pipe.rollout(torch.cat(embs), cfg, sampling=s, teacher=teacher)
+        for b, a in enumerate(alone):
+            got = batch.clip(b)
+            assert got.cache is None and all(torch.equal(x, y) for x, y in zip(got.tokens, a.tokens))
+            for x, y in zip(got.logits + forced.clip(b).logits, a.logits + a.logits):
+                # as test_cached_rollout_matches_the_block_causal_forward: ~100 U32 on logits of O(1)
+                torch.testing.assert_close(x, y, atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(got.audio, a.audio, atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="2 generators for a batch of 3 clips: one per clip"):
+        pipe.rollout(torch.cat(embs), CacheConfig("none"), [private_generator("test", i) for i in range(2)], s)

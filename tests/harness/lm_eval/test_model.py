@@ -332,3 +332,39 @@ def test_harness_lm_eval_without_lm_eval_says_how_to_install(monkeypatch, capsys
     assert main(["lm-eval", "--tasks", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["harness lm-eval: error: lm_eval is not installed: pip install '.[lm-eval]'"]
+
+
+def test_a_chunked_prefill_gives_every_request_its_unchunked_answer(ckpt, tasks_dir, octopus_results):
+    """``prefill_chunk=8``: every context (14-90 tokens) prefilled natively in pieces of 8, then replayed into
+    the cache: the log-likelihoods of the one-piece prefill to float rounding, the same generations."""
+    got = evaluate("kvcodec", f"pretrained={ckpt},codec=octopus,bits=2,residual=4,chunk=32,prefill_chunk=8", tasks_dir)
+    assert got["config"]["kvcodec"]["prefill_chunk"] == 8
+    assert octopus_results["config"]["kvcodec"]["prefill_chunk"] is None  # auto: short contexts in one piece
+    assert_lls_close(responses(got), responses(octopus_results))
+    assert responses(got)["kv_gen"] == responses(octopus_results)["kv_gen"]
+
+
+def test_model_generate_prefills_in_chunks(ckpt):
+    """A request model.generate decodes (top_k=1: greedy, but through generate) prefills as greedy ones do: no
+    forward into the empty cache wider than the chunk, and the answers of the one-piece prefill."""
+    from adapters.hf.compat import passed_cache
+    from harness.lm_eval.model import KVCodecLM
+
+    ctx = torch.tensor([[0, 0, 0, 72, 105, 32, 116, 104, 101, 114, 101], [84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98]])
+    mask = (torch.arange(ctx.shape[1]) >= torch.tensor([[3], [0]])).long()
+    outs, widest = {}, {}
+    for chunk in ("auto", 4):
+        lm = KVCodecLM(pretrained=str(ckpt), codec="octopus", bits=2, residual=4, device="cpu", batch_size=2,
+                       prefill_chunk=chunk)
+        forward = lm.model.forward
+
+        def counted(*args, _chunk=chunk, **kw):
+            cache, x = passed_cache(kw), kw.get("input_ids", args[0] if args else None)
+            if cache is not None and cache.get_seq_length() == 0:
+                widest[_chunk] = max(widest.get(_chunk, 0), x.shape[1])
+            return forward(*args, **kw)
+
+        lm.model.forward = counted
+        outs[chunk] = lm._model_generate(ctx, ctx.shape[1] + 6, [], attention_mask=mask, do_sample=False, top_k=1)
+    assert widest == {"auto": ctx.shape[1], 4: 4}
+    assert torch.equal(outs[4], outs["auto"])

@@ -18,7 +18,8 @@ from helpers.tolerances import U64, digits_rel, gamma
 from harness.report.formatting import fmt
 from harness.run.rows import dumps, read_rows, row_key
 from harness.runner import run
-from harness.report.speed import BEGIN, END, NO_PEAK, NOTHING_DECODED, without_speed
+from harness.report.speed import (BEGIN, END, NO_PEAK, NOT_CAPTURED, NOT_SHARED, NOTHING_DECODED, columns,
+                                  without_speed)
 
 QUIET = dict(progress=False, log=lambda *_: None)
 
@@ -65,9 +66,11 @@ def test_every_row_has_its_speed_line_and_the_reports_show_them(lm, tmp_path):
         assert list(table) == ["none", "kivi@2"]
         for label, cells in table.items():
             mine = next(s for s in speed if s["task"] == task and s["label"] == label)
-            assert cells[:3] == ["1", "2", f"{fmt(mine['prefill_s'])} (n = 1)"]
-            assert cells[3] == (NOTHING_DECODED if task == "perplexity" else f"{fmt(mine['decode_per_s'])} (n = 1)")
-            assert cells[4:] == [NO_PEAK, device]
+            # the batch's shared native forward apart from this configuration's own replay and encode of it
+            assert mine["shared_forward_s"] > 0 and mine["capture_s"] == 0  # eager on the CPU: nothing captured
+            assert cells[:4] == ["1", "2", f"{fmt(mine['shared_forward_s'])} (n = 1)", f"{fmt(mine['prefill_s'])} (n = 1)"]
+            assert cells[4] == (NOTHING_DECODED if task == "perplexity" else f"{fmt(mine['decode_per_s'])} (n = 1)")
+            assert cells[5:] == [NOT_CAPTURED, NO_PEAK, device]
     html = (out / "report.html").read_text()
     assert html.count("<h3>Speed and memory</h3>") == 2 and html.count(BEGIN) == 2 and NOTHING_DECODED in html
 
@@ -123,8 +126,10 @@ def test_the_table_is_a_mean_with_its_interval_over_rollouts(tmp_path):
         return f"{fmt(statistics.mean(xs))} ± {fmt(half, 2)}"
 
     table = _table(md, "perplexity")
-    assert table["octopus@2"] == ["4", "1", ci(prefill), ci(rate), "100 ± 0", "NVIDIA H100 80GB HBM3"]
-    assert table["none"] == ["2", "2", ci([0.5, 0.7]), NOTHING_DECODED, NO_PEAK, "NVIDIA H100 80GB HBM3"]
+    assert table["octopus@2"] == ["4", "1", NOT_SHARED, ci(prefill), ci(rate), NOT_CAPTURED, "100 ± 0",
+                                  "NVIDIA H100 80GB HBM3"]
+    assert table["none"] == ["2", "2", NOT_SHARED, ci([0.5, 0.7]), NOTHING_DECODED, NOT_CAPTURED, NO_PEAK,
+                             "NVIDIA H100 80GB HBM3"]
     html = (out / "report.html").read_text()
     assert ci(rate) in html and without_speed(html) == plain_html
 
@@ -164,3 +169,34 @@ def test_a_damaged_speed_file_does_not_stop_a_resume_and_shard_lines_outlive_a_f
     (out / "speed.shard-1-of-2.jsonl").write_text("\n".join(lines[1:]) + "\n")
     assert finish(out)
     assert len(shard_files(out, RunFolder.SPEED)) == 2 and not (out / "rows.shard-0-of-2.jsonl").exists()
+
+
+def test_the_table_keeps_the_shared_forward_and_the_captures_apart(tmp_path):
+    """Two batches of two prompts, each batch's native forward shared by its configurations (the same seconds
+    in each): the shared-forward column is over the batches, the own prefill over each configuration's replays,
+    and the graphs' capture seconds apart from the decode; both reports name the columns and say which is which."""
+    out = write_run(tmp_path / "run", synthetic_rows({"octopus@2": (0.1, 2.1, (0,))}))
+    shared = {"p0": 3.0, "p2": 5.0}  # per batch (rollout), in every configuration
+    lines = []
+    for label, own, capture in (("none", (0.1, 0.3), (0.0, 0.0)), ("octopus@2", (0.5, 0.9), (2.0, 4.0))):
+        for (p, r), x, c in zip((("p0", "p0"), ("p1", "p0"), ("p2", "p2"), ("p3", "p2")), (own[0], own[0], own[1], own[1]),
+                                (capture[0], capture[0], capture[1], capture[1])):
+            lines.append({**_line(label, p, r, x, 20.0, None, seqs=2), "prefill_shared": True,
+                          "shared_forward_s": shared[r], "capture_s": c})
+    (out / "speed.jsonl").write_text("".join(dumps(x) + "\n" for x in lines))
+    md = rebuild(out).read_text()
+
+    def ci(xs):
+        half = student_t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+        return f"{fmt(statistics.mean(xs))} ± {fmt(half, 2)}"
+
+    table = _table(md, "perplexity")
+    assert table["none"][2:4] == [ci([3.0, 5.0]), ci([0.1, 0.3])] and table["none"][5] == NOT_CAPTURED
+    assert table["octopus@2"][2:4] == [ci([3.0, 5.0]), ci([0.5, 0.9])] and table["octopus@2"][5] == ci([2.0, 4.0])
+    head = columns([])
+    assert head[3:5] == ["shared forward s (once per batch), mean ± 95%", "own prefill s (replay + encode), mean ± 95%"]
+    assert head[6] == "capture s (once per shape), mean ± 95%"
+    html = (out / "report.html").read_text()
+    for text in (md, html):
+        assert "shared forward s (once per batch)" in text and "own prefill s (replay + encode)" in text
+        assert "the replay and encode of the shared forward" in text and "capturing graphed decode steps" in text

@@ -150,3 +150,28 @@ def test_a_wav_holds_no_time_of_writing(tmp_path):
     data = (tmp_path / "a.wav").read_bytes()
     back, sr = sf.read(tmp_path / "a.wav", dtype="float32")
     assert b"PEAK" not in data and sr == 16_000 and np.array_equal(back, x)
+
+
+def test_clips_batch_into_one_rollout_each_row_the_clips_alone(model, tmp_path):
+    """``--batch-size 2`` over three clips: batches of two then one; each row of a batch the row its clip gets
+    alone, to float rounding (a rollout's logits to ~100 U32, tests/adapters/aar); the same tokens drawn
+    (free_token_match), the batch's one speed record on each of its rows. Left out, the CPU runs one clip a
+    batch (rows bit for bit those of one clip at a time)."""
+    clips = synthetic_clips(1.0)
+    prompts = [Prompt(k, v) for k, v in clips.items()]
+    assert [len(b) for b in AudioTask(clip_seconds=1.0, top_k=8).batches(model, prompts)] == [1, 1, 1]
+    task = AudioTask(clip_seconds=1.0, top_k=8)
+    task.batch_size = 2  # as the runner sets --batch-size
+    assert [[p.id for p in b] for b in task.batches(model, prompts)] == [list(clips)[:2], list(clips)[2:]]
+    pair, cfg = prompts[:2], CacheConfig("octopus", 2)
+    bases = task.baseline_batch(model, pair, seed=0)
+    rows = task.evaluate_batch(model, pair, cfg, 0, bases, tmp_path / "batch")
+    assert rows[0]["speed"] is rows[1]["speed"] and rows[0]["speed"]["sequences"] == 2
+    for p, base, row in zip(pair, bases, rows):
+        alone_base = task.baseline(model, p, seed=0)
+        assert all(torch.equal(a, b) for a, b in zip(base.rollout.tokens, alone_base.rollout.tokens))
+        alone = task.evaluate(model, p, cfg, 0, alone_base, tmp_path / "alone")
+        assert row["free_token_match"] == alone["free_token_match"] and row["top1_agree"] == alone["top1_agree"]
+        assert row["committed_tokens"] == alone["committed_tokens"] and row["cache_bytes"] == alone["cache_bytes"]
+        # the KL of logits each within 2e-5 of alone's: a log-softmax moves by twice that, a KL by twice again
+        assert row["kl"] == pytest.approx(alone["kl"], rel=0, abs=4 * 2 * 2e-5)
