@@ -165,6 +165,7 @@ class AARPipeline(ModelAdapter):
         cond, logits, shared = self._first_scale(emb.to(self.device, self.dtype), cache)
         f_hat = torch.zeros(B, vq.dim, scales[-1], device=self.device)
         tokens, logits_out = [], []
+        x = None  # the next scale's input, made at the end of each scale
         for si in range(S):
             if si == 1:
                 clock.prefill_done(shared)
