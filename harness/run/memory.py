@@ -7,9 +7,10 @@ moments and takes the largest:
 
 - *prefill*: the weights, the native cache the prefill writes (the batch's longest context), and the
   activations of one chunk (:mod:`adapters.hf.prefill`): the MLP's three [B, chunk, intermediate]
-  tensors (gate, up, their product), the residual stream, and, where a chunk reads a past or a padded batch,
+  tensors (gate, up, their product), the residual stream, and, where a batch of several prompts may be padded,
   transformers' boolean mask [B, chunk, keys], the attention's additive copy of it and the keys and values
-  repeated to every query head (sdpa takes grouped heads only without a mask), the growth of one layer's
+  repeated to every query head (sdpa takes grouped heads only without a mask; a causal chunk of an unpadded
+  batch against its past has none: :mod:`adapters.hf.lower_right`), the growth of one layer's
   native cache (a concatenation: old and new alive), and the logits kept;
 - *native rollout* (the baseline, codec 'none'): the shared prefill's native cache, held for the batch while
   every configuration replays it (:mod:`adapters.cache.shared_prefill`), plus the rollout's own copies of it:
@@ -157,14 +158,14 @@ def plan_memory(shape: ModelShape, dtype_bytes: int, task: TaskShape, codecs: li
     plan = MemoryPlan(chunk=None if c == T else c)
     weights = shape.params * e
     shared = shape.native_bytes(B, T, e)
-    pre = chunk_activations(shape, e, B, c, T, masked=c < T or B > 1, logit_columns=task.logit_columns)
+    pre = chunk_activations(shape, e, B, c, T, masked=B > 1, logit_columns=task.logit_columns)
     grow = B * T * shape.layer_token_bytes(e)  # one layer's native cache concatenated: old and new alive
     plan.items = {"weights": weights, "native cache (the shared prefill)": shared,
                   "prefill chunk activations": sum(pre.values()) + grow}
     plan.moments["prefill"] = weights + shared + plan.items["prefill chunk activations"]
     # the teacher-forced pass (or a decode step): a few columns reading every key
     n = max(task.new_tokens, 1)
-    fwd = chunk_activations(shape, e, B, n, total, masked=True, logit_columns=n)
+    fwd = chunk_activations(shape, e, B, n, total, masked=B > 1, logit_columns=n)
     copies = 1 + (1 if task.forced else 0) + (1 if task.forced and not graphed else 0)
     native = shape.native_bytes(B, total, e)
     plan.items[f"baseline rollout ({copies} cop{'y' if copies == 1 else 'ies'} of the native cache)"] = copies * native
@@ -178,8 +179,8 @@ def plan_memory(shape: ModelShape, dtype_bytes: int, task: TaskShape, codecs: li
         if rate.decoded:  # the forced pass's memo, and the decode's where no fused kernel reads the codec
             memos = (1 if task.forced else 0) + (1 if task.new_tokens and not (graphed and rate.fused) else 0)
             own += memos * decoded
-        elif graphed and not rate.fused and task.new_tokens:  # graphed steps keep keys decoded in float32
-            own += decoded * (4 / e + 1) // 2
+        elif graphed and not rate.fused and task.new_tokens:  # graphed steps keep keys and values decoded in float32
+            own += decoded * 4 // e
         kept_native = shape.layers - shape.sliding - rate.codec_layers
         own += (2 if task.forced else 1) * shape.native_bytes(B, total, e, layers=kept_native)
         scores = 3 * B * shape.q_heads * n * total * 4 if task.forced else 0  # float32 scores, softmax
