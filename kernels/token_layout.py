@@ -5,7 +5,10 @@ presets (:mod:`kernels.engines.preset`), declared by the codec as data (``Codec.
 One token of one head, ``d`` coordinates, is read back as
 
     y_j = code value of coordinate j          (:class:`Element`: fp8 or fp4 bits, int8, or an
-                                                unsigned b-bit code, or a codebook entry it indexes)
+                                                unsigned b-bit code, or a codebook entry it indexes;
+                                                ``halves``: 4-bit codes in ggml's order, byte j of a
+                                                block of 32 holding coordinates j and j + 16;
+                                                ``high_field``: plus 16 times a fifth bit, ggml's q5)
     y_j -= zero_point                          (a constant: llama.cpp's q4_0 codes are 0..15 for -8..7)
     y_j *= block scale of j's group            (``group``: one scale per ``group`` coordinates, a byte
                                                 read as :class:`BlockScale` says, or a number)
@@ -16,8 +19,8 @@ One token of one head, ``d`` coordinates, is read back as
     y  *= scale                                (a field [..., T, 1] or a constant)
     y_j += zero                                (``offset == Offset.ZERO``: an additive field [..., T, 1])
     x   = y @ M                                (``rotation``: M float32 [d, d], or none; a permutation
-                                                where an engine orders its codes otherwise, as ggml's
-                                                nibbles: element j low and j + 16 high in byte j)
+                                                where an engine orders its codes otherwise, as
+                                                LMDeploy's int4 pairs)
 
 for keys and values alike (:class:`TokenCodes`, one per side). Scores are then ``q . x`` = ``y . (M q)``
 (the query is rotated once), and the attention output ``sum_t p_t x_t = (sum_t p_t y_t) @ M`` (the
@@ -64,7 +67,10 @@ class TokenCodes:
     (None: the constant ``scale``), or with a ``group`` [..., T, d / group] block scales (uint8, or numbers
     for BlockScale.FIELD), each read as ``block_scale`` says and times the constant ``scale``;
     ``zero_field``: float [..., T, 1] where ``offset`` is ZERO ([..., T, d / group] with a ``group``);
-    ``zero_point``: a constant taken from every code before its scale."""
+    ``zero_point``: a constant taken from every code before its scale; ``halves``: 4-bit codes in blocks of 32
+    as ggml packs them (byte j of a block: coordinate j in the low nibble, j + 16 in the high), read in
+    coordinate order; ``high_field``: uint8 [..., T, d / 8], a fifth bit per coordinate (coordinate j at bit
+    j % 8 of byte j / 8: ggml's q5 ``qh``, a little-endian uint32 per block), worth 16 in the code."""
 
     element: Element
     bits: int = 8
@@ -79,8 +85,15 @@ class TokenCodes:
     group: int | None = None  # coordinates per block scale (None: the scale is per token or constant)
     block_scale: BlockScale = BlockScale.E4M3
     zero_point: float = 0.0
+    halves: bool = False
+    high_field: str | None = None
 
     def __post_init__(self):
+        if self.halves and (self.bits != 4 or self.group != 32):
+            raise ValueError(f"ggml's halves order packs 4-bit codes in blocks of 32, got {self.bits} bits, "
+                             f"groups of {self.group}")
+        if self.high_field is not None and not self.halves:
+            raise ValueError("a fifth bit plane goes with ggml's halves order (its q5 types)")
         if self.element in (Element.E4M3, Element.E5M2, Element.INT8) and self.bits != 8:
             raise ValueError(f"{self.element.value} codes are 8 bits, got {self.bits}")
         if self.element == Element.E2M1 and self.bits != 4:

@@ -42,11 +42,12 @@ from pathlib import Path
 
 import torch
 
-from kernels import list_codecs, make_codec
+from kernels import make_codec
 
 from harness.bench import generate, ncu
 from harness.bench.encode import encode_rows
-from harness.bench.inputs import SHAPES, check_correctness, fused_codecs, parse_ctx, parse_list, random_state, triton_path
+from harness.bench.inputs import (SHAPES, bench_codecs, check_correctness, parse_ctx, parse_list, random_state,
+                                  triton_path)
 from harness.bench.report import row_line, to_markdown
 from harness.bench.timing import copy_bandwidth, sdpa, sdpa_backend_fn, time_eager, time_graph
 
@@ -71,7 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bits", default="2,3,4")
     p.add_argument("--batch", default="1,8")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
-    p.add_argument("--codecs", default=None, help="comma list (default: every codec with a fused layout)")
+    p.add_argument("--codecs", default=None,
+                   help="comma list: NAME (at --bits), NAME@B (at B: an engine preset's own width), 'deployed' or "
+                        "'deployed:ENGINE' (the caches of harness run --preset deployed, at their bits); default: "
+                        "every codec with a fused layout")
+    p.add_argument("--plan", action="store_true",
+                   help="print the rows this command would time and the kernel each takes, without a GPU; time "
+                        "nothing")
     p.add_argument("--window", type=int, default=32, help="native window tokens (part of the context)")
     p.add_argument("--rep-ms", type=int, default=100, help="timing budget per measurement (ms)")
     p.add_argument("--no-dequant", action="store_true", help="skip the dequantize-then-SDPA baseline")
@@ -174,25 +181,46 @@ def run(args) -> dict:
     print(f"device {props.name}: copy bandwidth {bw_copy / 1e9:.0f} GB/s (read + write)", flush=True)
 
     b = Bench(args, dev, torch.Generator(device=dev).manual_seed(1234), bw_copy, result, tune, lut_cfg, lut_alt_cfg)
-    codecs = parse_list(args.codecs) if args.codecs else fused_codecs()
+    codecs = bench_codecs(args.codecs, parse_list(args.bits, int))
     contexts = parse_list(args.contexts, parse_ctx)
     for shape in parse_list(args.shapes):
         shape_rows(b, shape, codecs, contexts)
     if not args.no_encode:
-        encode_rows(result["encode"], codecs, parse_list(args.bits, int), args.encode_tokens, dev, args.rep_ms)
+        encode_rows(result["encode"], list(dict.fromkeys(n for n, _ in codecs)), parse_list(args.bits, int),
+                    args.encode_tokens, dev, args.rep_ms)
     return result
 
 
-def shape_rows(b: Bench, shape: str, codecs: list[str], contexts: list[int]) -> None:
-    """Every row of one head shape: per batch and context, each codec at each of --bits."""
+def plan(args) -> list[str]:
+    """``--plan``: the (codec, bits) rows the command times per (shape, batch, context), each with the kernel it
+    takes (the Triton one that reads it, where that supports the shape; the table-lookup kernel is tried on the
+    GPU as well) or why it is skipped; then the count of timed rows."""
+    codecs = bench_codecs(args.codecs, parse_list(args.bits, int))
+    lines, timed = [], 0
+    for shape in parse_list(args.shapes):
+        if shape not in SHAPES:
+            raise SystemExit(f"Unknown shape '{shape}'. Available: {', '.join(SHAPES)}")
+        Hq, Hkv, d = SHAPES[shape]
+        for name, bits in codecs:
+            codec = make_codec(name, bits, d, seed=0, layer=0, num_heads=Hkv)
+            supports, launch = triton_path(codec)
+            why = supports(codec, torch.bfloat16)
+            kernel = f"{launch.__module__.rpartition('.')[2]}" if why is None else f"skip: {why}"
+            timed += why is None
+            lines.append(f"{shape} {name}@{bits}: {kernel}")
+    n = timed * len(parse_list(args.batch, int)) * len(parse_list(args.contexts, parse_ctx))
+    return lines + [f"{n} rows timed (each beside bf16 SDPA at its batch and context)"]
+
+
+def shape_rows(b: Bench, shape: str, codecs: list[tuple[str, int]], contexts: list[int]) -> None:
+    """Every row of one head shape: per batch and context, each (codec, bits) of --codecs."""
     if shape not in SHAPES:
         raise SystemExit(f"Unknown shape '{shape}'. Available: {', '.join(SHAPES)}")
     for B in parse_list(b.args.batch, int):
         for ctx in contexts:
             c = context_inputs(b, shape, B, ctx)
-            for name in codecs:
-                for bits in parse_list(b.args.bits, int):
-                    codec_row(b, c, name, bits)
+            for name, bits in codecs:
+                codec_row(b, c, name, bits)
             torch.cuda.empty_cache()
 
 
@@ -217,8 +245,6 @@ def context_inputs(b: Bench, shape: str, B: int, ctx: int) -> Context:
 def codec_row(b: Bench, c: Context, name: str, bits: int) -> None:
     """One codec@bits in context ``c``: checked once per (shape, codec, bits) against the PyTorch
     reference, timed, its row (with ncu's figures under --ncu) appended to the result and printed."""
-    if bits not in list_codecs()[name]:  # an engine preset has its own bits
-        return
     codec = make_codec(name, bits, c.d, seed=0, layer=0, num_heads=c.Hkv, device=b.dev)
     supports, launch = triton_path(codec)
     why = supports(codec, c.q.dtype)
@@ -382,6 +408,9 @@ def main(argv=None) -> int:
         return generate.main([a for a in argv if a != "--generate"])
     args = build_parser().parse_args(argv)
     args.argv = list(argv) if argv is not None else None
+    if args.plan:
+        print("\n".join(plan(args)))
+        return 0
     if not torch.cuda.is_available():
         print("harness bench needs a CUDA device (the fused kernels are timed on it)", file=sys.stderr)
         return 2

@@ -82,6 +82,34 @@ def triton_path(codec):
     return kernel.supports, kernel.decode_attention_fused
 
 
+def bench_codecs(spec: str | None, bits: list[int]) -> list[tuple[str, int]]:
+    """The (codec, bits) rows ``--codecs`` names, ``bits`` being ``--bits``: NAME (at each of ``bits`` it
+    supports), NAME@B (at B alone: an engine's preset at its own width, e.g. llamacpp-q4_0@4), 'deployed' (every
+    cache ``harness run --preset deployed`` runs, each at its own bits) or 'deployed:ENGINE' (one engine's);
+    default: every codec with a fused layout, at ``bits``. An unknown name or width is one line naming it."""
+    from harness.run.config import DEPLOYED
+
+    known = list_codecs()
+    items = parse_list(spec) if spec else fused_codecs()
+    out: list[tuple[str, int]] = []
+    for item in (s.strip() for s in items):
+        if item == "deployed" or item.startswith("deployed:"):
+            engine = item.partition(":")[2]
+            if engine and engine not in DEPLOYED:
+                raise SystemExit(f"--codecs {item}: no engine '{engine}'; use one of {', '.join(DEPLOYED)}")
+            for entry in (c for e, cs in DEPLOYED.items() if engine in ("", e) for c in cs):
+                name, _, widths = entry.partition("@")
+                out += [(name, int(b)) for b in widths.split(",")]
+            continue
+        name, at, width = item.partition("@")
+        if name not in known:
+            raise SystemExit(f"--codecs: unknown codec '{name}' (see `harness list`)")
+        if at and (not width.isdigit() or int(width) not in known[name]):
+            raise SystemExit(f"--codecs {item}: '{name}' runs at {', '.join(map(str, known[name]))} bits")
+        out += [(name, int(width))] if at else [(name, b) for b in bits if b in known[name]]
+    return list(dict.fromkeys(out))
+
+
 def fused_codecs() -> list[str]:
     """Every registered codec that declares a fused layout (:meth:`kernels.base.Codec.fused_layout`)."""
     return [n for n, bits in list_codecs().items()

@@ -172,7 +172,11 @@ def _deployed(t: dict, head: Metric) -> Deployed | None:
     rows, cols = tuple(dict.fromkeys(p["a"] for p in pairs)), tuple(dict.fromkeys(p["b"] for p in pairs))
     cell = {(p["a"], p["b"]): Difference.of(p) for p in pairs}
     rate = {p["a"]: num(p["a_rate"]) for p in pairs} | {p["b"]: num(p["b_rate"]) for p in pairs}
-    return Deployed(head, rows, cols, tuple(rate.items()), tuple(tuple(cell[(r, c)] for c in cols) for r in rows))
+    engines: dict = {}
+    for c in cols:  # the summary orders them engine by engine
+        engines.setdefault(next(p.get("b_engine") for p in pairs if p["b"] == c), []).append(c)
+    return Deployed(head, rows, cols, tuple(rate.items()), tuple(tuple(cell[(r, c)] for c in cols) for r in rows),
+                    tuple((e, tuple(cs)) for e, cs in engines.items()))
 
 
 def _pairs(t: dict, head: Metric) -> Pairs | None:

@@ -8,7 +8,8 @@ registry.json (deterministic JSON, :func:`harness.run.rows.dumps` with indent 2)
      "tasks": {task: {"metrics": [name, ...] (report order), "headline": name | null (null: the first metric),
                       "score_metric": name | null, "breakdown": [prompt_meta key, ...],
                       "media": {kind: {role: artifact key}}} | null (a task this checkout does not know)},
-     "codecs": {codec: {"engine_preset": bool, "native_layers": [layer, ...] (kept native by its engine)}}}
+     "codecs": {codec: {"engine_preset": bool, "engine": its engine's name | null (not a preset; absent in
+                        older folders), "native_layers": [layer, ...] (kept native by its engine)}}}
 
 The runner writes it before the first row (:func:`write_registry`), so a run's summary and reports do not
 change when a registry does. A run folder made before registry.json has none: :func:`read_run` builds it
@@ -77,7 +78,7 @@ def read_run(out: Path, rows: list[dict] | None = None) -> RunData:
 _SHAPES = {"metrics": {"display": str, "higher_is_better": (bool, None), "scale": str, "description": str},
            "tasks": {"metrics": list, "headline": (str, None), "score_metric": (str, None), "breakdown": list,
                      "media": dict},
-           "codecs": {"engine_preset": bool, "native_layers": list}}
+           "codecs": {"engine_preset": bool, "engine": (str, None), "native_layers": list}}
 
 
 def check_registry(registry: dict, path: Path) -> None:
@@ -155,7 +156,9 @@ def declared(config: dict, model: dict, rows: list[dict] = ()) -> dict:
         if isinstance(layers, int):
             options = codec_options(n, config.get("codec_options", {}).get(n, {}), strings=True)
             native = CODECS[n].engine_skipped_layers(layers, options)
-        codecs[n] = {"engine_preset": bool(CODECS[n].engine_preset), "native_layers": sorted(native)}
+        preset = bool(CODECS[n].engine_preset)
+        codecs[n] = {"engine_preset": preset, "engine": CODECS[n].engine if preset else None,
+                     "native_layers": sorted(native)}
     return {"version": REGISTRY_VERSION, "metrics": {m: describe_metric(m) for m in dict.fromkeys(named)},
             "tasks": tasks, "codecs": codecs}
 

@@ -167,15 +167,23 @@ class RatePlots(Section):
 @dataclass(frozen=True)
 class Deployed(Section):
     """Each research codec (``rows``) against each engine's deployed cache (``cols``), paired on the headline
-    ``metric``: ``cells[i][j]`` = row i − column j; ``rates``: each side's cache bits per coordinate."""
+    ``metric``: ``cells[i][j]`` = row i − column j; ``rates``: each side's cache bits per coordinate;
+    ``engines``: (engine, its columns) in column order (engine None: a run folder that does not name them)."""
     metric: Metric
     rows: tuple[str, ...]
     cols: tuple[str, ...]
     rates: tuple[tuple[str, float | None], ...]
     cells: tuple[tuple[Difference, ...], ...]
+    engines: tuple[tuple[str | None, tuple[str, ...]], ...] = ()
 
     def rate(self, label: str) -> float | None:
         return dict(self.rates).get(label)
+
+    def by_engine(self) -> list[tuple[str | None, tuple[str, ...], list[tuple[Difference, ...]]]]:
+        """[(engine, its columns, each row's cells under them)]: the table each renderer shows per engine."""
+        groups = self.engines or ((None, self.cols),)
+        at = {c: j for j, c in enumerate(self.cols)}
+        return [(e, cols, [tuple(row[at[c]] for c in cols) for row in self.cells]) for e, cols in groups]
 
     @property
     def titles(self) -> tuple[str, ...]:

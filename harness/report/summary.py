@@ -99,7 +99,9 @@ def _rankings(groups: list[dict], trows: list[dict], metric: dict, codecs: dict)
                                                                                            list[dict], int]:
     """(per bit width {bits, configs, pairs}, the rate-matched front, research codecs against the engines'
     deployed caches (``codecs``: registry.json's), the number of comparisons made) on the headline ``metric``;
-    each pair with its Benjamini-Hochberg ``q`` across them all and ``word_bh``."""
+    each pair with its Benjamini-Hochberg ``q`` across them all and ``word_bh``. The deployed pairs name the
+    column's engine (``b_engine``; null in a folder whose registry.json predates it) and come engine by engine,
+    in the order the run's codecs name them, each engine's caches by rate."""
     kept = [g for g in groups if g["label"] != BASELINE_LABEL and metric["name"] in g["metrics"]]
     configs = [Config(g["label"], g["bits"], cells([r for r in trows if r["label"] == g["label"]], metric["name"]),
                       g.get("cache_bits_per_coord")) for g in kept]
@@ -107,6 +109,11 @@ def _rankings(groups: list[dict], trows: list[dict], metric: dict, codecs: dict)
     by_bits = [{"bits": b, **rank([c for c in configs if c.bits == b], cmp)} for b in sorted({c.bits for c in configs})]
     engine = {g["label"] for g in kept if (codecs.get(g["codec"]) or {}).get("engine_preset")}
     deployed = against([c for c in configs if c.label not in engine], [c for c in configs if c.label in engine], cmp)
+    engine_of = {g["label"]: (codecs.get(g["codec"]) or {}).get("engine") for g in kept}
+    order = {e: i for i, e in enumerate(dict.fromkeys(c.get("engine") for c in codecs.values()))}
+    for p in deployed:
+        p["b_engine"] = engine_of[p["b"]]
+    deployed.sort(key=lambda p: order.get(p["b_engine"], len(order)))  # stable: research rows, then rate, kept
     rate_front = front(configs, cmp)
     q = cmp.q_values()  # every comparison the report makes on this metric, corrected together
     for p in [p for b in by_bits for p in b["pairs"]] + deployed:

@@ -91,11 +91,15 @@ def deployed(s: Deployed) -> list[str]:
           "same prompts and codec seeds: row − column ± 95%; a word only where the interval excludes 0 (a pass/fail "
           "metric: where McNemar's exact test rejects at 5%), † where it does not survive the Benjamini–Hochberg "
           "correction across the report's comparisons on this metric. (b) = cache bits per coordinate, so a cell also "
-          "says whether the row stores less.", "",
-          "| research codec | " + " | ".join(name(c) for c in s.cols) + " |", "|---|" + "---|" * len(s.cols)]
-    for r, row in zip(s.rows, s.cells):
-        md.append(f"| {name(r)} | " + " | ".join(f"{verdict(d)} ({fmt_diff(d, with_word=False)})" for d in row) + " |")
-    return md + [""]
+          "says whether the row stores less. One table per engine.", ""]
+    for engine, cols, cells in s.by_engine():
+        md += [f"**{engine}**", ""] if engine else []
+        md += ["| research codec | " + " | ".join(name(c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
+        for r, row in zip(s.rows, cells):
+            md.append(f"| {name(r)} | " + " | ".join(f"{verdict(d)} ({fmt_diff(d, with_word=False)})" for d in row)
+                      + " |")
+        md.append("")
+    return md
 
 
 def pairs(s: Pairs) -> list[str]:

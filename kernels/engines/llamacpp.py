@@ -69,7 +69,7 @@ from kernels.engines.preset import EnginePreset, round_half_away
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.rotation import hadamard_matrix
-from kernels.token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout, permutation
+from kernels.token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
 
 QK = 32  # coordinates per block, every type here
 IQ4NL_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # kvalues_iq4nl
@@ -96,10 +96,6 @@ def _rotate(x: torch.Tensor, n: int) -> torch.Tensor:
     if not n:
         return x
     return (x.unflatten(-1, (-1, n)) @ ggml_hadamard(n).to(x.device)).flatten(-2)
-
-
-#: the stored order of a block's 4-bit codes (byte j: element j, then element j + 16)
-NIBBLE_ORDER = [j // 2 + 16 * (j % 2) for j in range(QK)]
 
 
 def _nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -172,19 +168,17 @@ class _Ggml(EnginePreset):
     def stores_before_attending(self, held):
         return self.opts.new_tokens == "stored"
 
-    #: the fused kernel's reading of the codes (TokenCodes' keywords), or None where it cannot (q5's split bits)
-    fused_codes: dict | None = None
+    #: the fused kernel's reading of the codes (TokenCodes' keywords; ``halves``: ggml's nibble order)
+    fused_codes: dict
 
     def _build_token_layout(self):
-        if self.fused_codes is None:
-            return None
-        d, kw = self.head_dim, dict(self.fused_codes)
-        order = permutation(NIBBLE_ORDER, d) if kw.pop("nibbles", False) else torch.eye(d)
+        d = self.head_dim
 
         def side(s):
-            n = self.rotation[s]
-            rot = order if not n else order @ torch.block_diag(*[ggml_hadamard(n)] * (d // n))
-            return TokenCodes(scale_field="d", group=QK, block_scale=BlockScale.FIELD, rotation=rot, **kw)
+            n = self.rotation[s]  # the codes are of the rotated vector: x = y @ H (H its own inverse)
+            rot = torch.block_diag(*[ggml_hadamard(n)] * (d // n)) if n else None
+            return TokenCodes(scale_field="d", group=QK, block_scale=BlockScale.FIELD, rotation=rot,
+                              **self.fused_codes)
         return TokenLayout(side("k"), side("v"))
 
     def _blocks(self, xb: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -268,13 +262,15 @@ class _Five:
 class LlamaCppQ4_0(_Four, _Symmetric4):
     """llama.cpp ``-ctk q4_0 -ctv q4_0``."""
     bits_supported, block_bytes, half = (4,), 2 + QK // 2, 8
-    fused_codes = {"element": Element.UINT, "bits": 4, "codes_field": "qs", "zero_point": 8.0, "nibbles": True}
+    fused_codes = {"element": Element.UINT, "bits": 4, "codes_field": "qs", "zero_point": 8.0, "halves": True}
 
 
 @register_codec("llamacpp-q5_0")
 class LlamaCppQ5_0(_Five, _Symmetric4):
     """llama.cpp ``-ctk q5_0 -ctv q5_0``."""
     bits_supported, block_bytes, half = (5,), 2 + 4 + QK // 2, 16
+    fused_codes = {"element": Element.UINT, "bits": 4, "codes_field": "qs", "zero_point": 16.0, "halves": True,
+                   "high_field": "qh"}
 
 
 @register_codec("llamacpp-q4_1")
@@ -282,13 +278,15 @@ class LlamaCppQ4_1(_Four, _Affine):
     """llama.cpp ``-ctk q4_1 -ctv q4_1``."""
     bits_supported, block_bytes, top = (4,), 2 + 2 + QK // 2, 15
     fused_codes = {"element": Element.UINT, "bits": 4, "codes_field": "qs", "offset": Offset.ZERO, "zero_field": "m",
-                   "nibbles": True}
+                   "halves": True}
 
 
 @register_codec("llamacpp-q5_1")
 class LlamaCppQ5_1(_Five, _Affine):
     """llama.cpp ``-ctk q5_1 -ctv q5_1``."""
     bits_supported, block_bytes, top = (5,), 2 + 2 + 4 + QK // 2, 31
+    fused_codes = {"element": Element.UINT, "bits": 4, "codes_field": "qs", "offset": Offset.ZERO, "zero_field": "m",
+                   "halves": True, "high_field": "qh"}
 
 
 @register_codec("llamacpp-iq4_nl")
@@ -296,7 +294,7 @@ class LlamaCppIq4Nl(_Four, _Ggml):
     """llama.cpp ``-ctk iq4_nl -ctv iq4_nl``: 16 non-uniform levels, a least-squares block scale (the CUDA writer,
     ``quantize_f32_iq4_nl_block``; the CPU reference searches more scales)."""
     bits_supported, block_bytes = (4,), 2 + QK // 2
-    fused_codes = {"element": Element.CODEBOOK, "bits": 4, "codes_field": "qs", "nibbles": True,
+    fused_codes = {"element": Element.CODEBOOK, "bits": 4, "codes_field": "qs", "halves": True,
                    "codebook": torch.tensor(IQ4NL_LEVELS, dtype=torch.float32)}
 
     def _blocks(self, xb):

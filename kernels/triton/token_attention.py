@@ -23,9 +23,9 @@ codes before the fp16 tensor-core dot (an MX block of tiny values can then fall 
 a value is rounded to fp16 once, after its scale, as the table kernels round theirs.
 
 Supported (else :func:`supports` says why and the dispatcher falls back to PyTorch): head dims that are
-powers of two from 32 to 256, code widths of 1, 2, 3, 4 or 8 bits, block scales of 16 or more
-coordinates (a power of two; bytes, or numbers as ggml's and MLX's are, with a zero per block where the
-format has one), normalization on the key side only. The query is the codec's ``prepare_query`` of q
+powers of two from 32 to 256, code widths of 1, 2, 3, 4 or 8 bits (and 5: ggml's q5 nibbles with their fifth
+bits in a field of their own), block scales of 16 or more coordinates (a power of two; bytes, or numbers as
+ggml's and MLX's are, with a zero per block where the format has one), normalization on the key side only. The query is the codec's ``prepare_query`` of q
 (llama.cpp dots its cache with a q8 query); the native window sees q itself.
 """
 from __future__ import annotations
@@ -68,6 +68,8 @@ class SideFormat(NamedTuple):
     ZERO_POINT: float     #: a constant taken from every code before its scale
     CHUNK: int            #: coordinates per chunk read at once (a scale block, or 64)
     HW_FP8: bool          #: e4m3 converted by the hardware (sm_89+ compiled), else by integer arithmetic
+    HALVES: bool          #: 4-bit codes in ggml's order (byte j of a block of 32: coordinates j and j + 16)
+    HIGH: bool            #: a fifth bit per coordinate in a field of its own (ggml's q5 ``qh``)
 
 
 class SideFields(NamedTuple):
@@ -78,6 +80,7 @@ class SideFields(NamedTuple):
     zero: object          #: the zero field (or a placeholder)
     codebook: object      #: the codebook (or a placeholder)
     scale_const: object   #: the per-tensor scale, where there is no scale field
+    high: object          #: the fifth-bit field (or a placeholder)
 
 
 @triton.jit
@@ -90,14 +93,23 @@ def _e4m3(c):
 
 
 @triton.jit
-def _chunk(CODES, SCALE, ZERO, offs, mask_n, C0: tl.constexpr, SIDE: tl.constexpr, CB, zp):
+def _chunk(CODES, SCALE, ZERO, offs, mask_n, C0: tl.constexpr, SIDE: tl.constexpr, CB, zp, HIGH):
     """Coordinates [C0, C0 + SIDE.CHUNK) of tokens ``offs`` as float32 [BLOCK_N, CHUNK]: the codes read as
-    numbers (whole 32-bit words per thread, :mod:`._unpack`), less the constant and the packed zero point
+    numbers (whole 32-bit words per thread, :mod:`._unpack`; ggml's nibbles byte by byte, with the fifth
+    bits of its q5 types from ``HIGH``), less the constant and the packed zero point
     ``zp`` [BLOCK_N], times the block's scale and plus its zero where the chunk is one scale group
     (CHUNK == GROUP). 0 where masked."""
     CW: tl.constexpr = SIDE.CHUNK
     ROW: tl.constexpr = SIDE.ROW_BYTES
-    if SIDE.BITS == 8:  # bytes: a plain tile load, converted by the hardware where it can
+    if SIDE.HALVES:  # ggml: a block's byte j holds coordinate j (low nibble) and j + 16 (high); CHUNK is the block
+        col = tl.arange(0, CW)
+        byte = tl.load(CODES + offs[:, None] * ROW + C0 // 2 + (col % 16)[None, :], mask=mask_n[:, None], other=0)
+        c = (byte.to(tl.int32) >> (4 * (col // 16))[None, :]) & 15
+        if SIDE.HIGH:  # coordinate j's fifth bit: bit j % 8 of byte j / 8 (a little-endian uint32 per block)
+            hb = tl.load(HIGH + offs[:, None] * (ROW // 4) + C0 // 8 + (col // 8)[None, :], mask=mask_n[:, None],
+                         other=0)
+            c = c | (((hb.to(tl.int32) >> (col % 8)[None, :]) & 1) << 4)
+    elif SIDE.BITS == 8:  # bytes: a plain tile load, converted by the hardware where it can
         byte = tl.load(CODES + offs[:, None] * ROW + C0 + tl.arange(0, CW)[None, :], mask=mask_n[:, None], other=0)
         c = byte.to(tl.int32)
     else:
@@ -174,7 +186,8 @@ def _token_block(start, hi, state, query, keys: SideFields, values: SideFields, 
     raw = tl.zeros([BLOCK_N, fk[0].shape[1]], tl.float32)
     nrm2 = tl.zeros([BLOCK_N], tl.float32)
     for c in tl.static_range(D // KEYS.CHUNK):
-        y = _chunk(keys.codes, keys.scale, keys.zero, offs, mask_n, c * KEYS.CHUNK, KEYS, keys.codebook, kzp)
+        y = _chunk(keys.codes, keys.scale, keys.zero, offs, mask_n, c * KEYS.CHUNK, KEYS, keys.codebook, kzp,
+                   keys.high)
         if KEYS.NORMALIZE:
             nrm2 += tl.sum(y * y, 1)
         raw = tl.dot(y.to(tl.float16), fk[c], raw)
@@ -191,7 +204,7 @@ def _token_block(start, hi, state, query, keys: SideFields, values: SideFields, 
     acc_new = ()
     for c in tl.static_range(D // VALUES.CHUNK):
         y = _chunk(values.codes, values.scale, values.zero, offs, mask_n, c * VALUES.CHUNK, VALUES, values.codebook,
-                   vzp)
+                   vzp, values.high)
         v = tl.where(mask_n[:, None], y * vs[:, None] + vz[:, None], 0.0).to(tl.float16)
         acc_new = acc_new + (tl.dot(tl.trans(v), p16, acc[c] * alpha[None, :]),)
     return m_new, l_i, acc_new
@@ -199,7 +212,7 @@ def _token_block(start, hi, state, query, keys: SideFields, values: SideFields, 
 
 @triton.jit(do_not_specialize=["T_alloc", "chunk", "num_splits"])
 def _token_split_kernel(
-    QF, KC, KS, KZ, KCB, VC, VS, VZ, VCB, LENS, OACC, OML,
+    QF, KC, KS, KZ, KCB, KH, VC, VS, VZ, VCB, VH, LENS, OACC, OML,
     T_alloc, H, chunk, num_splits, k_scale, v_scale, sm_scale_log2,
     TILE: tl.constexpr, SPLIT: tl.constexpr, KEYS: tl.constexpr, VALUES: tl.constexpr,
 ):
@@ -243,8 +256,12 @@ def _token_split_kernel(
     VS += t0 * (D // VALUES.GROUP if VALUES.GROUP > 0 else 1)
     KZ += t0 * (D // KEYS.GROUP if KEYS.GROUP > 0 else 1)  # a zero per token, or per group
     VZ += t0 * (D // VALUES.GROUP if VALUES.GROUP > 0 else 1)
-    keys = SideFields(KC, KS, KZ, KCB, k_scale)
-    values = SideFields(VC, VS, VZ, VCB, v_scale)
+    if KEYS.HIGH:  # a fifth bit per coordinate: d / 8 bytes a token
+        KH += t0 * (KEYS.ROW_BYTES // 4)
+    if VALUES.HIGH:
+        VH += t0 * (VALUES.ROW_BYTES // 4)
+    keys = SideFields(KC, KS, KZ, KCB, k_scale, KH)
+    values = SideFields(VC, VS, VZ, VCB, v_scale, VH)
     m_i = tl.full([GP], -1.0e30, tl.float32)
     l_i = tl.zeros([GP], tl.float32)
     acc = ()  # transposed output accumulator, chunks [V_CW, GP]
@@ -302,7 +319,7 @@ class _SidePlan:
                                  NORMALIZE=side.normalize, GROUP=side.group or 0,
                                  BLOCK_SCALE=_BLOCK_SCALE[side.block_scale], ZERO_POINT=float(side.zero_point),
                                  CHUNK=side.group or min(64, D),  # coordinates per chunk: a scale group, or 64
-                                 HW_FP8=_hw_fp8(device))
+                                 HW_FP8=_hw_fp8(device), HALVES=side.halves, HIGH=side.high_field is not None)
 
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -325,7 +342,8 @@ def _fields(state, plan: _SidePlan, fallback):
     codes = t[side.codes_field].contiguous()
     scale = t[side.scale_field].contiguous() if side.scale_field else fallback
     zero = t[side.zero_field].contiguous() if side.zero_field else fallback
-    return codes, scale, zero, plan.codebook if plan.codebook is not None else fallback
+    high = t[side.high_field].contiguous() if side.high_field else fallback
+    return codes, scale, zero, plan.codebook if plan.codebook is not None else fallback, high
 
 
 def decode_attention_fused(q, key_state, value_state, codec, window_k=None, window_v=None, lengths=None,
@@ -353,13 +371,13 @@ def decode_attention_fused(q, key_state, value_state, codec, window_k=None, wind
     # 4 programs of 4 warps per SM
     num_splits, chunk, per = split_plan(T, block_n, B * Hkv, 4 * num_sms(dev), num_splits)
 
-    kc, ks, kz, kcb = _fields(key_state, kp, qf)
-    vc, vs, vz, vcb = _fields(value_state, vp, qf)
+    kc, ks, kz, kcb, kh = _fields(key_state, kp, qf)
+    vc, vs, vz, vcb, vh = _fields(value_state, vp, qf)
     oacc = torch.empty(B * Hkv * num_splits * GP, D, dtype=torch.float16, device=dev)
     oml = torch.empty(B * Hkv * num_splits * GP, dtype=torch.float32, device=dev)
     sm_scale_log2 = scale * _LOG2E
     _token_split_kernel[(num_splits, B * Hkv)](
-        qf, kc, ks, kz, kcb, vc, vs, vz, vcb, lens if lens is not None else qf, oacc, oml,
+        qf, kc, ks, kz, kcb, kh, vc, vs, vz, vcb, vh, lens if lens is not None else qf, oacc, oml,
         T, Hkv, chunk, num_splits, float(kp.side.scale), float(vp.side.scale), sm_scale_log2,
         TILE=Tile(HEAD_DIM=D, BLOCK_N=block_n, HEADS=G, HEADS_PADDED=GP),
         SPLIT=Split(STATIC_ITERS=per if interpreting() else 0, HAS_LENS=lens is not None),

@@ -49,14 +49,17 @@ def front(s: Front, task: TaskReport, ctx: dict) -> dict:
 
 def deployed(s: Deployed, task: TaskReport, ctx: dict) -> dict:
     """Each research codec (rows) against each engine's deployed cache (columns): the verdict with row −
-    column ± 95%, coloured by it."""
+    column ± 95%, coloured by it; a table per engine, captioned with its name."""
     def name(label):
         return f"{label} ({fmt(s.rate(label), 3)} b)" if s.rate(label) is not None else label
 
-    body = [[cell(name(r), s.rate(r)), *(cell(f"{verdict(d)} ({fmt_diff(d, with_word=False)})", d.mean,
-                                              word_class(d.word)) for d in row)] for r, row in zip(s.rows, s.cells)]
-    return {"title": s.titles[0], "table": table(["research codec (cache bits/coord)", *map(name, s.cols)], body,
-                                                 cls="deployed")}
+    tables = []
+    for engine, cols, cells in s.by_engine():
+        body = [[cell(name(r), s.rate(r)), *(cell(f"{verdict(d)} ({fmt_diff(d, with_word=False)})", d.mean,
+                                                  word_class(d.word)) for d in row)] for r, row in zip(s.rows, cells)]
+        tables.append(table(["research codec (cache bits/coord)", *map(name, cols)], body, caption=engine,
+                            cls="deployed"))
+    return {"title": s.titles[0], "tables": tables}
 
 
 def rate_plots(s: RatePlots, task: TaskReport, ctx: dict) -> dict:

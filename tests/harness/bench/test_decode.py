@@ -124,3 +124,38 @@ def test_public_api_and_launchers(capsys):
     if not torch.cuda.is_available():
         assert main(["bench", "--contexts", "1k"]) == 2
         assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_codecs_name_engine_formats_at_their_own_bits():
+    from harness.bench.inputs import bench_codecs
+    from harness.run.config import DEPLOYED
+
+    assert bench_codecs("octopus,llamacpp-q5_0@5,mlx-g64@8", [2, 4]) == [
+        ("octopus", 2), ("octopus", 4), ("llamacpp-q5_0", 5), ("mlx-g64", 8)]
+    assert bench_codecs("llamacpp-q8_0", [2, 8]) == [("llamacpp-q8_0", 8)]  # a plain name: the --bits it has
+    mlx = bench_codecs("deployed:mlx", [2])
+    assert mlx == [("mlx-g64", b) for b in (2, 3, 4, 8)]  # DEPLOYED's mlx-g64@2,3,4,8, whatever --bits says
+    every = bench_codecs("deployed", [2])
+    assert len(every) == sum(len(c.partition("@")[2].split(",")) for cs in DEPLOYED.values() for c in cs)
+    for bad, says in (("nosuch", "unknown codec 'nosuch'"), ("llamacpp-q4_0@8", "runs at 4 bits"),
+                      ("deployed:nosuch", "no engine 'nosuch'")):
+        with pytest.raises(SystemExit, match=says):
+            bench_codecs(bad, [2])
+
+
+def test_plan_lists_the_rows_and_kernels_without_a_gpu(capsys):
+    """--plan on the CPU: every block format the token kernel reads (llama.cpp's q5 included) is timed there,
+    the rest say why they are skipped, and the count is the timed codecs times batches times contexts."""
+    from harness.cli.main import main
+
+    assert main(["bench", "--plan", "--codecs", "octopus@3,deployed:llamacpp,deployed:mlx,hf-quanto@4",
+                 "--contexts", "32k,128k", "--batch", "1,8", "--shapes", "qwen2.5-7b"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    kernel = dict(line.split(": ", 1) for line in lines[:-1])
+    assert kernel["qwen2.5-7b octopus@3"] == "decode_attention"
+    assert all(kernel[f"qwen2.5-7b llamacpp-{t}"] == "token_attention"
+               for t in ("q8_0@8", "q5_1@5", "q5_0@5", "q4_1@4", "q4_0@4", "iq4_nl@4"))
+    assert kernel["qwen2.5-7b mlx-g64@3"].startswith("skip: block scales of 64 coordinates at 3 bits")
+    assert kernel["qwen2.5-7b hf-quanto@4"].startswith("skip:")
+    timed = sum(not k.startswith("skip") for k in kernel.values())
+    assert timed == 1 + 6 + 3 and lines[-1].startswith(f"{timed * 2 * 2} rows timed")

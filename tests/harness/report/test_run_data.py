@@ -46,7 +46,7 @@ def test_the_runner_writes_the_registry_before_the_first_row(tmp_path):
     assert stored["version"] == 1 and stored["tasks"]["perplexity"] == describe_task(get_task("perplexity"))
     assert set(stored["metrics"]) == set(get_task("perplexity").metrics)
     assert stored["metrics"]["kl"]["higher_is_better"] is False and stored["metrics"]["kl"]["description"]
-    assert stored["codecs"] == {"kivi": {"engine_preset": False, "native_layers": []}}
+    assert stored["codecs"] == {"kivi": {"engine_preset": False, "engine": None, "native_layers": []}}
     assert RunFolder(out).is_run_file(RunFolder.REGISTRY)  # --fresh clears it with the rest
 
 

@@ -38,9 +38,7 @@ ENGINE = sorted(n for n, cls in CODECS.items() if getattr(cls, "engine_preset", 
 BITS = {n: CODECS[n].bits_supported[0] for n in ENGINE}
 # transformers' quantized cache attends through the model's own attention on what its layers dequantize
 LIBRARY_CACHES = {"hf-quanto", "hf-hqq"}
-# llama.cpp's q5 types keep each code's fifth bit in a second field (qh), which the kernel does not read
-SPLIT_CODES = {"llamacpp-q5_0", "llamacpp-q5_1"}
-PRESETS = [n for n in ENGINE if n not in LIBRARY_CACHES | SPLIT_CODES]
+PRESETS = [n for n in ENGINE if n not in LIBRARY_CACHES]
 
 
 def _case(name, d=64, B=2, Hkv=2, G=3, T=45, W=5, seed=0, dtype=torch.float32, **options):
@@ -113,3 +111,13 @@ def test_dispatch_sends_presets_to_the_token_kernel():
     out = decode_attention(q, ks, vs, codec, backend="triton")
     torch.testing.assert_close(out, decode_attention_fused(q, ks, vs, codec), rtol=0, atol=0)
     assert "no per-token fused kernel" in supports(make_codec("kivi", 2, 64))
+
+
+@pytest.mark.parametrize("name", ["llamacpp-q4_1", "llamacpp-q5_0", "llamacpp-q5_1"])
+def test_ggml_nibble_halves_and_fifth_bits_unrotated(name):
+    """ggml's code order (byte j of a block: coordinates j and j + 16) and q5's fifth bits (``qh``) read in place,
+    without llama.cpp's rotation to mix coordinates: an error in either moves a coordinate's value."""
+    codec, q, ks, vs, wk, wv = _case(name, B=1, T=40, W=0, seed=3, rotate=False)
+    assert codec.token_layout().keys.rotation is None
+    out = decode_attention_fused(q, ks, vs, codec)
+    assert rel_err(out, decode_attention_torch(q, ks, vs, codec)) < out_rtol(torch.float32)
