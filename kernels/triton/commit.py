@@ -92,16 +92,17 @@ def _commit_kernel(
         else:
             norm, kc = turboquant_rows(xk, r64 % HR, SIGNS, THR, rot_scale, BT, NPK, LOG2K, KB, KCBP)
         tl.store(K_NORM + at, norm, mask=rm)
-        j = tl.arange(0, KCBP)
-        tl.store(K_CODES + at[:, None] * KCB + j[None, :], kc.to(tl.uint8), mask=rm[:, None] & (j < KCB)[None, :])
+        # names of their own in each branch: Triton wants a name bound in both branches to keep one type
+        jk = tl.arange(0, KCBP)
+        tl.store(K_CODES + at[:, None] * KCB + jk[None, :], kc.to(tl.uint8), mask=rm[:, None] & (jk < KCB)[None, :])
         _note_nonfinite(BAD_K, xk, rows, rm)
     else:
         v_at = b * svb + h * svh
         tl.store(RING_V + ring, tl.load(V_NEW + v_at[:, None] + c[None, :] * svd, mask=cm), mask=cm)
         xv = _oldest(V_NEW, RING_V, v_at, r64, slot, rm, svd, D, NPV, SLOTS)
         packed, scale, zero = value_rows(xv, QMAX, BT, NPV, GROUP, NG, VBITS, VCBP)
-        j = tl.arange(0, VCBP)
-        tl.store(V_CODES + at[:, None] * VCB + j[None, :], packed.to(tl.uint8), mask=rm[:, None] & (j < VCB)[None, :])
+        jv = tl.arange(0, VCBP)
+        tl.store(V_CODES + at[:, None] * VCB + jv[None, :], packed.to(tl.uint8), mask=rm[:, None] & (jv < VCB)[None, :])
         g = tl.arange(0, NG)
         side = at[:, None] * NG + g[None, :]
         tl.store(V_SCALE + side, scale, mask=rm[:, None])
