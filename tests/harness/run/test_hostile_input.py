@@ -16,6 +16,7 @@ from helpers.tiny_gguf import write_tiny_gguf
 from helpers.tiny_lm import save_tiny_checkpoint
 
 from harness.cli.main import main
+from harness.run.folder import RunFolder
 
 RUN = ["run", "--model", "hf", "--model-path", "{ck}", "--task", "perplexity", "--bits", "2", "--out", "{out}"]
 RUN24 = [a.replace("{ck}", "{ck24}") for a in RUN]  # a checkpoint of head dim 24
@@ -335,3 +336,46 @@ def test_a_second_run_on_one_out_is_one_line_and_changes_nothing(finished_run, t
         assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and p.name != ".lock"} == before
     finally:
         lock.release()
+
+
+# found beyond the issue's list: what stands in a run folder in place of a lock or a file the harness reads
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)  # a reader blocks until a writer comes: a read of it never ends
+
+
+def _link_out(path: Path) -> None:
+    outside = path.parent.parent / "outside"
+    outside.write_text("the user's own file\n")
+    os.symlink(outside, path)
+
+
+PLANTED = [  # (id, name, how it is planted, the commands, what the one line says)
+    ("lock-a-link", ".lock", _link_out, ("run", "report"), "/.lock is not a lock the harness made"),
+    ("lock-a-pipe", ".lock", _fifo, ("run", "report"), "/.lock is not a "),  # a lock the harness made; regular file
+    ("registry-a-pipe", "registry.json", _fifo, ("run", "report", "compare"),
+     "/registry.json is not a regular file (a device, a pipe or a folder, or a link to one)"),
+    ("config-a-pipe", "config.json", _fifo, ("run",), "/config.json is not a regular file"),
+    ("summary-a-folder", "summary.json", lambda p: p.mkdir(), ("report", "compare"),
+     "/summary.json is not a regular file"),
+]
+
+
+@pytest.mark.parametrize("name, plant, commands, says", [c[1:] for c in PLANTED], ids=[c[0] for c in PLANTED])
+def test_a_planted_lock_or_file_gets_one_line_and_is_left(name, plant, commands, says, finished_run, tmp_path,
+                                                          capsys, no_model_loads, monkeypatch):
+    """Never waited on (a lock no process holds), never read (a pipe blocks; a device never ends), never written
+    through: one line for `harness run` (before the model loads), `harness report` and `harness compare`."""
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / name).unlink(missing_ok=True)
+    plant(run / name)
+    planted = (run / name).lstat()
+    config = json.loads(RunFolder(finished_run).config.read_text())
+    argv = {"run": tiny_run_argv(config["model_path"], config["prompts"], run), "report": ["report", str(run)],
+            "compare": ["compare", str(finished_run), str(run)]}
+    for command in commands:
+        assert says in one_line(capsys, argv[command]), command
+    assert (run / name).lstat() == planted  # left as it was planted: not replaced, nothing written through it
+    if (run / name).is_symlink():
+        assert (tmp_path / "outside").read_text() == "the user's own file\n"
