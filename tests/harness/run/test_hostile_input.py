@@ -30,7 +30,7 @@ TURNS = RUN + ["--codec", "kivi", "--task", "turns"]
 
 def opt(codec: str, value: str) -> list[str]:
     """The codec at its own width with one option."""
-    width = {"vllm-fp8": 8, "sglang-fp8-e4m3": 8, "vllm-turboquant-4bit-nc": 4}.get(codec, 2)
+    width = {"vllm-fp8": 8, "sglang-fp8-e4m3": 8, "vllm-turboquant-4bit-nc": 4, "exl3": 4}.get(codec, 2)
     return RUN + ["--codec", f"{codec}@{width}", "--codec-opt", f"{codec}.{value}"]
 
 
@@ -76,6 +76,8 @@ CASES = [
     ("quanto-axis-five", {}, opt("hf-quanto", "axis_key=5"), "hf-quanto.axis_key=5: must be one of -1, 0, 1"),
     ("turboquant-boundary-negative", {}, opt("vllm-turboquant-4bit-nc", "boundary_layers=-1"),
      "boundary_layers=-1: -1 is out of range (0 <= value)"),
+    ("exl3-value-bits-past-8", {}, opt("exl3", "v_bits=99"), "codec 'exl3': v_bits must be 0 (the keys' bits) or 2..8"),
+    ("kivi-group-zero", {}, opt("kivi", "group_size=0"), "kivi group_size must be >= 1, got 0"),
     # RULER and turns
     ("ruler-context-below-its-answer", {}, RULER + ["--task-opt", "ruler.contexts=64"],
      "ruler: niah_single_1 does not fit a context of 64 tokens: its answer alone takes 128"),
@@ -293,6 +295,20 @@ def test_a_run_folder_of_another_shape_or_version_gets_one_line(name, spoil, com
     (run / name).write_text(spoil(json.loads((run / name).read_text())))
     argv = ["report", str(run)] if command == "report" else ["compare", str(finished_run), str(run)]
     assert says in one_line(capsys, argv)
+
+
+def test_a_shard_file_that_is_not_json_is_one_line_or_named(finished_run, tmp_path, capsys, monkeypatch):
+    """A shard's rows file with a line that is not JSON: `harness report` stops in one line naming the file and
+    line (a row cannot be guessed); a shard's speed file: named in the report, which is written."""
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "rows.shard-0-of-2.jsonl").write_text("{oops\n")
+    assert f"{run / 'rows.shard-0-of-2.jsonl'}:1: not a JSON row" in one_line(capsys, ["report", str(run)])
+    (run / "rows.shard-0-of-2.jsonl").unlink()
+    (run / "speed.shard-0-of-2.jsonl").write_text("{oops\n")
+    assert main(["report", str(run)]) == 0
+    assert "speed.shard-0-of-2.jsonl:1: not a JSON row" in (run / "report.md").read_text()
 
 
 def test_compare_reads_a_folder_of_an_older_version(finished_run, tmp_path, capsys):
