@@ -47,8 +47,10 @@ CASES = [
     ("gguf-protect", {}, GGUF + ["--protect", "999"], "layer(s) [999] do not exist in a model of 3 layers"),
     ("gguf-positions", {}, GGUF + ["--task-opt", "perplexity.context=4096"],
      "perplexity.context: 4096 tokens exceed the model's 2048 positions"),
-    ("gguf-not-a-gguf", {"m.gguf": "GGUF? no"}, [a.replace("{gguf}", "{d}/m.gguf") for a in GGUF],
-     "model 'hf' at "),
+    ("gguf-cut-short", {"m.gguf": "GGUF? no"}, [a.replace("{gguf}", "{d}/m.gguf") for a in GGUF],
+     "m.gguf's GGUF header cannot be read (unpack_from requires"),
+    ("gguf-not-a-gguf", {"m.gguf": "PK\x03\x04 a zip"}, [a.replace("{gguf}", "{d}/m.gguf") for a in GGUF],
+     "m.gguf is not a GGUF file (it does not begin with GGUF's magic bytes); pass a model's .gguf file"),
     ("hf-head-dim-no-codec-runs", {}, RUN24 + ["--codec", "vllm-turboquant-4bit-nc"],
      "vllm-turboquant-4bit-nc@4: codec 'vllm-turboquant-4bit-nc': vLLM's TurboQuant rotates by a Sylvester Hadamard matrix of a power-of-2 head dim, "
      "got 24"),
