@@ -121,6 +121,9 @@ def declared_shape(path: str | Path, name: str, prepared_as: str | None = None) 
     from transformers import AutoConfig
 
     p = _local(path, name)
+    if _is_gguf(p) and _magic(p) != b"GGUF":
+        raise ValueError(f"model '{name}': {p} is not a GGUF file (it does not begin with GGUF's magic bytes); pass a "
+                         f"model's .gguf file, or a checkpoint folder with config.json")
     try:
         if _is_gguf(p):
             prepared = gguf_cache_dir(p, prepared_as)
@@ -133,11 +136,19 @@ def declared_shape(path: str | Path, name: str, prepared_as: str | None = None) 
         servable(config)
     except Exception as e:  # noqa: BLE001 (transformers' config errors are of many types: one line for any)
         first = " ".join(str(e).split())[:300] or type(e).__name__
+        if _is_gguf(p) and not is_prepared(gguf_cache_dir(p, prepared_as)):
+            raise ValueError(f"model '{name}': {p}'s GGUF header cannot be read ({first}); the file is damaged or cut "
+                             f"short: pass a complete .gguf file") from None
         raise ValueError(f"model '{name}' at {p}: {first}") from None
     layers, kv_heads, head_dim = geometry(config)
     text = config.get_text_config(decoder=True)
     n = getattr(text, "max_position_embeddings", None)
     return DeclaredShape(layers, kv_heads, head_dim, stretched_positions(text, n) if _count(n) else None, str(source))
+
+
+def _magic(p: Path) -> bytes:
+    with open(p, "rb") as f:
+        return f.read(4)
 
 
 def _count(n) -> bool:

@@ -92,6 +92,7 @@ def _option_lines(options_cls) -> list[tuple]:
 
 def cmd_list(a: ListCommand) -> int:
     from adapters.registry import list_models
+    from harness.run.config import WIDTHS
     from harness.tasks import UNAVAILABLE, list_tasks
     from kernels import codec_class, list_codecs
     from kernels.engines.preset import rate
@@ -102,6 +103,7 @@ def cmd_list(a: ListCommand) -> int:
     for name, spec in list_models().items():
         print(f"  {name:<26} {spec.modality:<6} {spec.description}")
     print("codecs (bits):  [an engine's cache: its engine; bits per coordinate, keys/values at head dim 128, 16-bit]")
+    print(f"  widths: {WIDTHS}")
     for name, bits in list_codecs().items():
         cls = codec_class(name)
         rates = ""

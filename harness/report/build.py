@@ -12,7 +12,8 @@ from harness.report.run_data import RunData, read_run
 from harness.report.speed import summarize_speed_by_task
 from harness.report.summary import summarize_run
 from harness.run.folder import RunFolder
-from harness.run.lock import RunLock, RunLocked, describe, owner
+from harness.run.claim import refuse_not_regular
+from harness.run.lock import NotALock, RunLock, RunLocked, describe, owner
 from harness.run.rows import atomic_write, dumps
 from harness.scale.merge import MERGE_WAIT_S, drop_shard_files, merge
 
@@ -52,9 +53,12 @@ def report(out: Path) -> bool:
     go, their rows merged so far)."""
     if not RunFolder(out).config.is_file():
         raise FileNotFoundError(f"{out} is not a run folder (no {RunFolder.CONFIG}); runs are under reports/")
+    refuse_not_regular(out)
     lock = RunLock(out, role="report", wait=MERGE_WAIT_S)
     try:
         lock.acquire()
+    except NotALock:
+        raise
     except RunLocked:
         raise RunLocked(f"{out} is being written by a run still going ({describe(owner(lock.path))}); its "
                         f"report is written when it ends (a run launched as shards can be reported while it "

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.run.claim import refuse_not_regular
 from harness.run.folder import RunFolder
 from harness.run.environment import environment_diff
 from harness.report.formatting import arrow, display, fmt, fmt_ci, fmt_diff
@@ -69,6 +70,7 @@ def load_run(d: Path) -> Run:
     d = Path(d)
     if not RunFolder(d).rows.exists():
         raise FileNotFoundError(f"{d} is not a run folder (no {RunFolder(d).rows.name}); runs are under reports/")
+    refuse_not_regular(d)
     data = read_run(d)
     return Run(data, summarize_run(data))
 

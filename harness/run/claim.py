@@ -56,6 +56,7 @@ def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
     entries = sorted(p.name for p in out.iterdir() if not p.name.startswith(RunFolder.LOCK))
     if not entries:
         return
+    refuse_not_regular(out)
     if not fresh:
         refuse_links(out)
     old = _run_config(RunFolder(out).config)
@@ -88,6 +89,15 @@ def refuse_links(out: Path) -> None:
             raise UnsafePath(f"{p} is a symbolic link; the harness writes only regular files and folders in a run "
                              f"folder: delete the link (or put what it names in its place), or start over with "
                              f"--fresh")
+
+
+def refuse_not_regular(out: Path) -> None:
+    """:class:`UnsafePath` for a file of the harness's in ``out`` that is no regular file (a device, a pipe: its
+    reading would never end), before it is read (:meth:`RunFolder.not_regular`)."""
+    for p in RunFolder(out).not_regular():
+        raise UnsafePath(f"{p} is not a regular file (a device, a pipe or a folder, or a link to one); the harness "
+                         f"reads only regular files in a run folder: delete it (or put the file it names in its "
+                         f"place)")
 
 
 def live_shards(out: Path) -> dict[str, tuple[int, str, str]]:

@@ -26,6 +26,10 @@ RUN_CONFIG_VERSION = 1
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_CODECS = ("octopus", "turboquant-mse", "turboquant-prod", "qjl", "polarquant", "polarquant-2d", "quarot", "kivi")
 DEFAULT_BITS = (2, 3, 4)
+# how a codec's bit widths are chosen (codec_entries): said by --help, `harness list` and the README
+WIDTHS = ("a bare NAME runs at the --bits it takes, or where it takes none of them at its own widths (a note line "
+          "says so: --codec vllm-fp8 runs at 8); NAME@B[,B...] runs at exactly those widths, and one it does not "
+          "take is an error before the model loads")
 #: three draws of every randomized codec: enough for the interval to see seed-to-seed spread
 DEFAULT_CODEC_SEEDS = (0, 1, 2)
 #: ``--batch-size`` left out, per device type. CPU: 8 (a CPU gains little from larger batches, and
@@ -69,8 +73,7 @@ class RunConfig(VersionedJSON, what="run config", version=RUN_CONFIG_VERSION, ve
         name="task", help="task(s)", help_behavior_hint=_default_is("the model's own; text: perplexity"))] = \
         field(default_factory=list)
     codecs: Annotated[list[str], _STRS["--codec"], arg(
-        name="codec", help="codec(s); NAME@B[,B...] runs that codec at its own bit widths instead of --bits (an "
-        "engine's preset: vllm-int8-per-token-head@8)")] = field(default_factory=lambda: list(DEFAULT_CODECS))
+        name="codec", help=f"codec(s): {WIDTHS}")] = field(default_factory=lambda: list(DEFAULT_CODECS))
     bits: Annotated[list[int], _INTS["--bits"], arg(help="key bit width(s)")] = \
         field(default_factory=lambda: list(DEFAULT_BITS))
     prompts: Annotated[str | None, arg(

@@ -115,6 +115,13 @@ class RunFolder:
         :func:`harness.report.plot_names`)."""
         return name in self.FILES or name in plots or any(re.fullmatch(p, name) for p in self.PATTERNS)
 
+    def not_regular(self) -> list[Path]:
+        """The harness's top-level files (and locks) that are, links followed, neither a regular file nor missing:
+        a device, a pipe or a socket, or a folder, where reading the file would block or never end (a planted
+        ``registry.json -> /dev/zero``). A link to a regular file is read as the file it names."""
+        names = (p for p in self.path.iterdir() if self.is_run_file(p.name) or p.name.startswith(self.LOCK))
+        return sorted(p for p in names if p.exists() and not p.is_file())
+
     @classmethod
     def dirs(cls, modalities: tuple[str, ...] | list[str]) -> tuple[str, ...]:
         """The folders only the harness writes into: baselines, each modality's media (a task files them

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import threading
 import time
 from pathlib import Path
@@ -43,6 +44,10 @@ class RunLocked(ValueError):
     """Another live process writes this run folder."""
 
 
+class NotALock(RunLocked):
+    """A file in a lock's place that the harness did not make (a link, a pipe): named, never waited on."""
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -56,8 +61,13 @@ def _alive(pid: int) -> bool:
 def owner(path: Path) -> tuple[int, str, str] | None:
     """(pid, host, role) written in the lock file; None where it is absent, unreadable or empty.
     Locks written before roles existed are role 'run'."""
-    try:
-        parts = Path(path).read_text().split()
+    try:  # a lock is a short line in a regular file: a link, a pipe or a device in its place is never read
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            text = os.read(fd, 512) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+        parts = text.decode("utf-8").split()
         return int(parts[0]), parts[1], parts[2] if len(parts) > 2 else "run"
     except (OSError, ValueError, IndexError):
         return None
@@ -123,6 +133,9 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
+                if self.path.is_symlink() or not self.path.is_file():  # no lock of the harness's: never waited on
+                    raise NotALock(f"{self.path} is not a lock the harness made (a symbolic link, or no regular "
+                                    f"file); delete it, or pass another --out") from None
                 who = owner(self.path)
                 if stale(self.path, who):
                     _take_over(self.path, who)

@@ -24,6 +24,9 @@ def test_list(capsys):
     for word in ("models:", "smollm2-135m", "qwen2.5-7b-instruct-1m", "codecs (bits):", CODEC, "tasks:",
                  "perplexity", "needle", "--task-opt needle.contexts=", "metrics (direction):", "kl"):
         assert word in out
+    # how widths are chosen (issue #40): said once, under the codecs
+    assert "  widths: a bare NAME runs at the --bits it takes, or where it takes none of them at its own" in out
+    assert "exl2-fp8                   8  " in out  # a fixed-width cache lists its one width
     # every codec option is listed with its default, in the form --codec-opt reads back
     from harness.run.config import RunConfig
     from kernels import codec_class, list_codecs

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from harness.cli.main import main
-from helpers.tiny_lm import FOX, save_tiny_checkpoint
+from helpers.bad_input import fill, one_line, tiny_run_argv
+from helpers.tiny_lm import FOX
 
 TEXT = ["run", "--model", "hf", "--model-path", "{ck}", "--codec", "octopus", "--bits", "3", "--out", "{out}"]
 VIDEO = ["run", "--model", "causvid-tiny", "--codec", "octopus", "--bits", "2", "--out", "{out}"]
@@ -75,47 +76,13 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("ck") / "tiny")
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Any model load fails the case: its checks must come first (every registered loader replaced,
-    its signature kept: the runner reads it)."""
-    import dataclasses
-    import functools
-
-    from adapters.registry import MODELS, list_models
-
-    def loaded(*a, **k):
-        raise AssertionError("a model loaded")
-
-    for name, spec in list_models().items():  # discovered before the patch, so no module keeps it
-        monkeypatch.setitem(MODELS, name, dataclasses.replace(spec, load=functools.wraps(spec.load)(loaded)))
-
-
-def _one_line(capsys, argv) -> str:
-    rc = main(argv)
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert rc == 2, (rc, err)
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
-
-
-def _fill(argv, **where) -> list[str]:
-    return [a.format(**where) for a in argv]
-
-
 @pytest.mark.parametrize("files, argv, says", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_gets_one_line_before_the_model_loads(files, argv, says, tmp_path, checkpoint, capsys, no_model_loads,
                                                         monkeypatch):
     monkeypatch.delenv("HARNESS_DEBUG", raising=False)
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    line = _one_line(capsys, _fill(argv, ck=checkpoint, out=tmp_path / "run", d=tmp_path))
+    line = one_line(capsys, fill(argv, ck=checkpoint, out=tmp_path / "run", d=tmp_path))
     assert says in line, line
     assert "a model loaded" not in line
     assert not (tmp_path / "run").exists()  # nothing written either
@@ -123,11 +90,11 @@ def test_bad_input_gets_one_line_before_the_model_loads(files, argv, says, tmp_p
 
 def test_harness_debug_0_is_not_debugging(tmp_path, checkpoint, capsys, no_model_loads, monkeypatch):
     monkeypatch.setenv("HARNESS_DEBUG", "0")
-    assert "out of range" in _one_line(capsys, _fill(PPL + ["--task-opt", "perplexity.chunk=0"], ck=checkpoint,
+    assert "out of range" in one_line(capsys, fill(PPL + ["--task-opt", "perplexity.chunk=0"], ck=checkpoint,
                                                      out=tmp_path / "run", d=tmp_path))
     monkeypatch.setenv("HARNESS_DEBUG", "1")
     with pytest.raises(ValueError, match="out of range"):
-        main(_fill(PPL + ["--task-opt", "perplexity.chunk=0"], ck=checkpoint, out=tmp_path / "run", d=tmp_path))
+        main(fill(PPL + ["--task-opt", "perplexity.chunk=0"], ck=checkpoint, out=tmp_path / "run", d=tmp_path))
 
 
 def test_any_other_exception_is_one_line_naming_its_type(capsys, monkeypatch):
@@ -135,7 +102,7 @@ def test_any_other_exception_is_one_line_naming_its_type(capsys, monkeypatch):
 
     monkeypatch.delenv("HARNESS_DEBUG", raising=False)
     monkeypatch.setattr(cli, "cmd_list", lambda a: {}["nothing"])
-    line = _one_line(capsys, ["list"])
+    line = one_line(capsys, ["list"])
     assert line.startswith("harness list: error: KeyError: 'nothing'") and "HARNESS_DEBUG=1" in line
 
 
@@ -148,24 +115,12 @@ def test_pickled_weights_are_refused_in_one_line(tmp_path, checkpoint, capsys, m
     for f in ck.glob("*.safetensors"):
         f.unlink()
     torch.save({"model.embed_tokens.weight": datetime.date(2026, 1, 1)}, ck / "pytorch_model.bin")
-    line = _one_line(capsys, _fill(PPL, ck=ck, out=tmp_path / "run"))
+    line = one_line(capsys, fill(PPL, ck=ck, out=tmp_path / "run"))
     assert "pickled weights (*.bin) hold more than tensors" in line and str(ck) in line
     assert pickle.UnpicklingError.__name__ not in line.split(":")[0]
 
 
 # --- a run folder's own files, edited or planted ------------------------------------------------------
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, checkpoint) -> Path:
-    d = tmp_path_factory.mktemp("run")
-    (d / "fox.txt").write_text(FOX)
-    argv = ["run", "--model", "hf", "--model-path", str(checkpoint), "--task", "perplexity", "--codec", "kivi",
-            "--bits", "2", "--prompts", str(d / "fox.txt"), "--limit", "1", "--residual", "8", "--device", "cpu",
-            "--task-opt", "perplexity.context=140", "--task-opt", "perplexity.prefix=60",
-            "--task-opt", "perplexity.chunk=20", "--out", str(d / "run")]
-    assert main(argv) == 0
-    return d / "run"
-
-
 def _first_row(run: Path) -> dict:
     return json.loads((run / "rows.jsonl").read_text().splitlines()[0])
 
@@ -189,7 +144,7 @@ def test_a_spoiled_run_folder_gets_one_line(spoil, says, finished_run, tmp_path,
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     spoil(run)
-    assert says in _one_line(capsys, ["report", str(run)])
+    assert says in one_line(capsys, ["report", str(run)])
 
 
 def test_a_summary_of_the_wrong_shape_is_rebuilt(finished_run, tmp_path):
@@ -309,7 +264,7 @@ def test_lm_eval_model_args_get_one_line(model_args, extra, says, weightless, tm
     # only the test's task is indexed (lm-eval's thousands of built-in tasks take ~10 s to index)
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(lm_eval.tasks.TaskManager,
                                                                         include_defaults=False))
-    line = _one_line(capsys, _lm_eval_argv(model_args, extra, weightless, tmp_path))
+    line = one_line(capsys, _lm_eval_argv(model_args, extra, weightless, tmp_path))
     assert line.startswith("harness lm-eval: error: ") and says in line, line
 
 
@@ -343,7 +298,7 @@ def test_harness_report_takes_the_lock(finished_run, tmp_path, capsys, monkeypat
     lock = RunLock(run)  # this live process, role 'run'
     lock.acquire()
     try:
-        assert "is being written by a run still going" in _one_line(capsys, ["report", str(run)])
+        assert "is being written by a run still going" in one_line(capsys, ["report", str(run)])
         assert (run / "summary.json").read_text() == "{}"
     finally:
         lock.release()
@@ -382,7 +337,7 @@ def test_triton_on_a_cpu_without_the_interpreter_is_refused_before_the_model_loa
 
     monkeypatch.delenv("HARNESS_DEBUG", raising=False)
     monkeypatch.setattr(kt, "interpreting", lambda: False)  # the test suite itself runs under TRITON_INTERPRET=1
-    line = _one_line(capsys, _fill(PPL + ["--backend", "triton", "--device", "cpu"], ck=checkpoint, out=tmp_path / "run"))
+    line = one_line(capsys, fill(PPL + ["--backend", "triton", "--device", "cpu"], ck=checkpoint, out=tmp_path / "run"))
     assert "--backend triton: the Triton kernels need a CUDA device (or TRITON_INTERPRET=1)" in line
 
 
@@ -393,17 +348,13 @@ def test_a_plan_of_the_wrong_shape_is_planned_again(finished_run, tmp_path, chec
     config = json.loads((run / "config.json").read_text())
     (run / "plan.json").write_text("[]")
     (run / "fox.txt").write_text(FOX)
-    argv = ["run", "--model", "hf", "--model-path", str(checkpoint), "--task", "perplexity", "--codec", "kivi",
-            "--bits", "2", "--prompts", config["prompts"], "--limit", "1", "--residual", "8", "--device", "cpu",
-            "--task-opt", "perplexity.context=140", "--task-opt", "perplexity.prefix=60",
-            "--task-opt", "perplexity.chunk=20", "--out", str(run)]
-    assert main(argv) == 0
+    assert main(tiny_run_argv(checkpoint, config["prompts"], run)) == 0
     assert isinstance(json.loads((run / "plan.json").read_text()), dict)
 
 
 def test_harness_report_of_a_folder_that_is_no_run(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("HARNESS_DEBUG", raising=False)
-    assert "is not a run folder (no config.json)" in _one_line(capsys, ["report", str(tmp_path / "nosuch")])
+    assert "is not a run folder (no config.json)" in one_line(capsys, ["report", str(tmp_path / "nosuch")])
 
 
 def test_valid_input_that_looks_unusual_is_accepted(tmp_path, checkpoint):

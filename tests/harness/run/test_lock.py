@@ -62,3 +62,32 @@ def test_lock_is_released_on_errors(tmp_path):
                 RunLock(tmp_path).acquire()  # a live pid (this one) on this host
             raise KeyError("boom")
     assert not (tmp_path / RunFolder.LOCK).exists()
+
+
+def test_two_processes_taking_over_one_stale_lock_leave_one_owner(tmp_path, monkeypatch):
+    """Issue #40: A and B both read a stale lock; A takes it over and holds its own; B, acting on what it read
+    before, must not remove A's lock and take one too (both would run: rows repeated)."""
+    import harness.run.lock as lock_mod
+
+    path = tmp_path / RunFolder.LOCK
+    a = RunLock(tmp_path)
+    path.write_text("999999999 " + __import__("socket").gethostname() + " run\n")  # a pid that is gone: stale
+    seen = lock_mod.owner(path)
+    assert lock_mod.stale(path, seen)
+    a.acquire()  # A took the stale lock over
+    try:
+        real = lock_mod.owner
+        calls = []
+
+        def late(p):  # B's first read of the lock is the stale owner it saw before A took it over
+            calls.append(p)
+            return seen if len(calls) == 1 else real(p)
+
+        monkeypatch.setattr(lock_mod, "owner", late)
+        who = RunLock(tmp_path).try_acquire()
+        monkeypatch.setattr(lock_mod, "owner", real)
+        assert who is not None and who[0] == __import__("os").getpid()  # B found A's lock, live
+        assert path.read_text() == a.mine and sorted(p.name for p in tmp_path.iterdir()) == [RunFolder.LOCK]
+    finally:
+        a.release()
+    assert not path.exists()
