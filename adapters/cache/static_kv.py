@@ -300,9 +300,13 @@ class StaticKV:
         self.dv.index_copy_(2, at, self.wv.to(self.dv.dtype))
         filled = self._ring.numel() if window_lengths is None else c.fill + 1  # G = 1: every slot
         keep = (self._rows < c.commit_at + filled)[None, None, None]  # [1, 1, 1, rows]
-        out = F.scaled_dot_product_attention(q.to(self.dk.dtype), self.dk, self.dv, attn_mask=keep, scale=scale,
-                                             enable_gqa=True)
-        return out.to(q.dtype)
+        # the G query heads of a key head as G query rows of it (query head i reads key head i // G): SDPA's kernels
+        # for float32 and a mask take no grouped heads, and its fallback would copy every key G times
+        B, Hq, _, d = q.shape
+        Hkv = self.dk.shape[1]
+        out = F.scaled_dot_product_attention(q.to(self.dk.dtype).view(B, Hkv, Hq // Hkv, d), self.dk, self.dv,
+                                             attn_mask=keep, scale=scale)
+        return out.view(B, Hq, 1, d).to(q.dtype)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, group: torch.Tensor | None = None) -> None:
         """Encode k, v [B, H, n, d] and write them at token rows ``rows`` (per-block fields at ``group``)."""

@@ -49,7 +49,7 @@ from typing import Literal
 
 import torch
 
-from kernels.engines.preset import EnginePreset, _PresetValues
+from kernels.engines.preset import EnginePreset, _PresetValues, on_device
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.rotation import fwht, hadamard_matrix
@@ -212,7 +212,7 @@ def _planes(bits: int) -> list[int]:
 
 def exl3_quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``quant_block_x4`` (compand_a = 0): (codes int64 [..., d / 32, 32], scales fp16 [..., d / 32])."""
-    v = fwht(x.to(torch.float16).float().unflatten(-1, (-1, 32))) * R32.to(x.device)
+    v = fwht(x.to(torch.float16).float().unflatten(-1, (-1, 32))) * on_device(R32, x.device)
     s = v.abs().amax(-1, keepdim=True) + torch.tensor(1e-10, dtype=torch.float32)
     m = 2 ** (bits - 1)
     t = v * (1.0 / s)
@@ -223,7 +223,7 @@ def exl3_quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
 def exl3_dequantize(q: torch.Tensor, scale: torch.Tensor, bits: int) -> torch.Tensor:
     """``dequant_block_x4``: codes [..., d / 32, 32], scales fp16 [..., d / 32] -> fp16 [..., d]."""
     m = 2 ** (bits - 1)
-    sm = (scale.float() * R32.to(scale.device)).unsqueeze(-1) * (1.0 / m)
+    sm = (scale.float() * on_device(R32, scale.device)).unsqueeze(-1) * (1.0 / m)
     return fwht((q.float() - (m - 0.5)) * sm).to(torch.float16).flatten(-2)
 
 

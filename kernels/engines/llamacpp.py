@@ -65,7 +65,7 @@ from typing import Literal
 
 import torch
 
-from kernels.engines.preset import EnginePreset, round_half_away
+from kernels.engines.preset import EnginePreset, on_device, round_half_away
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.rotation import hadamard_matrix
@@ -95,7 +95,7 @@ def _rotate(x: torch.Tensor, n: int) -> torch.Tensor:
     """x [..., d] times the block-diagonal ggml Hadamard of blocks n (symmetric and orthonormal: its own inverse)."""
     if not n:
         return x
-    return (x.unflatten(-1, (-1, n)) @ ggml_hadamard(n).to(x.device)).flatten(-2)
+    return (x.unflatten(-1, (-1, n)) @ on_device(ggml_hadamard(n), x.device)).flatten(-2)
 
 
 def _nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -298,7 +298,7 @@ class LlamaCppIq4Nl(_Four, _Ggml):
                    "codebook": torch.tensor(IQ4NL_LEVELS, dtype=torch.float32)}
 
     def _blocks(self, xb):
-        levels = torch.tensor(IQ4NL_LEVELS, dtype=torch.float32, device=xb.device)
+        levels = on_device(tuple(IQ4NL_LEVELS), xb.device)
         d0 = _signed_max(xb) / levels[0]
         y = xb * _inverse(d0)
         # best_index_int8: the bracketing pair by binary search, the lower one only when strictly nearer
@@ -318,7 +318,7 @@ class LlamaCppIq4Nl(_Four, _Ggml):
         return {"d": d.to(torch.float16), **self._codes(q.to(torch.uint8))}
 
     def _values(self, t):
-        levels = torch.tensor(IQ4NL_LEVELS, dtype=torch.float32, device=t["qs"].device)
+        levels = on_device(tuple(IQ4NL_LEVELS), t["qs"].device)
         return levels[self._read(t).long()] * t["d"].float().unsqueeze(-1)
 
 

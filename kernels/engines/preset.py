@@ -50,8 +50,22 @@ def e2m1_codes(y: torch.Tensor, ties: str) -> torch.Tensor:
     return mag | ((y < 0).to(torch.uint8) << 3)
 
 
+_ON_DEVICE: dict[tuple, torch.Tensor] = {}
+
+
+def on_device(values, device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A constant (a tuple of numbers, or a tensor kept for the process's life) on ``device``, made once: a
+    graphed decode step captures the encoders, and a copy from the host inside a capture is refused."""
+    key = (id(values) if isinstance(values, torch.Tensor) else values, str(torch.device(device)), dtype)
+    t = _ON_DEVICE.get(key)
+    if t is None:
+        src = values if isinstance(values, torch.Tensor) else torch.tensor(values)
+        t = _ON_DEVICE[key] = src.to(device=device, dtype=dtype)
+    return t
+
+
 def e2m1_value(codes: torch.Tensor) -> torch.Tensor:
-    mag = torch.tensor(E2M1, device=codes.device)[(codes & 7).long()]
+    mag = on_device(tuple(E2M1), codes.device)[(codes & 7).long()]
     return torch.where((codes & 8) != 0, -mag, mag)
 
 
