@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("lm_eval")
+pytest.importorskip("lm_eval", exc_type=ImportError)
 
 from adapters.cache.config import CacheConfig  # noqa: E402
 from helpers.tiny_lm import save_tiny_checkpoint  # noqa: E402
