@@ -233,6 +233,9 @@ class StaticKV:
             dk, dv = self._decoded(kv)
             self.dk[:, :, :dk.shape[2]].copy_(dk)
             self.dv[:, :, :dv.shape[2]].copy_(dv)
+            del dk, dv
+            kv._dec_k = kv._dec_v = None  # the eager memo's copy goes (unload drops it too): one decoded copy held
+            kv._dec_valid, kv._dec_version = 0, -1
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
              softcap: float | None = None) -> torch.Tensor:
@@ -304,9 +307,9 @@ class StaticKV:
         # for float32 and a mask take no grouped heads, and its fallback would copy every key G times
         B, Hq, _, d = q.shape
         Hkv = self.dk.shape[1]
-        out = F.scaled_dot_product_attention(q.to(self.dk.dtype).view(B, Hkv, Hq // Hkv, d), self.dk, self.dv,
+        out = F.scaled_dot_product_attention(q.to(self.dk.dtype).reshape(B, Hkv, Hq // Hkv, d), self.dk, self.dv,
                                              attn_mask=keep, scale=scale)
-        return out.view(B, Hq, 1, d).to(q.dtype)
+        return out.reshape(B, Hq, 1, d).to(q.dtype)
 
     def _write(self, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, group: torch.Tensor | None = None) -> None:
         """Encode k, v [B, H, n, d] and write them at token rows ``rows`` (per-block fields at ``group``)."""

@@ -23,6 +23,8 @@ def _all_kept(mask: torch.Tensor | None, kv_length: int, kv_offset: int) -> bool
     """True when a 2-D padding mask [B, >= kv_offset + kv_length] keeps every key column the step reads."""
     if mask is None:
         return True
+    if mask.shape[-1] < kv_offset + kv_length:  # sdpa_mask pads a short mask with masked columns
+        return False
     return bool(mask[:, kv_offset:kv_offset + kv_length].all())
 
 
@@ -37,8 +39,14 @@ def chunk_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
              and q_offset + q_length == kv_offset + kv_length and not torch.compiler.is_compiling())
     if plain and _all_kept(attention_mask, kv_length, kv_offset):
         return None
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+    mask = sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
                      local_size, allow_is_causal_skip, **kwargs)
+    if mask is None and 1 < q_length < kv_length:
+        # transformers' own None for fewer queries than keys means upper-left causal (the prefill of an empty
+        # static cache) or no mask at all; every reader of this interface takes None as lower-right: spell it out
+        mask = sdpa_mask(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask,
+                         local_size, False, **{**kwargs, "allow_is_bidirectional_skip": False})
+    return mask
 
 
 def lower_right(sdpa: Callable) -> Callable:
@@ -48,7 +56,10 @@ def lower_right(sdpa: Callable) -> Callable:
 
     def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         c, t = query.shape[-2], key.shape[-2]
-        if attention_mask is not None or not 1 < c < t or kwargs.get("is_causal") is False:
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", True) if causal is None else causal  # transformers' own rule
+        # a soft cap goes on to transformers' sdpa, which refuses it in one line
+        if attention_mask is not None or not 1 < c < t or not causal or kwargs.get("softcap") is not None:
             return sdpa(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=causal_lower_right(c, t), dropout_p=dropout if module.training else 0.0,

@@ -179,8 +179,8 @@ def plan_memory(shape: ModelShape, dtype_bytes: int, task: TaskShape, codecs: li
         if rate.decoded:  # the forced pass's memo, and the decode's where no fused kernel reads the codec
             memos = (1 if task.forced else 0) + (1 if task.new_tokens and not (graphed and rate.fused) else 0)
             own += memos * decoded
-        elif graphed and not rate.fused and task.new_tokens:  # graphed steps keep keys and values decoded in float32
-            own += decoded * 4 // e
+        if graphed and not rate.fused and task.new_tokens:  # graphed steps keep keys and values decoded in float32
+            own += decoded * 4 // e * 9 // 8  # (the eager memo dropped meanwhile), at a capacity up to 1/8 over
         kept_native = shape.layers - shape.sliding - rate.codec_layers
         own += (2 if task.forced else 1) * shape.native_bytes(B, total, e, layers=kept_native)
         scores = 3 * B * shape.q_heads * n * total * 4 if task.forced else 0  # float32 scores, softmax

@@ -70,12 +70,14 @@ def load_tree(path: str | Path, types: tuple[type, ...] = ()) -> Any:
     except (SafetensorError, OSError) as e:
         return _legacy(path, e)
     damaged = f"baseline {path} is damaged or from another version ({{}}); delete it and it is computed again"
+    want = READS[:1]  # format 1: two keys, the tree as text
     if META_KEY in meta:
         try:
             meta = json.loads(meta[META_KEY])
         except ValueError as e:
             raise BaselineFormatError(damaged.format(f"ValueError: {e}")) from None
-    if not isinstance(meta, dict) or meta.get("format") not in READS:
+        want = READS[1:]  # format 2: one key, the tree as JSON
+    if not isinstance(meta, dict) or meta.get("format") not in want:
         meta = meta if isinstance(meta, dict) else {}
         raise BaselineFormatError(f"baseline {path} is not a harness baseline (format {meta.get('format')!r}); "
                                   f"delete it and it is computed again, or start over with --fresh")

@@ -50,18 +50,18 @@ def e2m1_codes(y: torch.Tensor, ties: str) -> torch.Tensor:
     return mag | ((y < 0).to(torch.uint8) << 3)
 
 
-_ON_DEVICE: dict[tuple, torch.Tensor] = {}
+_ON_DEVICE: dict[tuple, tuple[object, torch.Tensor]] = {}  # the source kept alive: its id() is never reused
 
 
 def on_device(values, device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A constant (a tuple of numbers, or a tensor kept for the process's life) on ``device``, made once: a
     graphed decode step captures the encoders, and a copy from the host inside a capture is refused."""
     key = (id(values) if isinstance(values, torch.Tensor) else values, str(torch.device(device)), dtype)
-    t = _ON_DEVICE.get(key)
-    if t is None:
+    hit = _ON_DEVICE.get(key)
+    if hit is None:
         src = values if isinstance(values, torch.Tensor) else torch.tensor(values)
-        t = _ON_DEVICE[key] = src.to(device=device, dtype=dtype)
-    return t
+        hit = _ON_DEVICE[key] = (values, src.to(device=device, dtype=dtype))
+    return hit[1]
 
 
 def e2m1_value(codes: torch.Tensor) -> torch.Tensor:

@@ -79,3 +79,46 @@ def test_a_chunked_prefill_builds_no_chunk_by_prefix_mask(monkeypatch):
     assert (16, 16) in built  # the first chunk asked the harness's mask interface (transformers' own None)
     assert not [(q, t) for q, t in built if 1 < q < t]
     torch.testing.assert_close(logits, whole, rtol=0, atol=ATOL)
+
+
+def test_transformers_upper_left_none_is_spelled_out():
+    """transformers answers None for an empty static cache's prefill (fewer queries than keys, upper-left: query i
+    sees keys 0..i): every reader here takes None as lower-right, so the mask is materialized; and a 2-D mask
+    shorter than the keys (sdpa_mask pads it masked) is no plain chunk."""
+    case = dict(batch_size=1, q_length=4, kv_length=9, q_offset=0)
+    assert sdpa_mask(**case) is None
+    assert torch.equal(chunk_mask(**case), sdpa_mask(**case, allow_is_causal_skip=False))
+    short = dict(batch_size=1, q_length=4, kv_length=9, q_offset=5, attention_mask=torch.ones(1, 6, dtype=torch.bool))
+    assert torch.equal(chunk_mask(**short), sdpa_mask(**short))
+
+
+@torch.no_grad()
+def test_a_static_cache_prefill_attached_is_the_models_own():
+    """attach promises the model's own attention for a cache that is not ours: a transformers StaticCache's
+    prefill (12 queries, 32 slots) gives the logits it gives unattached, to the rounding of attention over other
+    blockings (its keys cut to 12 and is_causal there, a materialized mask over 32 here: test_chunked_prefill's
+    bound; read as lower-right causal, the queries attended the empty slots and moved the logits by 1.15)."""
+    from tests.adapters.hf.test_chunked_prefill import ATOL
+
+    from transformers import StaticCache
+
+    lm = tiny_causal_lm("qwen2")
+    x = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    ref = lm.model(x, **cache_kwargs(lm.model, StaticCache(config=lm.model.config, max_cache_len=32)),
+                   use_cache=True).logits
+    with attach(lm.model):
+        got = lm.model(x, **cache_kwargs(lm.model, StaticCache(config=lm.model.config, max_cache_len=32)),
+                       use_cache=True).logits
+    torch.testing.assert_close(got, ref, rtol=0, atol=ATOL)
+
+
+def test_a_module_that_is_not_causal_keeps_transformers_attention():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    calls = []
+    module = torch.nn.Module()
+    module.is_causal = False
+    q, k = torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 5, 8)
+    lower_right(lambda *a, **kw: calls.append(1) or ("theirs", None))(module, q, k, k, None)
+    assert calls == [1]
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is not None
