@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from adapters.hf.cache import attach
+from adapters.hf.attach import attach
 from harness.bench import QWEN25_7B, cache_makers, greedy_generate, load_model, prefilled, timed_generate
 
 #: host-device synchronisations (CUDA runtime calls; aten::item etc. name the operators that cause them)

@@ -23,7 +23,8 @@ import torch
 from adapters.hf.arch import decoder_arch, geometry, refuse_padding
 from adapters.hf.graphed_decode import DecodeGraphs, GraphedDecode, GraphedForward
 from adapters.hf.graphed_decode import why_not as graphed_why_not
-from adapters.hf.cache import CompressedCache, attach
+from adapters.hf.cache import CompressedCache
+from adapters.hf.attach import attach
 from adapters.hf.compat import cache_kwargs, takes_keyword
 from adapters.hf.prefill import ChunkedFirstForward, native_prefill
 from adapters.cache.config import CacheConfig

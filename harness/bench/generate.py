@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args) -> dict:
     """-> {device, copy_bandwidth_Bps, weight_bytes, rows: one dict per (context, batch, cache)}."""
-    from adapters.hf.cache import attach
+    from adapters.hf.attach import attach
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -68,7 +68,7 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from adapters.cache.stats import cache_row_stats
-from adapters.hf.cache import attach
+from adapters.hf.attach import attach
 from adapters.hf.compat import cache_kwargs
 from adapters.hf.models import load_checkpoint
 from adapters.cache.config import DEFAULT_RESIDUAL, CacheConfig

@@ -209,7 +209,7 @@ def test_ragged_decode_step_equals_each_sequence_alone(backend, monkeypatch):
 def test_generate_on_a_left_padded_batch_reads_the_padding_from_the_mask(lm, prompts):
     """``model.generate`` with a left-padded batch and its attention mask (what lm-eval's batches do):
     the attached cache takes the padding from the mask, so each row generates what it does alone."""
-    from adapters.hf.cache import attach
+    from adapters.hf.attach import attach
 
     T = max(LENGTHS)
     x = torch.tensor([[0] * (T - len(p)) + p for p in prompts])

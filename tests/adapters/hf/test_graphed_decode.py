@@ -11,7 +11,7 @@ import torch
 from helpers.decode_checks import score_atol
 
 from adapters.hf.graphed_decode import GraphedDecode, why_not
-from adapters.hf.cache import attach
+from adapters.hf.attach import attach
 from adapters.cache.config import CacheConfig
 from kernels import list_codecs
 from helpers.tiny_lm import tiny_causal_lm

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adapters.hf.graphed_decode import GraphedForward
-from adapters.hf.cache import attach
+from adapters.hf.attach import attach
 from adapters.hf.compat import cache_kwargs
 from adapters.cache.config import CacheConfig
 from tests.adapters.hf.test_graphed_decode import _layer_state, _lively, _prompts

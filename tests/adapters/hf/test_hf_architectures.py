@@ -14,10 +14,12 @@ from helpers.tiny_lm import byte_tokenizer
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
+import adapters.hf.attach as hf_attach
 import adapters.hf.cache as hf_cache
 from adapters.hf.compat import cache_kwargs
 from adapters.hf.arch import UnservableModel, attention_softcap, decoder_arch, servable
-from adapters.hf.cache import CompressedLayer, attach
+from adapters.hf.cache import CompressedLayer
+from adapters.hf.attach import attach
 from adapters.hf.causal_lm import CausalLM
 from adapters.cache.config import CacheConfig
 from adapters.registry import get_model
@@ -168,7 +170,7 @@ def test_gemma2_softcap_reaches_the_compressed_attention(monkeypatch):
     assert lm.model.config._attn_implementation == "eager"  # sdpa cannot soft-cap: the model's own choice
     ref = model_chunked(lm.model)[0][20:]
     got = forced(lm, OCTOPUS)[0][20:]
-    monkeypatch.setattr(hf_cache, "attention_softcap", lambda *a: attention_softcap(*a) and None)
+    monkeypatch.setattr(hf_attach, "attention_softcap", lambda *a: attention_softcap(*a) and None)
     dropped = forced(lm, OCTOPUS)[0][20:]
     assert (got - ref).norm() * 4 < (dropped - ref).norm()
 

@@ -11,7 +11,8 @@ from helpers.tiny_lm import save_tiny_checkpoint, tiny_causal_lm
 from transformers import DynamicCache
 
 from adapters.hf.compat import cache_kwargs
-from adapters.hf.cache import CompressedCache, attach
+from adapters.hf.cache import CompressedCache
+from adapters.hf.attach import attach
 from adapters.cache.config import CacheConfig
 from adapters.registry import get_model
 from kernels import CODECS as CODEC_CLASSES

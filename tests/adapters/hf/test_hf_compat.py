@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adapters.hf.arch import UnservableModel
-from adapters.hf.cache import attach
+from adapters.hf.attach import attach
 from adapters.hf.compat import (TESTED, UntestedTransformers, cache_keyword, cache_kwargs, check_transformers,
                                 passed_cache)
 from adapters.cache.config import CacheConfig

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers.tiny_lm import tiny_causal_lm, tiny_model
 
-from adapters.hf.cache import attach
+from adapters.hf.attach import attach
 from adapters.hf.compat import cache_kwargs
 from adapters.cache.config import CacheConfig
 

@@ -12,7 +12,7 @@ from transformers import DynamicCache
 from transformers.masking_utils import causal_mask_function, sdpa_mask, sliding_window_causal_mask_function
 
 import adapters.hf.lower_right as lower_right_module
-from adapters.hf.cache import attach
+from adapters.hf.attach import attach
 from adapters.hf.compat import cache_kwargs
 from adapters.hf.lower_right import chunk_mask, lower_right
 from adapters.hf.prefill import native_prefill

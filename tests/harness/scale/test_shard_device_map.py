@@ -9,7 +9,8 @@ import torch
 from helpers.tiny_lm import save_tiny_checkpoint, tiny_causal_lm
 
 from adapters.hf.compat import cache_kwargs
-from adapters.hf.cache import CompressedCache, attach
+from adapters.hf.cache import CompressedCache
+from adapters.hf.attach import attach
 from adapters.cache.config import CacheConfig
 from harness.run.config import RunConfig, RunError
 from harness.run.rows import read_rows
