@@ -48,7 +48,7 @@ from adapters.protocol import ModelAdapter
 
 from harness.report.build import finish
 from harness.report.run_data import plot_names, write_registry
-from harness.run.checks import check_limits
+from harness.run.checks import check_limits, check_modality
 from harness.run.claim import claim_out, make_out, refuse_live_shards, start_out, write_config
 from harness.run.config import RunConfig, RunError, seeded
 from harness.run.environment import environment, environment_diff
@@ -388,15 +388,3 @@ def _baselines(task, name: str, model, batch: list, seed: int, out: Path) -> lis
         write_via(path, lambda p, b=baseline: task.save_baseline(b, p),
                   path.with_name(f"{path.name}.{os.getpid()}.tmp"))
     return baselines
-
-
-def check_modality(spec) -> None:
-    """A model's modality must be one a metrics module declares (registry.MODALITIES), and not the probe's."""
-    from metrics.registry import REGISTRY as METRICS
-    from registry import NO_MODEL
-
-    declared = [m for m in modalities() if m != NO_MODEL]
-    if spec.modality not in declared:
-        missing = f"; metrics modules not importable here: {METRICS.unavailable}" if METRICS.unavailable else ""
-        raise RunError(f"model '{spec.name}' has modality '{spec.modality}', which no metrics module declares "
-                       f"(declared: {', '.join(declared)}){missing}")
