@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 #: the commands whose module parses its own arguments: the benchmarks and the probe, launch (its options, then
 #: ``--`` and the run's), lm-eval (its own command line, with the kvcodec model registered) and the lm-eval sweep
 DELEGATED = {"probe": "harness.bench.probe", "bench": "harness.bench", "launch": "harness.cli.launch",
-             "lm-eval": "harness.lm_eval.model", "lm-eval-sweep": "harness.lm_eval.sweep"}
+             "lm-eval": "harness.lm_eval.command", "lm-eval-sweep": "harness.lm_eval.sweep"}
 
 
 def debugging() -> bool:

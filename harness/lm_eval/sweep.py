@@ -12,7 +12,7 @@ agreement against it, each with its 95% interval over documents (x codec seeds: 
 runs once per ``--seeds`` value, ``codec_seed=S``), and the true bits per coordinate.
 
 lm-eval is an optional extra (``pip install '.[lm-eval]'``): it is reached through
-:func:`harness.lm_eval.model.evaluator` only.
+:func:`harness.lm_eval.command.evaluator` only.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from adapters.model_store import prepared_smollm2
 from kernels import codec_class
 
 from harness.run.config import seeded
-from harness.lm_eval.model import evaluator
+from harness.lm_eval.command import evaluator
 from harness.lm_eval.table import Row, Run, table, table_row
 
 INCLUDE_PATH = "prompts/lm_eval"  # the offline tasks over hand-written passages (relative: run from the root)
@@ -52,7 +52,7 @@ def configurations(codecs: list[str], bits: list[int]) -> list[tuple[str, int | 
 
 def sweep(evaluate, ckpt: str, tasks: list[str], codecs: list[str], bits: list[int], seeds: list[int],
           extra: str = "") -> tuple[Run, list[Row]]:
-    """``evaluate(model, model_args) -> results`` (:func:`harness.lm_eval.model.evaluator`) of ``--model
+    """``evaluate(model, model_args) -> results`` (:func:`harness.lm_eval.command.evaluator`) of ``--model
     hf`` and of every configuration at each of its codec seeds -> (the reference run, one row per
     configuration); each row's line of the table is printed as it ends."""
     def run(model: str, args: str, seed: int = 0) -> Run:

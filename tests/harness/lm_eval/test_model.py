@@ -164,7 +164,7 @@ def octopus_results(ckpt, tasks_dir) -> dict:
 
 def test_evaluator_runs_its_tasks_over_one_index(ckpt, tasks_dir, none_results):
     """harness lm-eval-sweep's evaluate: the tasks asked for, as simple_evaluate gives them, samples logged."""
-    from harness.lm_eval.model import evaluator
+    from harness.lm_eval.command import evaluator
 
     evaluate = evaluator(str(tasks_dir), ["kv_mc"])
     got = evaluate("kvcodec", f"pretrained={ckpt},codec=none,chunk=32")
@@ -326,7 +326,8 @@ def test_harness_lm_eval_cli_writes_results_with_kvcodec_key(ckpt, tasks_dir, tm
 def test_harness_lm_eval_without_lm_eval_says_how_to_install(monkeypatch, capsys):
     from harness.cli.main import main
 
-    monkeypatch.delitem(sys.modules, "harness.lm_eval.model", raising=False)
+    for mod in ("harness.lm_eval.model", "harness.lm_eval.command"):
+        monkeypatch.delitem(sys.modules, mod, raising=False)
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")]:
         monkeypatch.setitem(sys.modules, name, None)
     assert main(["lm-eval", "--tasks", "x"]) == 2

@@ -84,7 +84,7 @@ def test_bad_arguments_fail_before_a_model_loads(sweep_module, monkeypatch, caps
 def test_without_lm_eval_says_how_to_install(monkeypatch, capsys):
     from harness.cli.main import main
 
-    for mod in ("harness.lm_eval.model", "harness.lm_eval.sweep"):
+    for mod in ("harness.lm_eval.model", "harness.lm_eval.command", "harness.lm_eval.sweep"):
         monkeypatch.delitem(sys.modules, mod, raising=False)
     for name in [m for m in sys.modules if m == "lm_eval" or m.startswith("lm_eval.")] or ["lm_eval"]:
         monkeypatch.setitem(sys.modules, name, None)
