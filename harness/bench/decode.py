@@ -46,14 +46,11 @@ from kernels import make_codec
 
 from harness.bench import generate, ncu
 from harness.bench.encode import encode_rows
-from harness.bench.inputs import (SHAPES, bench_codecs, check_correctness, parse_ctx, parse_list, random_state,
-                                  triton_path)
-from harness.bench.report import row_line, to_markdown
+from harness.bench.inputs import (SHAPES, bench_codecs, check_correctness, parse_ctx, parse_list, plan,
+                                  random_state, triton_path)
+from harness.bench.report import add_targets, row_line, to_markdown
 from harness.bench.timing import copy_bandwidth, sdpa, sdpa_backend_fn, time_eager, time_graph
 
-#: latency targets vs bf16 SDPA at >= 32k (H100), per codec and bits
-TARGETS = {"octopus": {2: 0.5, 3: 0.5, 4: 0.7}}
-TARGET_BW = 0.6  # fraction of copy bandwidth, at 2/3 bits at >= 32k, for the codecs in TARGETS
 L2_FLUSH_BYTES = 160 << 20  # cycle input copies until a timed call touches this much
 DEQUANT_MAX_TOKEN_HEADS = 1 << 19  # the PyTorch decode (int64 intermediates) is slow and large beyond this
 #: --tune: kernel launch variants timed per row (the default first)
@@ -189,27 +186,6 @@ def run(args) -> dict:
         encode_rows(result["encode"], list(dict.fromkeys(n for n, _ in codecs)), parse_list(args.bits, int),
                     args.encode_tokens, dev, args.rep_ms)
     return result
-
-
-def plan(args) -> list[str]:
-    """``--plan``: the (codec, bits) rows the command times per (shape, batch, context), each with the kernel it
-    takes (the Triton one that reads it, where that supports the shape; the table-lookup kernel is tried on the
-    GPU as well) or why it is skipped; then the count of timed rows."""
-    codecs = bench_codecs(args.codecs, parse_list(args.bits, int))
-    lines, timed = [], 0
-    for shape in parse_list(args.shapes):
-        if shape not in SHAPES:
-            raise SystemExit(f"Unknown shape '{shape}'. Available: {', '.join(SHAPES)}")
-        Hq, Hkv, d = SHAPES[shape]
-        for name, bits in codecs:
-            codec = make_codec(name, bits, d, seed=0, layer=0, num_heads=Hkv)
-            supports, launch = triton_path(codec)
-            why = supports(codec, torch.bfloat16)
-            kernel = f"{launch.__module__.rpartition('.')[2]}" if why is None else f"skip: {why}"
-            timed += why is None
-            lines.append(f"{shape} {name}@{bits}: {kernel}")
-    n = timed * len(parse_list(args.batch, int)) * len(parse_list(args.contexts, parse_ctx))
-    return lines + [f"{n} rows timed (each beside bf16 SDPA at its batch and context)"]
 
 
 def shape_rows(b: Bench, shape: str, codecs: list[tuple[str, int]], contexts: list[int]) -> None:
@@ -388,17 +364,6 @@ def latency_row(c: Context, name: str, bits: int, t: Timings, bw_copy: float) ->
         "extra_alloc_bytes": t.extra_alloc, "fp_key_tensor_bytes": c.B * c.Hkv * c.T * c.d * 2,
         "tune_us": {k: v * 1e6 for k, v in t.variants.items()}, "lut_kernel": t.lut_kernel,
     }
-
-
-def add_targets(row: dict) -> None:
-    """Mark a row of a codec in TARGETS at >= 32k: its target ratio to SDPA, whether the path 'auto'
-    takes meets it, and (at 2-3 bits) whether it reaches TARGET_BW of copy bandwidth."""
-    name, bits = row["codec"], row["bits"]
-    if name in TARGETS and row["context"] >= 32 * 1024:
-        row["target_ratio"] = TARGETS[name].get(bits)
-        row["meets_ratio"] = row["best_ratio_vs_sdpa"] <= TARGETS[name].get(bits, 0)
-        if bits in (2, 3):
-            row["meets_bw"] = row["frac_of_copy_bw"] >= TARGET_BW
 
 
 def main(argv=None) -> int:

@@ -114,3 +114,24 @@ def fused_codecs() -> list[str]:
     """Every registered codec that declares a fused layout (:meth:`kernels.base.Codec.fused_layout`)."""
     return [n for n, bits in list_codecs().items()
             if bits and make_codec(n, bits[-1], 128).fused_layout() is not None]
+
+
+def plan(args) -> list[str]:
+    """``--plan``: the (codec, bits) rows the command times per (shape, batch, context), each with the kernel it
+    takes (the Triton one that reads it, where that supports the shape; the table-lookup kernel is tried on the
+    GPU as well) or why it is skipped; then the count of timed rows."""
+    codecs = bench_codecs(args.codecs, parse_list(args.bits, int))
+    lines, timed = [], 0
+    for shape in parse_list(args.shapes):
+        if shape not in SHAPES:
+            raise SystemExit(f"Unknown shape '{shape}'. Available: {', '.join(SHAPES)}")
+        Hq, Hkv, d = SHAPES[shape]
+        for name, bits in codecs:
+            codec = make_codec(name, bits, d, seed=0, layer=0, num_heads=Hkv)
+            supports, launch = triton_path(codec)
+            why = supports(codec, torch.bfloat16)
+            kernel = f"{launch.__module__.rpartition('.')[2]}" if why is None else f"skip: {why}"
+            timed += why is None
+            lines.append(f"{shape} {name}@{bits}: {kernel}")
+    n = timed * len(parse_list(args.batch, int)) * len(parse_list(args.contexts, parse_ctx))
+    return lines + [f"{n} rows timed (each beside bf16 SDPA at its batch and context)"]

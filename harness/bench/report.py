@@ -1,5 +1,6 @@
-"""The tables of ``harness bench``: one line per measured row as it runs, and the Markdown report
-(latency against SDPA, bandwidth against the bytes floor, the fixed cost at the shortest context)."""
+"""The tables of ``harness bench`` and the targets its rows are marked against: one line per measured row as
+it runs, and the Markdown report (latency against SDPA, bandwidth against the bytes floor, the fixed cost at
+the shortest context)."""
 from __future__ import annotations
 
 
@@ -58,6 +59,23 @@ def fixed_costs(rows: list[dict]) -> list[dict]:
         if k not in first or r["context"] < first[k]["context"]:
             first[k] = r
     return list(first.values())
+
+
+#: latency targets vs bf16 SDPA at >= 32k (H100), per codec and bits
+TARGETS = {"octopus": {2: 0.5, 3: 0.5, 4: 0.7}}
+TARGET_BW = 0.6  # fraction of copy bandwidth, at 2/3 bits at >= 32k, for the codecs in TARGETS
+
+
+def add_targets(row: dict) -> None:
+    """Mark a row of a codec in TARGETS at >= 32k: its target ratio to SDPA, whether the path 'auto'
+    takes meets it, and (at 2-3 bits) whether it reaches TARGET_BW of copy bandwidth."""
+    name, bits = row["codec"], row["bits"]
+    if name in TARGETS and row["context"] >= 32 * 1024:
+        row["target_ratio"] = TARGETS[name].get(bits)
+        row["meets_ratio"] = row["best_ratio_vs_sdpa"] <= TARGETS[name].get(bits, 0)
+        if bits in (2, 3):
+            row["meets_bw"] = row["frac_of_copy_bw"] >= TARGET_BW
+
 
 
 #: codec -> the codec it must be at least as fast as at the same bits (issue #16), in the 'auto' path's time

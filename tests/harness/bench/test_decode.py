@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import harness.bench as bench
-from harness.bench.decode import L2_FLUSH_BYTES, TARGET_BW, Context, Timings, add_targets, copies, latency_row
+from harness.bench.decode import L2_FLUSH_BYTES, Context, Timings, copies, latency_row
+from harness.bench.report import TARGET_BW, add_targets
 from harness.bench.encode import encode_line
 from harness.bench.report import HEADER, cells, row_line
 
