@@ -132,3 +132,10 @@ def _configs(model) -> list:
             seen.add(id(c))
             out.append(c)
     return out
+
+
+@contextmanager
+def attached(model, cache_config: CacheConfig) -> Iterator[Callable[[], CompressedCache]]:
+    """:func:`attach` for one cache configuration: yields a zero-argument factory of its caches."""
+    with attach(model) as new_cache:
+        yield lambda: new_cache(cache_config)

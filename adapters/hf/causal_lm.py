@@ -21,10 +21,10 @@ from typing import Callable
 import torch
 
 from adapters.hf.arch import decoder_arch, geometry, refuse_padding
+from adapters.hf.attach import attached
+from adapters.hf.cache import CompressedCache
 from adapters.hf.graphed_decode import DecodeGraphs, GraphedDecode, GraphedForward
 from adapters.hf.graphed_decode import why_not as graphed_why_not
-from adapters.hf.cache import CompressedCache
-from adapters.hf.attach import attach
 from adapters.hf.compat import cache_kwargs, takes_keyword
 from adapters.hf.prefill import ChunkedFirstForward, native_prefill
 from adapters.cache.config import CacheConfig
@@ -139,18 +139,13 @@ class CausalLM(ModelAdapter):
         x, padding, pads = feed.step(pieces)
         if pads is not None and any(pads):
             refuse_padding(self.sliding_layers)
-        if last and self._keeps_logits:
+        if last and takes_keyword(self.model, "logits_to_keep"):  # transformers' causal LMs mostly take it
             padding = {**padding, "logits_to_keep": 1}
         if feed.columns == x.shape[1]:
             return self._prefill(x, cache, padding, pads, clock)
         if pads is not None and isinstance(cache, CompressedCache):
             cache.set_padding(pads)
         return self.model(x, **cache_kwargs(self.model, cache), use_cache=True, **padding).logits.float()
-
-    @property
-    def _keeps_logits(self) -> bool:
-        """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs mostly do)."""
-        return takes_keyword(self.model, "logits_to_keep")
 
     def _prefill(self, x: torch.Tensor, cache, padding: dict, pads: list[int] | None,
                  clock: RolloutClock = OFF) -> torch.Tensor:
@@ -223,7 +218,7 @@ class CausalLM(ModelAdapter):
             from transformers import DynamicCache
 
             return nullcontext(lambda: DynamicCache(config=self.model.config))
-        return _Attached(self.model, self.cache_config(cache_config))
+        return attached(self.model, self.cache_config(cache_config))
 
     @torch.no_grad()
     def teacher_force(self, ids: list[int] | list[list[int]], chunks: list[int] | list[list[int]],
@@ -402,18 +397,3 @@ class CausalLM(ModelAdapter):
                 "forced_logits": forced[b],
                 "cache": cache, "sequence": b} for b in range(B)]
         return out if batched else {k: v for k, v in out[0].items() if k != "sequence"}
-
-
-class _Attached:
-    """``with _Attached(model, cfg) as new_cache:`` -> attach(model) yielding a zero-argument factory."""
-
-    def __init__(self, model, cache_config: CacheConfig):
-        self._cm = attach(model)
-        self._cfg = cache_config
-
-    def __enter__(self):
-        factory = self._cm.__enter__()
-        return lambda: factory(self._cfg)
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
