@@ -117,11 +117,8 @@ class _ExLlamaV2Q(_ExLlama):
     class Options:
         new_tokens: Literal["stored", "native"] = "native"  # ExLlamaV2 attends the chunk in fp16
 
-    @classmethod
-    def head_dim_unsupported(cls, head_dim):
-        if head_dim % 64:
-            return f"ExLlamaV2's Q cache transforms 64 coordinates at a time: head dim {head_dim} is no multiple"
-        return None
+    head_block = 64
+    head_block_why = "ExLlamaV2's Q cache transforms {n} coordinates at a time"
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
@@ -256,11 +253,8 @@ class ExLlamaV3(_ExLlama):
         v_bits: int = 0  # the values' bits, 2..8 (0: the keys')
         new_tokens: Literal["stored", "native"] = "stored"  # quantized into the cache before attention
 
-    @classmethod
-    def head_dim_unsupported(cls, head_dim):
-        if head_dim % 32:
-            return f"ExLlamaV3's cache quantizes 32 coordinates at a time: head dim {head_dim} is no multiple"
-        return None
+    head_block = 32
+    head_block_why = "ExLlamaV3's cache quantizes {n} coordinates at a time"
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)

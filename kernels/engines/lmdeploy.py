@@ -75,11 +75,8 @@ class _TurboMind(EnginePreset):
         dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"  # the arithmetic's type (auto: the model's)
         new_tokens: Literal["stored", "native"] = "stored"  # written to the cache, then attended
 
-    @classmethod
-    def head_dim_unsupported(cls, head_dim):
-        if head_dim % 8:
-            return f"TurboMind writes its cache 8 coordinates at a time: head dim {head_dim} is no multiple"
-        return None
+    head_block = 8
+    head_block_why = "TurboMind writes its cache {n} coordinates at a time"
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)

@@ -67,16 +67,12 @@ class _MlxAffine(EnginePreset):
     engine = "MLX"
     bits_supported = (2, 3, 4, 5, 6, 8)
     group: int
+    head_block_why = "mlx quantizes groups of {n} coordinates"
 
     @dataclass(frozen=True)
     class Options:
         quantized_kv_start: int = 0  # tokens held before the cache is quantized (the CLI's --quantized-kv-start)
 
-    @classmethod
-    def head_dim_unsupported(cls, head_dim):
-        if head_dim % cls.group:
-            return f"mlx quantizes groups of {cls.group} coordinates: head dim {head_dim} is no multiple"
-        return None
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)

@@ -123,6 +123,22 @@ class EnginePreset(Codec):
 
     #: the preset's value bits (None: the key bits)
     preset_value_bits: int | None = None
+    #: what its engine writes or scales at a time, ``{n}`` coordinates (:meth:`head_multiple`): a head dim must be a
+    #: multiple of them (None: any head dim its own checks take)
+    head_block_why: str | None = None
+    head_block: int | None = None  # None: the preset's ``group``
+
+    @classmethod
+    def head_multiple(cls) -> int:
+        """The coordinates the engine handles at a time (``head_block``, else the preset's ``group``)."""
+        return cls.head_block or cls.group
+
+    @classmethod
+    def head_dim_unsupported(cls, head_dim):
+        if cls.head_block_why is not None and head_dim % cls.head_multiple():
+            why = cls.head_block_why.format(n=cls.head_multiple(), engine=cls.engine)
+            return f"{why}: head dim {head_dim} is no multiple"
+        return None
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
@@ -198,13 +214,7 @@ class BlockFp4(EnginePreset):
     group = 16
     engine: str
     block_scale: BlockScale
-
-    @classmethod
-    def head_dim_unsupported(cls, head_dim):
-        if head_dim % cls.group:
-            return (f"{cls.engine}'s fp4 cache scales blocks of {cls.group} coordinates: "
-                    f"head dim {head_dim} is no multiple")
-        return None
+    head_block_why = "{engine}'s fp4 cache scales blocks of {n} coordinates"
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
