@@ -125,17 +125,18 @@ def test_bad_arguments_are_one_line_before_the_model_loads(ckpt, capsys, tmp_pat
     assert not (tmp_path / "x").exists()  # no config.json to block the corrected command
 
 
-def test_out_that_is_a_file_or_unwritable(capsys, tmp_path):
+def test_out_that_is_a_file_or_unwritable(capsys, tmp_path, ckpt):
     (tmp_path / "f").write_text("mine")
+    model = ["--model", "hf", "--model-path", str(ckpt)]  # not the default's GGUF, which GPU images lack
     for out in (tmp_path / "f", tmp_path / "f" / "sub"):
-        assert main(["run", "--codec", CODEC, "--bits", "2", "--task", "perplexity", "--out", str(out)]) == 2
+        assert main(["run", *model, "--codec", CODEC, "--bits", "2", "--task", "perplexity", "--out", str(out)]) == 2
         _one_line_error(capsys, "is a file, not a folder")
     assert (tmp_path / "f").read_text() == "mine"
     import os
 
     if os.geteuid() != 0:  # root writes anywhere
         (tmp_path / "ro").mkdir(mode=0o500)
-        assert main(["run", "--codec", CODEC, "--bits", "2", "--task", "perplexity",
+        assert main(["run", *model, "--codec", CODEC, "--bits", "2", "--task", "perplexity",
                      "--out", str(tmp_path / "ro" / "run")]) == 2
         _one_line_error(capsys, "is not writable")
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("lm_eval", exc_type=ImportError)
+# lm_eval.api, not lm_eval: with tests/harness on sys.path this folder is a namespace package "lm_eval"
+pytest.importorskip("lm_eval.api")
 
 from adapters.cache.config import CacheConfig  # noqa: E402
 from helpers.tiny_lm import save_tiny_checkpoint  # noqa: E402

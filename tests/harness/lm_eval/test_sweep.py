@@ -32,7 +32,7 @@ class FakeEvaluate:
 
 @pytest.fixture
 def sweep_module():
-    pytest.importorskip("lm_eval", exc_type=ImportError)
+    pytest.importorskip("lm_eval.api")
     import harness.lm_eval.sweep
 
     return harness.lm_eval.sweep

@@ -187,7 +187,7 @@ def weightless(tmp_path_factory, checkpoint) -> Path:
 @pytest.mark.parametrize("model_args, extra, says", [c[1:] for c in LM_EVAL_CASES], ids=[c[0] for c in LM_EVAL_CASES])
 def test_lm_eval_model_args_are_checked_before_the_checkpoint_loads(model_args, extra, says, weightless):
     """What lm-eval calls to build the model (its options as its CLI passes them), every case."""
-    pytest.importorskip("lm_eval", exc_type=ImportError)
+    pytest.importorskip("lm_eval.api")
     from harness.lm_eval.model import KVCodecLM
 
     options = {"batch_size": 1, "max_batch_size": None, "device": None}
@@ -207,7 +207,7 @@ SAME_WORDS = [("value_bits", "17", "--value-bits"), ("residual", "-1", "--residu
 def test_lm_eval_refuses_what_the_cli_refuses_in_its_words(arg, value, flag, weightless):
     """lm-eval's model_args are checked by the run's own declarations and checks: its line is the CLI's, with
     the model's name in front and the option named as model_args name it."""
-    pytest.importorskip("lm_eval", exc_type=ImportError)
+    pytest.importorskip("lm_eval.api")
     from lm_eval.utils import simple_parse_args_string
 
     from harness.cli.commands import parse_run
@@ -243,7 +243,7 @@ def lm_eval_unlogged(monkeypatch):
     test's a logging error about that closed stream, whatever the order."""
     import logging
 
-    pytest.importorskip("lm_eval", exc_type=ImportError)
+    pytest.importorskip("lm_eval.api")
     import lm_eval.utils
 
     monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", True)
@@ -275,7 +275,7 @@ def test_lm_eval_model_args_get_one_line_from_a_shell(weightless, tmp_path):
     import subprocess
     import sys
 
-    pytest.importorskip("lm_eval", exc_type=ImportError)
+    pytest.importorskip("lm_eval.api")
     model_args, extra, says = next(c[1:] for c in LM_EVAL_CASES if c[0] == "no-pretrained")
     env = {k: v for k, v in os.environ.items() if k != "HARNESS_DEBUG"}
     r = subprocess.run([sys.executable, "-m", "harness.cli", *_lm_eval_argv(model_args, extra, weightless, tmp_path)],
@@ -361,13 +361,14 @@ def test_valid_input_that_looks_unusual_is_accepted(tmp_path, checkpoint):
     """What the checks must not refuse: numeric prompt ids, value bits apart from the codec's key bits, a
     torch dtype from Python, and contexts that RoPE scaling stretches past max_position_embeddings."""
     from adapters.hf.models import declared_shape
-    from harness.lm_eval.model import check_args
     from harness.tasks import get_task
 
     f = tmp_path / "v.json"
     f.write_text('[{"id": 7, "prompt": "a corgi"}, "a cat"]')
     assert [p.id for p in get_task("video")().prompts(str(f))] == [7, "001_a_cat"]
-    pytest.importorskip("lm_eval", exc_type=ImportError)
+    pytest.importorskip("lm_eval.api")
+    from harness.lm_eval.model import check_args
+
     check_args({"pretrained": str(checkpoint), "codec": "octopus", "bits": 3, "value_bits": 8, "dtype": torch.bfloat16})
     ck = tmp_path / "yarn"
     shutil.copytree(checkpoint, ck)
