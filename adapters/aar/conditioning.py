@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from adapters.loading import NO_FOLDER_CODE
 from kernels import private_generator
 
 CLAP_SAMPLE_RATE = 48_000
@@ -29,9 +30,9 @@ class ClapConditioner:
     def __init__(self, path: str | Path, device="cpu", model=None, feature_extractor=None):
         from transformers import ClapFeatureExtractor, ClapModel
 
-        self.model = (model if model is not None else ClapModel.from_pretrained(str(path))).to(device).eval()
+        self.model = (model if model is not None else ClapModel.from_pretrained(str(path), **NO_FOLDER_CODE)).to(device).eval()
         self.features = (feature_extractor if feature_extractor is not None
-                         else ClapFeatureExtractor.from_pretrained(str(path)))
+                         else ClapFeatureExtractor.from_pretrained(str(path), **NO_FOLDER_CODE))
         self.device = device
         self.label = f"CLAP (transformers ClapModel, {Path(str(path)).name})"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from adapters.hf.arch import geometry, servable
 from adapters.hf.causal_lm import CausalLM
-from adapters.loading import resolve
+from adapters.loading import NO_FOLDER_CODE, refuse_folder_code, resolve
 from adapters.model_store import gguf_cache_dir, is_prepared, prepare_gguf, prepared_smollm2, smollm2_source
 from adapters.protocol import DeclaredShape
 from adapters.registry import register_model
@@ -37,23 +37,29 @@ def load_checkpoint(path: str | Path, name: str, device: str = "auto", dtype="au
             p = prepare_gguf(p, gguf_cache_dir(p))  # keyed by content: another file of this name is new
         source = str(p)
     try:
-        config = AutoConfig.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source, **NO_FOLDER_CODE)
         try:
             servable(config)
         except ValueError as e:
             raise ValueError(f"model '{name}' at {source}: {e}") from None
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype,
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **NO_FOLDER_CODE,
                                                      device_map=device_map or (device if device != "cpu" else None))
+        tokenizer = AutoTokenizer.from_pretrained(source, **NO_FOLDER_CODE)
     except pickle.UnpicklingError as e:  # torch.load(weights_only=True) refused what a .bin file holds
         raise ValueError(f"model '{name}' at {source}: its pickled weights (*.bin) hold more than tensors, and "
                          f"the harness never unpickles code ({' '.join(str(e).split())[:120]}); use a checkpoint "
                          f"with *.safetensors weights") from None
+    except ValueError as e:
+        if "custom code" not in str(e):  # transformers' refusal under trust_remote_code=False
+            raise
+        raise ValueError(f"model '{name}' at {source} asks to run its own Python (custom code), and the harness "
+                         f"never runs code from a model folder: use a checkpoint of an architecture transformers "
+                         f"has") from None
     except OSError as e:
         if not hub:
             raise
         raise FileNotFoundError(f"model '{name}': could not load '{source}' from the Hugging Face Hub "
                                 f"({type(e).__name__}: {e}); pass --model-path DIR with a local copy") from None
-    tokenizer = AutoTokenizer.from_pretrained(source)
     model.eval()
     return CausalLM(model, tokenizer, name, source, graphs=graphs)
 
@@ -104,6 +110,7 @@ def _local(path: str | Path, name: str) -> Path:
     expected otherwise)."""
     p = Path(path).expanduser()
     if _is_gguf(p) or (p / "config.json").is_file():
+        refuse_folder_code(p, f"model '{name}'")
         return p
     what = "does not exist" if not p.exists() else "has no config.json"
     raise FileNotFoundError(f"model '{name}': checkpoint path {p} {what}; expected a directory with config.json, "
@@ -128,11 +135,11 @@ def declared_shape(path: str | Path, name: str, prepared_as: str | None = None) 
         if _is_gguf(p):
             prepared = gguf_cache_dir(p, prepared_as)
             if is_prepared(prepared):
-                config, source = AutoConfig.from_pretrained(prepared), str(prepared / "config.json")
+                config, source = AutoConfig.from_pretrained(prepared, **NO_FOLDER_CODE), str(prepared / "config.json")
             else:
-                config, source = AutoConfig.from_pretrained(p.parent, gguf_file=p.name), f"{p}'s header"
+                config, source = AutoConfig.from_pretrained(p.parent, gguf_file=p.name, **NO_FOLDER_CODE), f"{p}'s header"
         else:
-            config, source = AutoConfig.from_pretrained(p), str(p / "config.json")
+            config, source = AutoConfig.from_pretrained(p, **NO_FOLDER_CODE), str(p / "config.json")
         servable(config)
     except Exception as e:  # noqa: BLE001 (transformers' config errors are of many types: one line for any)
         first = " ".join(str(e).split())[:300] or type(e).__name__

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from adapters.loading import CheckpointError, CheckpointKeyError, load_strict, safe_torch_load
+from adapters.loading import NO_FOLDER_CODE, CheckpointError, CheckpointKeyError, load_strict, safe_torch_load
 
 #: What each released format wraps its generator in (prefixes tried in order).
 RELEASED_PREFIXES = {
@@ -223,11 +223,11 @@ def load_text_encoder(folder, dtype: torch.dtype, device="cpu"):
     from transformers import AutoTokenizer, UMT5EncoderModel
     f = Path(folder)
     if wan_layout(f) == "diffusers":
-        enc = UMT5EncoderModel.from_pretrained(str(f / "text_encoder"), dtype=dtype)
-        tok = AutoTokenizer.from_pretrained(str(f / "tokenizer"))
+        enc = UMT5EncoderModel.from_pretrained(str(f / "text_encoder"), dtype=dtype, **NO_FOLDER_CODE)
+        tok = AutoTokenizer.from_pretrained(str(f / "tokenizer"), **NO_FOLDER_CODE)
     else:
         enc = load_t5_original(f / T5_ORIGINAL_FILE, dtype)
-        tok = AutoTokenizer.from_pretrained(str(f / T5_TOKENIZER_ORIGINAL))
+        tok = AutoTokenizer.from_pretrained(str(f / T5_TOKENIZER_ORIGINAL), **NO_FOLDER_CODE)
     return enc.to(device=device, dtype=dtype).eval().requires_grad_(False), tok
 
 

@@ -20,7 +20,12 @@
                rounding; a number ('auto' is not supported)
 
 Each is checked before the checkpoint loads as ``harness run`` checks its flag (:func:`check_args`: the run's
-typed configuration, its checks and their words), the argument named as it is here.
+typed configuration, its checks and their words), the argument named as it is here; a ``residual`` that holds
+all of the model's positions is refused, as ``harness run`` refuses it, and so is an evaluation where no rollout
+committed a token to the codec (:func:`check_compressed`). lm-eval's options that act on a loaded model
+(``max_length``, ``truncation``, ``add_bos_token``, ...: :data:`~harness.lm_eval.args.HFLM_OPTIONS`) pass on to
+HFLM; any other key, a misspelt one or one of HFLM's own loading (``revision``, ``peft``, ``trust_remote_code``),
+is refused in one line (:func:`~harness.lm_eval.args.check_keys`): the harness never runs a model folder's code.
 
 How each request type meets the cache:
 
@@ -57,7 +62,6 @@ lm-eval is an optional extra (``pip install '.[lm-eval]'``): only this module im
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -69,14 +73,32 @@ from adapters.cache.stats import cache_row_stats
 from adapters.hf.attach import attach
 from adapters.hf.compat import cache_kwargs
 from adapters.hf.models import load_checkpoint
-from adapters.cache.config import DEFAULT_RESIDUAL, CacheConfig
-from registry.options import Allowed, option, read_options
+from adapters.cache.config import DEFAULT_RESIDUAL
 
+from harness.lm_eval.args import MODEL_NAME, check_args
+from harness.run.checks import check_window
 from harness.run.config import RunConfig
 
-MODEL_NAME = "kvcodec"
 STAT_FIELDS = ("bits_per_coord", "value_bits_per_coord", "cache_bits_per_coord", "cache_bytes",
                "uncompressed_bytes", "compressed_bytes", "committed_tokens")
+
+
+def check_compressed(summary: dict) -> str | None:
+    """A finished evaluation's ``kvcodec`` statistics (:meth:`KVCodecLM.kvcodec_summary`): ValueError in one line
+    where a compressing cache committed no token in any rollout (every context fit the native window, so the
+    scores are the native cache's under the codec's name); a note where only some rollouts committed none."""
+    if summary["cache_config"]["codec"] == "none":
+        return None
+    done, none = summary["rollouts_with_committed_tokens"], summary["rollouts_without_committed_tokens"]
+    residual = summary["cache_config"]["residual"]
+    if done == 0:
+        raise ValueError(f"model '{MODEL_NAME}': none of the {none} rollouts committed a token to the codec (every "
+                         f"context fit the native window of residual={residual} tokens), so these would be the native "
+                         f"cache's scores; pass a smaller residual= or tasks with longer contexts")
+    if none:
+        return (f"note: {none} of {done + none} rollouts committed no token to the codec (their contexts fit the "
+                f"native window of residual={residual}); their answers are the native cache's")
+    return None
 
 
 def chunk_plan(n_context: int, n_scored: int, chunk: int) -> list[int]:
@@ -84,84 +106,6 @@ def chunk_plan(n_context: int, n_scored: int, chunk: int) -> list[int]:
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     return [n_context] + [min(chunk, n_scored - i) for i in range(0, n_scored, chunk)]
-
-
-#: the model_args (and lm-eval's own ``--batch_size``, ``--device``) that are ``harness run`` options -> the
-#: RunConfig field each one sets: its declaration and :meth:`RunConfig.validate` check them as they check the
-#: flag, in the same words, the option named as model_args name it
-RUN_FIELDS = {"pretrained": "model_path", "codec": "codecs", "bits": "bits", "value_bits": "value_bits",
-              "residual": "residual", "protect": "protect", "codec_seed": "codec_seeds", "device": "device",
-              "dtype": "dtype", "batch_size": "batch_size", "graphs": "graphs", "prefill_chunk": "prefill_chunk"}
-_LISTS = ("codecs", "bits", "codec_seeds")  # one value here, a list in the run's config
-_ARG_NAMES = {field: arg for arg, field in RUN_FIELDS.items()}
-
-
-@dataclass(frozen=True)
-class Options:
-    """The model_args of lm-eval alone (no ``harness run`` flag has them), declared as a codec's or a task's
-    options are (:mod:`registry.options`)."""
-
-    chunk: int = option(64, "tokens per teacher-forced chunk after the prefill", Allowed(lo=1))
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    """model_args, checked (:func:`check_args`): the run configuration they describe (validated), the cache's
-    configuration, lm-eval's own options, and the dtype as given (a torch.dtype from Python is taken as it is)."""
-
-    run: RunConfig
-    cache: CacheConfig
-    options: Options
-    dtype: object
-
-
-def check_args(args: dict) -> ModelArgs:
-    """Every ``model_args`` value (and lm-eval's ``--batch_size`` / ``--device``), checked before the checkpoint
-    loads by the typed configuration ``harness run`` uses (:data:`RUN_FIELDS`: RunConfig's declarations and
-    :meth:`~harness.run.config.RunConfig.validate`, then CacheConfig and the codec's ``Options``) and by
-    :class:`Options`: a ValueError in one line, ``model 'kvcodec': `` and the CLI's own words with the argument
-    named as here (``model option kvcodec.chunk=0: ...`` for :class:`Options`, which names the model itself).
-    lm-eval reads 'none' as None: an argument given as none takes its default."""
-    from adapters.cache.config import check_protect
-    from adapters.hf.models import declared_shape
-    from kernels import codec_class
-    from kernels.config import check_bits
-
-    args = {k: v for k, v in args.items() if v is not None}
-    pretrained = args.get("pretrained")
-    if not pretrained:
-        raise ValueError(f"model '{MODEL_NAME}' needs pretrained= in --model_args: a local checkpoint folder "
-                         f"(config.json, tokenizer, *.safetensors) or a .gguf file")
-    codec = args.get("codec") or "none"
-    given = {field: args[arg] for arg, field in RUN_FIELDS.items() if arg in args}
-    given.update({field: [given[field]] for field in _LISTS if field in given})
-    if isinstance(given.get("batch_size"), str) and given["batch_size"].strip().isdigit():
-        given["batch_size"] = int(given["batch_size"])  # lm-eval's --batch_size is text ('auto' too)
-    if str(given.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
-        given["device"] = "auto"  # lm-eval's CLI default is cuda:0; --model hf falls back to the CPU too
-    if isinstance(given.get("dtype"), torch.dtype):
-        given["dtype"] = "auto"  # a torch.dtype from Python: taken as given (ModelArgs.dtype)
-    config = RunConfig(**{"model": "hf", "batch_size": 1, "codec_seeds": [0], "bits": [16], **given,
-                          "codecs": [] if codec == "none" else [codec], "baseline": codec == "none"})
-    try:
-        bits_supported = codec_class(str(codec)).bits_supported  # unknown codec -> "Unknown codec ... Available"
-        if codec != "none" and "bits" not in args:
-            raise ValueError(f"codec={codec} needs bits= ({', '.join(map(str, bits_supported))})")
-        config.validate(lambda field: _ARG_NAMES.get(field, field))
-        if codec != "none":
-            check_bits(codec, config.bits[0])
-        [cache] = config.cache_configs()
-    except ValueError as e:
-        raise ValueError(f"model '{MODEL_NAME}': {e}") from None
-    own = {f.name: args[f.name] for f in fields(Options) if f.name in args}
-    options = read_options("model", MODEL_NAME, Options, own, strings=False)  # names the model itself
-    layers = declared_shape(pretrained, MODEL_NAME).layers  # the checkpoint's config (or GGUF header), no weights
-    if layers is not None:
-        try:
-            check_protect(cache.protect, layers)
-        except ValueError as e:
-            raise ValueError(f"model '{MODEL_NAME}': protect={args.get('protect')}: {e} ({pretrained})") from None
-    return ModelArgs(config, cache, options, args.get("dtype", "auto"))
 
 
 @register_model(MODEL_NAME)
@@ -195,11 +139,17 @@ class KVCodecLM(HFLM):
         checked = check_args(dict(pretrained=pretrained, codec=codec, bits=bits, value_bits=value_bits,
                                   residual=residual, protect=protect, codec_seed=codec_seed, chunk=chunk,
                                   device=device, dtype=dtype, batch_size=batch_size, graphs=graphs,
-                                  prefill_chunk=prefill_chunk))
+                                  prefill_chunk=prefill_chunk, **kwargs))
+        kwargs.pop("trust_remote_code", None)  # False where given (check_args): the model is loaded already
         run = checked.run
         self.lm = load_checkpoint(pretrained, MODEL_NAME, run.device, checked.dtype, graphs=run.graphs)
         super().__init__(pretrained=self.lm.model, tokenizer=self.lm.tokenizer, batch_size=run.batch_size, **kwargs)
         self.pretrained_path = str(pretrained)
+        if checked.cache.codec != "none":  # the length lm-eval cuts contexts to, known now (its default: the model's)
+            try:
+                check_window(checked.cache.residual, self.max_length, self.pretrained_path, "residual=")
+            except ValueError as e:
+                raise ValueError(f"model '{MODEL_NAME}': {e}") from None
         self.chunk = checked.options.chunk
         self.lm.prefill_chunk = _prefill_chunk(run, self.lm, self.max_length)
         self.cache_cfg = self.lm.cache_config(checked.cache)

@@ -268,7 +268,7 @@ def test_model_args_make_the_cache_config_the_cli_makes(ckpt):
     from lm_eval.utils import simple_parse_args_string
 
     from harness.cli.commands import parse_run
-    from harness.lm_eval.model import check_args
+    from harness.lm_eval.args import check_args
 
     got = check_args(simple_parse_args_string(f"pretrained={ckpt},codec=octopus,bits=3,value_bits=4,residual=4,"
                                               "protect=0:-1,codec_seed=2,chunk=16"))
@@ -322,6 +322,37 @@ def test_harness_lm_eval_cli_writes_results_with_kvcodec_key(ckpt, tasks_dir, tm
     assert kv["cache_config"]["codec"] == "octopus" and kv["rollouts"] == {"loglikelihood": 9}
     assert 3 <= kv["mean"]["bits_per_coord"] < 5
     assert "kvcodec" in capsys.readouterr().out  # lm-eval's table names the model
+
+
+def test_an_evaluation_that_committed_nothing_is_refused(ckpt, tasks_dir, tmp_path, capsys, monkeypatch):
+    """Issue 41: a window longer than every context (but within the model's positions) leaves every rollout
+    native: one line and exit code 2 before lm-eval prints or saves a score; the statistics say why."""
+    import functools
+    import logging
+
+    import lm_eval.tasks
+    import lm_eval.utils
+
+    from harness.cli.main import main
+    from harness.lm_eval.model import check_compressed
+
+    monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", True)  # as in the test above
+    monkeypatch.setattr(logging.getLogger("lm_eval"), "handlers", [logging.NullHandler()])
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", functools.partial(lm_eval.tasks.TaskManager,
+                                                                        include_defaults=False))
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    out = tmp_path / "out"
+    rc = main(["lm-eval", "--model", "kvcodec", "--model_args", f"pretrained={ckpt},codec=octopus,bits=3,residual=4000",
+               "--device", "cpu", "--tasks", "kv_mc", "--include_path", str(tasks_dir), "--output_path", str(out)])
+    captured = capsys.readouterr()
+    last = captured.err.strip().splitlines()[-1]  # after the progress bars of the requests
+    assert rc == 2 and last.startswith("harness lm-eval: error: ") and "Traceback" not in captured.err, captured.err
+    assert "none of the 9 rollouts committed a token to the codec" in last and "residual=4000" in last
+    assert not list(out.rglob("results_*.json")) and "kv_mc" not in captured.out
+    summary = {"cache_config": {"codec": "octopus", "residual": 4}, "rollouts_with_committed_tokens": 7,
+               "rollouts_without_committed_tokens": 2}
+    assert check_compressed(summary).startswith("note: 2 of 9 rollouts committed no token")
+    assert check_compressed({**summary, "rollouts_without_committed_tokens": 0}) is None
 
 
 def test_harness_lm_eval_without_lm_eval_says_how_to_install(monkeypatch, capsys):

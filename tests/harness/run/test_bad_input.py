@@ -171,6 +171,19 @@ LM_EVAL_CASES = [
      "model 'kvcodec': protect takes 'none', 'boundary-1' or layer indices like 0,29 (or 0:29); got 'first'"),
     ("value-bits-above-16", "pretrained={ck},codec=octopus,bits=3,value_bits=17", [],
      "model 'kvcodec': value_bits must be in 1..16, got 17; leave it out to use the key bits"),
+    # issue 41: no key dropped, no cache that cannot compress, no code from the folder
+    ("misspelt-key", "pretrained={ck},codec=kivi,bits=2,resdual=4", [],
+     "model 'kvcodec': unknown model_args key resdual=; did you mean residual=? kvcodec takes pretrained, codec,"),
+    ("unknown-key", "pretrained={ck},bogus=1", [], "unknown model_args key bogus=; kvcodec takes"),
+    ("hflm-loading-option", "pretrained={ck},revision=main", [],
+     "revision= is an option of lm-eval's own loading, which kvcodec replaces"),
+    ("trust-remote-code", "pretrained={ck},trust_remote_code=True", [],
+     "trust_remote_code=True: the harness never runs code from a model folder"),
+    ("residual-holds-every-position", "pretrained={ck},codec=kivi,bits=2,residual=100000", [],
+     "model 'kvcodec': residual=100000: the native window would hold all of the model's 4096 positions, so no "
+     "token ever reaches the codec"),
+    ("residual-holds-max-length", "pretrained={ck},codec=kivi,bits=2,residual=64,max_length=64", [],
+     "residual=64: the native window would hold all of the model's 64 positions"),
 ]
 
 
@@ -211,7 +224,7 @@ def test_lm_eval_refuses_what_the_cli_refuses_in_its_words(arg, value, flag, wei
     from lm_eval.utils import simple_parse_args_string
 
     from harness.cli.commands import parse_run
-    from harness.lm_eval.model import check_args
+    from harness.lm_eval.args import check_args
     from harness.run.config import RunError
 
     with pytest.raises(RunError) as cli:
@@ -367,7 +380,7 @@ def test_valid_input_that_looks_unusual_is_accepted(tmp_path, checkpoint):
     f.write_text('[{"id": 7, "prompt": "a corgi"}, "a cat"]')
     assert [p.id for p in get_task("video")().prompts(str(f))] == [7, "001_a_cat"]
     pytest.importorskip("lm_eval.api")
-    from harness.lm_eval.model import check_args
+    from harness.lm_eval.args import check_args
 
     check_args({"pretrained": str(checkpoint), "codec": "octopus", "bits": 3, "value_bits": 8, "dtype": torch.bfloat16})
     ck = tmp_path / "yarn"
