@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.run.config import RunConfig, RunError
 from harness.run.folder import RunFolder
 from harness.run.lock import RunLocked, holder
-from harness.run.rows import UnsafePath, atomic_write, dumps
+from harness.run.rows import HARD_LINKED, NOT_REGULAR, UnsafePath, atomic_write, dumps
 
 def check_out(out: Path) -> None:
     """``out`` is a folder, or can be created as one, and can be written."""
@@ -76,28 +76,33 @@ def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
 
 
 def refuse_links(out: Path) -> None:
-    """:class:`UnsafePath` for a symbolic link in ``out`` where a run appends (the line files: rows, speed,
-    timings and their shards' files) or in place of a folder it files into (baselines, each modality's media):
-    the run would refuse it as it writes, after the model has loaded; the files it rewrites whole (config.json,
-    registry.json, the reports, ...) replace a link with the file (:func:`harness.run.rows.write_via`)."""
+    """:class:`UnsafePath` for a link in ``out`` where a run appends (the line files: rows, speed, timings and
+    their shards' files; the shards' logs), a symbolic one or a hard one (a file of more than one name), or a
+    symbolic link in place of a folder it files into (baselines, each modality's media, the logs): the run would
+    refuse it as it writes (:func:`harness.run.rows.open_file`), after the model has loaded; the files it
+    rewrites whole (config.json, registry.json, the reports, ...) replace a link with the file
+    (:func:`harness.run.rows.write_via`)."""
     from metrics import modalities
 
+    folder = RunFolder(out)
     appended = re.compile(rf"({'|'.join(RunFolder.LINE_STEMS)})(\.shard-\d+-of-\d+)?\.jsonl")
-    dirs = RunFolder.dirs(modalities())
-    for p in sorted(out.iterdir()):
-        if p.is_symlink() and (appended.fullmatch(p.name) or p.name in dirs):
+    dirs = (*RunFolder.dirs(modalities()), RunFolder.LOGS)
+    logs = sorted(folder.logs.iterdir()) if folder.logs.is_dir() and not folder.logs.is_symlink() else []
+    for p in [*sorted(out.iterdir()), *logs]:
+        written = appended.fullmatch(p.name) or re.fullmatch(RunFolder.LOG_PATTERN, p.name)
+        if p.is_symlink() and (written or p.name in dirs and p.parent == out):
             raise UnsafePath(f"{p} is a symbolic link; the harness writes only regular files and folders in a run "
                              f"folder: delete the link (or put what it names in its place), or start over with "
                              f"--fresh")
+        if written and not p.is_symlink() and p.is_file() and (n := p.stat().st_nlink) > 1:
+            raise UnsafePath(HARD_LINKED.format(path=p, n=n, name=p.name))
 
 
 def refuse_not_regular(out: Path) -> None:
     """:class:`UnsafePath` for a file of the harness's in ``out`` that is no regular file (a device, a pipe: its
     reading would never end), before it is read (:meth:`RunFolder.not_regular`)."""
     for p in RunFolder(out).not_regular():
-        raise UnsafePath(f"{p} is not a regular file (a device, a pipe or a folder, or a link to one); the harness "
-                         f"reads only regular files in a run folder: delete it (or put the file it names in its "
-                         f"place)")
+        raise UnsafePath(NOT_REGULAR.format(path=p))
 
 
 def live_shards(out: Path) -> dict[str, tuple[int, str, str]]:

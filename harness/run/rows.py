@@ -7,10 +7,12 @@ seed); rows written before codec seeds have none and count as seed 0. The baseli
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import stat
 from pathlib import Path
 
 BASELINE_LABEL = "none"
@@ -82,10 +84,10 @@ def _check_key(row: dict, where: str) -> None:
 
 def cut_torn_line(path: Path) -> bytes:
     """Cut a torn last line (a crash mid-write) off ``path`` before a process appends to it; returns
-    the complete lines' bytes (b'' where there is no file). Never through a symbolic link."""
+    the complete lines' bytes (b'' where there is no file). Only in a file of one name (:func:`open_file`)."""
     if not path.exists() and not path.is_symlink():
         return b""
-    with os.fdopen(_open_file(path, os.O_RDWR), "r+b") as f:
+    with os.fdopen(open_file(path, os.O_RDWR), "r+b") as f:
         data = f.read()
         end = data.rfind(b"\n") + 1
         if end != len(data):
@@ -119,8 +121,8 @@ def read_rows(path: Path, repair: bool = False, keyed: bool = True) -> list[dict
 
 
 def append_line(path: Path, line: str) -> None:
-    """Append ``line`` to ``path`` (created if missing; never through a symbolic link) and sync it."""
-    with os.fdopen(_open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8") as f:
+    """Append ``line`` to ``path`` (created if missing; only a file of one name: :func:`open_file`) and sync it."""
+    with open_append(path) as f:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -130,16 +132,40 @@ class UnsafePath(ValueError):
     """A path built from input that would leave the run folder, or a link where a run file belongs."""
 
 
-def _open_file(path: Path, flags: int) -> int:
-    """os.open of a regular file, refusing a symbolic link in its place (O_NOFOLLOW): a run folder is
-    something users copy and share, and a link planted in one must not make the harness write outside it."""
+def open_file(path: Path, flags: int) -> int:
+    """os.open of a regular file with one name, refusing anything else in its place: a symbolic link
+    (O_NOFOLLOW), a file with other hard links (st_nlink > 1: an in-place write would change the outside name's
+    file too), a pipe or a device (opened without blocking, then refused by its fstat). A run folder is something
+    users copy and share, and what is planted in one must not make the harness write outside it or hang."""
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
-    except OSError:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
         if Path(path).is_symlink():
             raise UnsafePath(f"{path} is a symbolic link; the harness writes only regular files in a run "
                              f"folder: delete the link (or put the file it names in its place)") from None
+        if e.errno == errno.ENXIO:  # a pipe that no process reads, opened for writing
+            raise UnsafePath(NOT_REGULAR.format(path=path)) from None
         raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(NOT_REGULAR.format(path=path))
+        raise UnsafePath(HARD_LINKED.format(path=path, n=st.st_nlink, name=Path(path).name))
+    os.set_blocking(fd, True)
+    return fd
+
+
+HARD_LINKED = ("{path} has {n} hard links, so writing it in place would change a file outside the run folder too; "
+               "the harness writes only files of one name: replace it by a copy (cp {name} x && mv x {name}), or "
+               "start over with --fresh")
+NOT_REGULAR = ("{path} is not a regular file (a device, a pipe or a folder, or a link to one); the harness reads "
+                "and writes only regular files in a run folder: delete it (or put the file it names in its place)")
+
+
+def open_append(path: Path):
+    """``path`` opened to append text (created if missing), through :func:`open_file`'s refusals."""
+    return os.fdopen(open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
 
 
 def safe_name(s: str) -> str:
@@ -175,7 +201,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     process: shards of one run write the same files). A symbolic link at ``path`` is replaced by the
     file, never written through."""
     def write(tmp: Path) -> None:
-        with os.fdopen(_open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
+        with os.fdopen(open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
     write_via(path, write, path.with_name(f"{path.name}.{os.getpid()}.tmp"))

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from harness.run.config import RunError
 from harness.run.folder import RunFolder
+from harness.run.claim import refuse_links
 from harness.run.lines import stored_rows
 from harness.run.plan import read_plan
-from harness.run.rows import row_key
+from harness.run.rows import UnsafePath, open_append, open_file, row_key
 from harness.scale.merge import states
 from harness.scale.shard import Shard
 
@@ -124,10 +125,13 @@ def watch(out: Path, workers: dict[int, object], count: int, quiet: bool, poll, 
     return {i: failure(i, workers[i]) for i, rc in exited.items() if rc != 0}
 
 
-def last_line(path: Path) -> str:
+def last_line(path: Path, tail: int = 1 << 16) -> str:
+    """The log's last non-blank line (of its last ``tail`` bytes), read only from a file of one name."""
     try:
-        lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    except OSError:
+        with os.fdopen(open_file(path, os.O_RDONLY), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
+            lines = [ln for ln in f.read().decode("utf-8", errors="replace").splitlines() if ln.strip()]
+    except (OSError, UnsafePath):
         lines = []
     return (lines[-1].strip() if lines else "no output") + f" (log: {path})"
 
@@ -139,6 +143,7 @@ def run_local(out: Path, run_argv: list[str], devices: list[str], quiet: bool) -
 
     count = len(devices)
     folder = RunFolder(out)
+    refuse_links(out)  # claimed already; again here, where the logs are opened (a link planted since)
     folder.logs.mkdir(exist_ok=True)
     root = str(Path(harness.__file__).resolve().parents[1])  # the children import this very harness
     done = complete_shards(out, count)
@@ -151,7 +156,7 @@ def run_local(out: Path, run_argv: list[str], devices: list[str], quiet: bool) -
             env.update(CUDA_VISIBLE_DEVICES=dev, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join([root, *filter(None, [
                 os.environ.get("PYTHONPATH")])]))
             shard = Shard(i, count)
-            with open(folder.log(shard.tag), "a", encoding="utf-8") as log:
+            with open_append(folder.log(shard.tag)) as log:  # no link of either kind, no pipe
                 procs[i] = subprocess.Popen(
                     [sys.executable, "-m", "harness.cli", "run", *run_argv, "--out", str(out), "--quiet",
                      "--shard", f"{i}/{count}"], env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -271,6 +271,44 @@ def test_a_link_where_a_run_appends_is_refused_before_the_model_loads(name, fini
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file() and not p.is_symlink()} == before
 
 
+@pytest.mark.parametrize("name", [n for n in LINKS if n.endswith(".jsonl")])
+def test_a_hard_link_where_a_run_appends_is_refused_before_the_model_loads(name, finished_run, tmp_path, capsys,
+                                                                           no_model_loads, monkeypatch):
+    """Issue 41: O_NOFOLLOW stops symbolic links only; a hard link at rows.jsonl (an outside file's second name)
+    was cut and appended to on resume. Now one line, and the outside file as it was."""
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    outside = tmp_path / "outside"
+    outside.write_text("the user's own file\na torn line")
+    (run / name).unlink(missing_ok=True)
+    os.link(outside, run / name)
+    config = json.loads((run / "config.json").read_text())
+    line = one_line(capsys, tiny_run_argv(config["model_path"], config["prompts"], run))
+    assert f"{run / name} has 2 hard links" in line and "replace it by a copy" in line, line
+    assert outside.read_text() == "the user's own file\na torn line"
+
+
+def test_what_a_run_writes_in_place_is_a_regular_file_of_one_name(tmp_path):
+    """The one opener of every in-place write (rows.open_file: append_line, the torn-line cut, the shards'
+    logs) refuses a symbolic link, a hard link and a pipe, without blocking on the pipe."""
+    from harness.run.rows import UnsafePath, append_line, cut_torn_line
+
+    outside = tmp_path / "outside"
+    outside.write_text("mine\npartial")
+    os.symlink(outside, tmp_path / "sym.jsonl")
+    os.link(outside, tmp_path / "hard.jsonl")
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    for name, says in (("sym.jsonl", "is a symbolic link"), ("hard.jsonl", "has 2 hard links"),
+                       ("pipe.jsonl", "is not a regular file")):
+        for write in (lambda p: append_line(p, "{}"), cut_torn_line):
+            with pytest.raises(UnsafePath, match=says):
+                write(tmp_path / name)
+    assert outside.read_text() == "mine\npartial"
+    append_line(tmp_path / "own.jsonl", "{}")  # a new file of one name is written
+    assert (tmp_path / "own.jsonl").read_text() == "{}\n"
+
+
 FOLDER_CASES = [  # (id, file, its new content from the old, the command, what the one line says)
     ("registry-a-list", "registry.json", lambda old: "[]", "report", "registry.json must be a JSON object"),
     ("registry-tasks-a-number", "registry.json", lambda old: json.dumps({**old, "tasks": 5}), "report",

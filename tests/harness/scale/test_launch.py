@@ -125,6 +125,37 @@ def test_bad_launches_stop_with_one_line(args, tmp_path, capsys):
     assert not (tmp_path / "x").exists()  # nothing started, nothing written
 
 
+def _plant_logs(run: Path, outside: Path, how: str) -> None:
+    """A link where `harness launch` writes its shards' logs: the logs folder, or a log, linked outside."""
+    if how == "folder-link":
+        outside.mkdir()
+        os.symlink(outside, run / "logs")
+        return
+    outside.write_text("the user's own file\n")
+    (run / "logs").mkdir(exist_ok=True)
+    (os.symlink if how == "log-link" else os.link)(outside, run / "logs" / "shard-0-of-2.log")
+
+
+@pytest.mark.parametrize("how, says", [("folder-link", "logs is a symbolic link"),
+                                       ("log-link", "shard-0-of-2.log is a symbolic link"),
+                                       ("log-hard-link", "shard-0-of-2.log has 2 hard links")])
+def test_a_link_where_launch_logs_is_refused_before_a_shard_starts(how, says, args, single, tmp_path, capsys):
+    """Issue 41: the shards' logs were appended through any link (a plain open(..., "a")): now one line, exit
+    code 2, no process started and the outside file or folder as it was."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(single, run)
+    (run / "rows.jsonl").write_text("")  # rows to compute: a launch would start its shards
+    outside = tmp_path / "outside"
+    _plant_logs(run, outside, how)
+    assert main(["launch", "--procs", "2", "--", *args, "--out", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and err[0].startswith("harness launch: error:"), err
+    assert (not any(outside.iterdir())) if outside.is_dir() else outside.read_text() == "the user's own file\n"
+    assert (run / "rows.jsonl").read_text() == ""
+
+
 def test_gpu_lists():
     env = {"CUDA_VISIBLE_DEVICES": "3,5,7"}
     assert gpu_list("2", env) == ["3", "5"] and gpu_list("0,2", env) == ["3", "7"] and gpu_list("1,", env) == ["5"]
