@@ -7,16 +7,17 @@ while it runs (:mod:`harness.scale.shard`).
 
 Created with O_CREAT | O_EXCL, so of two processes exactly one gets a lock; the other waits (a
 brief role, up to ``wait`` seconds) or stops with :class:`RunLocked`. A held lock's modification
-time is refreshed every ``HEARTBEAT_S`` seconds. A lock is stale, and taken over, when its owner
-is gone: on this host its pid is not alive; on another host (shards on several nodes sharing the
-folder) its file has not been refreshed for ``STALE_S`` seconds. Locks are removed on exit,
-exceptions included.
+time is refreshed every ``HEARTBEAT_S`` seconds. A lock is stale, and taken over with a line on stderr,
+when its owner is gone: on this host its pid is not alive; on another host (shards on several nodes
+sharing the folder) its file has not been refreshed for ``STALE_S`` seconds; a lock without an owner
+line (empty: a full disk) after ``UNWRITTEN_S``. Locks are removed on exit, exceptions included.
 """
 from __future__ import annotations
 
 import os
 import socket
 import stat
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,6 +29,9 @@ HEARTBEAT_S = 30.0
 #: a lock from another host is stale after this long without a heartbeat (generous: clocks of two
 #: hosts differ, and a file server may set the time)
 STALE_S = 600.0
+#: a lock file still without its owner line this long after it was made is left over (its maker writes the line
+#: right after creating it): taken over, where it was waited on for the whole MERGE_WAIT_S in silence
+UNWRITTEN_S = 5.0
 
 
 def _pause(seconds: float) -> None:
@@ -74,9 +78,15 @@ def owner(path: Path) -> tuple[int, str, str] | None:
 
 
 def stale(path: Path, who: tuple[int, str, str] | None) -> bool:
-    """Whether the lock at ``path`` held by ``who`` is left over from a process that is gone."""
+    """Whether the lock at ``path`` held by ``who`` is left over from a process that is gone. A lock with no owner
+    line (``who`` None: empty, or not the harness's words) is being written this instant, by a process that
+    writes its line right after creating the file; older than ``UNWRITTEN_S`` it never will be (a full disk, a
+    crash between the two), and it is stale."""
     if who is None:
-        return False  # being written this instant (or unreadable): not ours to judge
+        try:
+            return abs(time.time() - path.stat().st_mtime) > UNWRITTEN_S  # abs: another host's clock may lead
+        except FileNotFoundError:
+            return False
     pid, host, _ = who
     if host == socket.gethostname():
         return not _alive(pid)
@@ -139,6 +149,8 @@ class RunLock:
                 who = owner(self.path)
                 if stale(self.path, who):
                     _take_over(self.path, who)
+                    why = f"{describe(who)} is gone" if who else "it held no owner (left empty: a full disk, a crash)"
+                    print(f"note: took over the lock {self.path}: {why}", file=sys.stderr)
                     continue
                 if who is None:  # created, not yet written by its owner: busy for a moment
                     return 0, "?", "start"

@@ -50,8 +50,37 @@ def test_second_writer_is_refused_and_a_stale_lock_taken_over(ckpt, tmp_path, ca
         holder.kill()  # killed: its lock stays behind, stale
         holder.wait()
     assert (out / RunFolder.LOCK).read_text().split()[0] == str(holder.pid)
-    assert main(_run_args(ckpt, text, out)) == 0, capsys.readouterr().err
+    assert main(_run_args(ckpt, text, out)) == 0
+    assert f"note: took over the lock {out / RunFolder.LOCK}: process {holder.pid} on" in capsys.readouterr().err
     assert len((out / "rows.jsonl").read_text().splitlines()) == 2 and not (out / RunFolder.LOCK).exists()
+
+
+@pytest.mark.parametrize("text", ["", "garbage here\n", "\0\0\0"])
+def test_a_lock_without_an_owner_line_is_taken_over_once_it_is_old(text, ckpt, tmp_path, capsys, monkeypatch):
+    """Issue 41: an empty lock (a full disk between its creation and its line) made run and report wait 600 s
+    in silence. Made UNWRITTEN_S ago or longer it is taken over at once, with a line; one made this instant is
+    being written (its maker writes the line right after creating it) and is waited for as before."""
+    import os
+    import time
+
+    from harness.run.lock import UNWRITTEN_S
+
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    (tmp_path / "t.txt").write_text("The cat sat on the mat and looked at the dog. " * 30)
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = out / RunFolder.LOCK
+    lock.write_text(text)
+    with pytest.raises(RunLocked, match="is being written by another process"):
+        RunLock(out).acquire()  # this instant: its maker may be writing it
+    past = time.time() - 2 * UNWRITTEN_S
+    os.utime(lock, (past, past))
+    assert main(_run_args(ckpt, tmp_path / "t.txt", out)) == 0
+    assert f"note: took over the lock {lock}: it held no owner" in capsys.readouterr().err
+    lock.write_text(text)
+    os.utime(lock, (past, past))
+    assert main(["report", str(out)]) == 0
+    assert "note: took over the lock" in capsys.readouterr().err and not lock.exists()
 
 
 def test_lock_is_released_on_errors(tmp_path):
