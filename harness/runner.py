@@ -61,6 +61,7 @@ from harness.run.rows import append_line, atomic_write, cut_torn_line, dumps, in
 from harness.scale.merge import MERGE_WAIT_S, complete
 from harness.scale.shard import Shard
 from harness.tasks import get_task, task_options
+from harness.run.input_files import read_text
 from metrics import modalities
 
 
@@ -342,7 +343,7 @@ def _note_other_environment(path: Path, env: dict, log) -> None:
     """A resumed run whose stored rows came from another environment says which fields differ
     (model.json keeps the latest environment; the rows themselves are not recomputed)."""
     try:
-        old = json.loads(path.read_text(encoding="utf-8")).get("environment")
+        old = json.loads(read_text(path, "model.json")).get("environment")
     except (OSError, ValueError, AttributeError):
         return
     if isinstance(old, dict):

@@ -25,7 +25,7 @@ from pathlib import Path
 from harness.report.formatting import plot_file
 from harness.run.config import RunConfig
 from harness.run.folder import RunFolder
-from harness.run.input_files import InputError, field, read_run_json
+from harness.run.input_files import InputError, field, read_run_json, read_text
 from harness.run.lines import read_speed
 from harness.run.rows import atomic_write, dumps, read_rows
 
@@ -173,7 +173,7 @@ def plot_names(out: Path | None = None) -> set[str]:
 
     pairs = {(t, m) for t in list_tasks() for m in list_metrics()}
     try:
-        tasks = json.loads(RunFolder(out).summary.read_text(encoding="utf-8"))["tasks"] if out else {}
+        tasks = json.loads(read_text(RunFolder(out).summary, "summary.json"))["tasks"] if out else {}
         pairs |= {(t, m["name"]) for t, v in tasks.items() for m in v["metrics"]}
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         pass  # no summary, or not ours: the registered names only

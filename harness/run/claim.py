@@ -12,7 +12,8 @@ from pathlib import Path
 from harness.run.config import RunConfig, RunError
 from harness.run.folder import RunFolder
 from harness.run.lock import RunLocked, holder
-from harness.run.rows import HARD_LINKED, NOT_REGULAR, UnsafePath, atomic_write, dumps
+from harness.run.rows import HARD_LINKED, NOT_A_BASELINE, NOT_REGULAR, UnsafePath, atomic_write, dumps
+from harness.run.input_files import read_text
 
 def check_out(out: Path) -> None:
     """``out`` is a folder, or can be created as one, and can be written."""
@@ -41,7 +42,7 @@ def make_out(out: Path) -> bool:
 def _run_config(path: Path) -> dict | None:
     """The RunConfig JSON of a harness run folder's config.json; None where it is not one."""
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        d = json.loads(read_text(path, "config.json"))
         RunConfig.from_json(d)
     except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError):  # AttributeError: not an object
         return None
@@ -100,9 +101,15 @@ def refuse_links(out: Path) -> None:
 
 def refuse_not_regular(out: Path) -> None:
     """:class:`UnsafePath` for a file of the harness's in ``out`` that is no regular file (a device, a pipe: its
-    reading would never end), before it is read (:meth:`RunFolder.not_regular`)."""
+    reading would never end), before it is read (:meth:`RunFolder.not_regular`), and for a stored baseline that is
+    not a regular file of its own name (:func:`harness.tasks.baseline_io.load_tree` refuses it as it reads)."""
     for p in RunFolder(out).not_regular():
         raise UnsafePath(NOT_REGULAR.format(path=p))
+    baselines = out / RunFolder.BASELINES
+    if baselines.is_dir() and not baselines.is_symlink():  # a link in its place: refuse_links names it
+        for p in sorted(baselines.glob("*/*")):
+            if not (p.is_file() and not p.is_symlink()) and not p.name.endswith(".tmp"):
+                raise UnsafePath(NOT_A_BASELINE.format(path=p))
 
 
 def live_shards(out: Path) -> dict[str, tuple[int, str, str]]:

@@ -8,6 +8,8 @@ is one :class:`InputError` naming the file, the line where there is one, and wha
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +51,33 @@ def parse_json(text: str, where: str, fix: str = "", line: int | None = None) ->
         raise InputError(f"{line}: {what}" + (f"; {fix}" if fix else "")) from None
 
 
+#: the most a file the harness reads may hold: a run folder's rows of a million prompts x configurations are a
+#: fraction of it; a larger file (a planted sparse giant) is refused rather than read into memory
+FILE_LIMIT = 1 << 30
+
+
+def read_bytes(path: Path, what: str, limit: int = FILE_LIMIT) -> bytes:
+    """The bytes of ``path``, read only from a regular file (a link to one is read as that file) of at most
+    ``limit`` bytes: a pipe would block the read and a device (``/dev/zero``) never end it, so both are refused
+    from the open file's fstat, opened without blocking. OSError where it cannot be opened (missing)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: {what} is not a regular file (a device, a pipe or a folder, or a link to "
+                             f"one); pass a file, or delete it where the harness writes it")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(f"{path}: over {limit >> 20} MiB, larger than any {what} the harness reads or writes; pass "
+                         f"a smaller file, or delete it where the harness writes it")
+    return data
+
+
 def read_text(path: Path, what: str) -> str:
+    """:func:`read_bytes` as UTF-8 text."""
+    data = read_bytes(path, what)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: {what} is not UTF-8 text (byte {e.start})") from None
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from harness.run.folder import RunFolder
 from harness.run.rows import atomic_write, dumps, row_key
+from harness.run.input_files import read_text
 
 PLAN_VERSION = 1
 
@@ -82,7 +83,7 @@ def write_plan(out: Path, plan: Plan, log=print) -> None:
     path = RunFolder(out).plan
     text = dumps(plan.to_json(), indent=2) + "\n"
     try:
-        old = path.read_text(encoding="utf-8")
+        old = read_text(path, "plan.json")
     except OSError:
         old = None
     if old is not None and old != text:
@@ -109,6 +110,6 @@ def read_plan(out: Path) -> Plan | None:
     """The run's plan; None where there is none (a folder written before plans, or before any
     process loaded the model) or it is unreadable."""
     try:
-        return Plan.from_json(json.loads((RunFolder(out).plan).read_text(encoding="utf-8")))
+        return Plan.from_json(json.loads(read_text(RunFolder(out).plan, "plan.json")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # AttributeError: not an object
         return None

@@ -15,6 +15,8 @@ import re
 import stat
 from pathlib import Path
 
+from harness.run.input_files import FILE_LIMIT, read_bytes
+
 BASELINE_LABEL = "none"
 ID_FIELDS = ("task", "prompt", "codec", "bits", "label", "codec_seed")
 
@@ -88,7 +90,10 @@ def cut_torn_line(path: Path) -> bytes:
     if not path.exists() and not path.is_symlink():
         return b""
     with os.fdopen(open_file(path, os.O_RDWR), "r+b") as f:
-        data = f.read()
+        data = f.read(FILE_LIMIT + 1)
+        if len(data) > FILE_LIMIT:
+            raise CorruptRows(f"{path}: over {FILE_LIMIT >> 20} MiB, larger than any rows file the harness reads or "
+                              f"writes; delete it, or start over with --fresh")
         end = data.rfind(b"\n") + 1
         if end != len(data):
             f.truncate(end)
@@ -101,7 +106,7 @@ def read_rows(path: Path, repair: bool = False, keyed: bool = True) -> list[dict
     :class:`CorruptRows` naming the file and line."""
     if not path.exists():
         return []
-    data = cut_torn_line(path) if repair else path.read_bytes()
+    data = cut_torn_line(path) if repair else read_bytes(path, "rows file")
     end = data.rfind(b"\n") + 1
     rows = []
     for i, line in enumerate(data[:end].split(b"\n"), 1):
@@ -159,6 +164,8 @@ def open_file(path: Path, flags: int) -> int:
 HARD_LINKED = ("{path} has {n} hard links, so writing it in place would change a file outside the run folder too; "
                "the harness writes only files of one name: replace it by a copy (cp {name} x && mv x {name}), or "
                "start over with --fresh")
+NOT_A_BASELINE = ("baseline {path} is not a regular file (a link, a device, a pipe or a folder); the harness writes "
+                  "each baseline as a file of its own: delete it and it is computed again, or start over with --fresh")
 NOT_REGULAR = ("{path} is not a regular file (a device, a pipe or a folder, or a link to one); the harness reads "
                 "and writes only regular files in a run folder: delete it (or put the file it names in its place)")
 

@@ -63,6 +63,7 @@ def load_tree(path: str | Path, types: tuple[type, ...] = ()) -> Any:
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
+    _check_file(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -112,6 +113,26 @@ def load_tree(path: str | Path, types: tuple[type, ...] = ()) -> Any:
         raise
     except (KeyError, TypeError, ValueError) as e:  # a damaged body, or a dataclass whose fields changed
         raise BaselineFormatError(damaged.format(f"{type(e).__name__}: {e}")) from None
+
+
+def _check_file(path: Path) -> None:
+    """A baseline is read only from a regular file of its own name (the runner writes each by a rename, so a
+    link in its place was planted: a pipe would block the read, ``/dev/zero`` never end it) that fits in the
+    memory it is read into."""
+    import stat
+
+    from harness.run.memory_check import free_bytes
+    from harness.run.rows import NOT_A_BASELINE
+
+    st = path.lstat()
+    fix = "delete it and it is computed again, or start over with --fresh"
+    if not stat.S_ISREG(st.st_mode):
+        raise BaselineFormatError(NOT_A_BASELINE.format(path=path))
+    free, _ = free_bytes("cpu", False)
+    if free is not None and st.st_size > free:
+        raise BaselineFormatError(f"baseline {path} holds {st.st_size / 2**30:.1f} GiB, more than this machine's "
+                                  f"available memory ({free / 2**30:.1f} GiB): it is no baseline the harness wrote "
+                                  f"here; {fix}")
 
 
 def _available(dev: torch.device) -> bool:

@@ -309,6 +309,45 @@ def test_what_a_run_writes_in_place_is_a_regular_file_of_one_name(tmp_path):
     assert (tmp_path / "own.jsonl").read_text() == "{}\n"
 
 
+@pytest.mark.parametrize("plant", ["pipe", "dev-zero", "folder"])
+def test_a_baseline_that_is_no_file_gets_one_line_on_resume(plant, finished_run, tmp_path, capsys, no_model_loads,
+                                                            monkeypatch):
+    """Issue 41: a pipe at a stored baseline hung a resumed run, and a link to /dev/zero read until memory ran out.
+    Now one line naming the file before the model loads (and baseline_io reads only a regular file of its own
+    name)."""
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    [baseline] = (run / "baselines").rglob("*.safetensors")
+    baseline.unlink()
+    {"pipe": os.mkfifo, "dev-zero": lambda p: os.symlink("/dev/zero", p), "folder": os.mkdir}[plant](baseline)
+    rows = (run / "rows.jsonl").read_text().splitlines()
+    (run / "rows.jsonl").write_text(rows[0] + "\n")  # rows left to compute: the baseline is read back
+    config = json.loads((run / "config.json").read_text())
+    line = one_line(capsys, tiny_run_argv(config["model_path"], config["prompts"], run))
+    assert f"baseline {baseline} is not a regular file" in line and "delete it" in line, line
+    from harness.tasks.baseline_io import BaselineFormatError, load_tree
+
+    with pytest.raises(BaselineFormatError, match="is not a regular file"):
+        load_tree(baseline)  # as it reads, where a file is planted after the claim
+
+
+def test_a_run_file_too_large_to_be_the_harness_s_is_refused(finished_run, tmp_path, capsys, no_model_loads,
+                                                             monkeypatch):
+    """A sparse giant in place of rows.jsonl (or any JSON the harness reads) is refused from its size, not read."""
+    from harness.run.input_files import FILE_LIMIT
+
+    monkeypatch.delenv("HARNESS_DEBUG", raising=False)
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    for name in ("rows.jsonl", "registry.json"):
+        with open(run / name, "r+b") as f:
+            f.truncate(FILE_LIMIT + 1)  # sparse: no disk used
+    assert "rows.jsonl: over 1024 MiB, larger than any rows file" in one_line(capsys, ["report", str(run)])
+    (run / "rows.jsonl").write_bytes((finished_run / "rows.jsonl").read_bytes())
+    assert "registry.json: over 1024 MiB, larger than any registry.json" in one_line(capsys, ["report", str(run)])
+
+
 FOLDER_CASES = [  # (id, file, its new content from the old, the command, what the one line says)
     ("registry-a-list", "registry.json", lambda old: "[]", "report", "registry.json must be a JSON object"),
     ("registry-tasks-a-number", "registry.json", lambda old: json.dumps({**old, "tasks": 5}), "report",
