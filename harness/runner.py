@@ -48,7 +48,7 @@ from adapters.protocol import ModelAdapter
 
 from harness.report.build import finish
 from harness.report.run_data import plot_names, write_registry
-from harness.run.checks import check_limits, check_modality
+from harness.run.checks import check_limits, check_modality, check_pairs
 from harness.run.claim import claim_out, make_out, refuse_live_shards, start_out, write_config
 from harness.run.config import RunConfig, RunError, seeded
 from harness.run.environment import environment, environment_diff
@@ -104,38 +104,13 @@ def check_declared(config: RunConfig, spec) -> None:
     """Before the weights load: the run's options against the shape the model declares (``spec.declared``: its
     config file, GGUF header or architecture; a path its loader would refuse is refused here): protected layers
     and task contexts against its layers and positions, and every codec against its heads and head dim (RunError
-    where none can run; the skipped are logged once the model has loaded)."""
+    where none can run or an option given cannot; the skipped are logged once the model has loaded)."""
     shape = spec.declared(config.model_path) if spec.declared is not None else None
     if shape is None:  # a model that declares nothing (a Hub name): the loaded model is checked
         return
     check_limits(config, _options(config), shape.layers, shape.positions, shape.source)
     if shape.geometry is not None:
-        check_pairs(config.cache_configs(), shape.geometry)
-
-
-def check_pairs(cache_configs: list[CacheConfig], geometry: tuple[int, int, int]) -> tuple[list[CacheConfig], list[dict]]:
-    """Split into (runnable, skipped with reasons) by building each codec once for the model's ``geometry``
-    (layers, KV heads, head dim); RunError where no codec can run."""
-    from kernels import make_codec
-
-    ok, skipped = [], []
-    layers, n_kv, head_dim = geometry
-    for cc in cache_configs:
-        if cc.codec == "none":
-            ok.append(cc)
-            continue
-        try:
-            make_codec(cc.codec_config(head_dim, n_kv))
-            if len(cc.protected_layers(layers)) >= layers:  # --protect, or an engine's own native layers
-                raise ValueError(f"every one of the model's {layers} layers stays native (--protect, or the "
-                                 f"layers the codec's engine keeps uncompressed): nothing to compress")
-            ok.append(cc)
-        except (ValueError, TypeError) as e:
-            skipped.append({"codec": cc.codec, "bits": cc.bits, "label": cc.label, "reason": str(e)})
-    if not any(cc.codec != "none" for cc in ok) and skipped:
-        reasons = "; ".join(f"{s['label']}: {s['reason']}" for s in skipped)
-        raise RunError(f"no requested codec/bit width can run on this model: {reasons}")
-    return ok, skipped
+        check_pairs(config, shape.geometry, shape.source)
 
 
 def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=None,
@@ -238,7 +213,7 @@ def _load(config: RunConfig, spec, model, log, work=(), planned=...
         planned = run_memory(config, spec.modality, work, model, log)
     if hasattr(model, "prefill_chunk") and planned is not ...:
         model.prefill_chunk = planned
-    cache_configs, skipped = check_pairs(config.cache_configs(), model.geometry)
+    cache_configs, skipped = check_pairs(config, model.geometry, f"model '{config.model}'")
     return model, cache_configs, skipped
 
 

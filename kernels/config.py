@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernels.backend import BACKENDS
-from registry.options import check_fields, read_options
+from registry.options import check_fields, check_ranges, read_options
 from registry.versioned import VersionedJSON
 from kernels.registry import codec_class
 
@@ -31,6 +31,7 @@ def codec_options(name: str, given: Any = None, strings: bool = False):
     strings read by the field types. The one place a codec's options are checked."""
     cls = codec_class(name).Options  # unknown name -> "Unknown codec 'x'. Available: ..."
     if type(given) is cls:  # exactly the codec's own class: a subclass configures another codec
+        check_ranges("codec", name, given)  # made in Python: its types trusted, its ranges not (codecs rely on them)
         return given
     if given is None or isinstance(given, dict):
         return read_options("codec", name, cls, given or {}, strings=strings)

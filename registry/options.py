@@ -3,7 +3,8 @@ frozen dataclass of typed fields with defaults (an empty one when it takes none)
 against those types here, in one place: an unknown name or a wrong type is a one-line ValueError. Closed
 choices are ``Literal[...]`` fields; lists (JSON has no tuples) become tuples, so options read back from
 JSON equal the ones written. A field may carry its help and where its value may lie (:func:`option`,
-:class:`Allowed`), checked with the types.
+:class:`Allowed`), checked with the types. What only a model's shape can settle (a group that must divide
+the head dim) the codec checks as it is built, raising :class:`OptionError` naming the option.
 
     @dataclass(frozen=True)
     class Options:
@@ -31,32 +32,48 @@ _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False,
                "off": False}
 
 
+class OptionError(ValueError):
+    """An option's value that the thing it configures cannot take (``option``: the field's name), as opposed
+    to a shape it cannot serve: a run refuses the value where the user gave it, and skips the codec where
+    its default is what fails (``harness.run.checks.check_pairs``)."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
 @dataclass(frozen=True)
 class Allowed:
-    """Where an option may lie: a finite number (or each item of a tuple option) in [lo, hi] (None: open), one of
-    ``choices``, a tuple ``nonempty``; ``positions``: at most the model's positions (tokens of context),
-    checked once the model's limits are known (from its config file before it loads)."""
-    lo: float | None = None
-    hi: float | None = None
+    """Where an option may lie: a finite number (or each item of a tuple option) in [lo, hi] (None: open; a
+    tuple of bounds: one for each position of a fixed-length tuple option), one of ``choices``, a tuple
+    ``nonempty``; ``positions``: at most the model's positions (tokens of context), checked once the model's
+    limits are known (from its config file before it loads)."""
+    lo: float | tuple | None = None
+    hi: float | tuple | None = None
     choices: tuple = ()
     nonempty: bool = False
     positions: bool = False
 
     def check(self, value: Any) -> None:
+        if value is None:  # an optional field left to its codec or task (``int | None``): nothing to bound
+            return
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if self.nonempty and not items:
             raise ValueError("give at least one value")
-        for v in items:
+        for i, v in enumerate(items):
             if isinstance(v, float) and not math.isfinite(v):  # NaN passes every comparison: said first
                 raise ValueError(f"{v} is not a finite number")
             if self.choices and v not in self.choices:
                 raise ValueError(f"must be one of {', '.join(repr(c) for c in self.choices)}")
-            if self.lo is not None and v < self.lo or self.hi is not None and v > self.hi:
-                lo = "" if self.lo is None else f"{self.lo} <= "
-                hi = "" if self.hi is None else f" <= {self.hi}"
-                raise ValueError(f"{v} is out of range ({lo}value{hi})")
+            lo, hi = (b[i] if isinstance(b, tuple) else b for b in (self.lo, self.hi))
+            if lo is not None and v < lo or hi is not None and v > hi:
+                at = f" at position {i + 1}" if isinstance(self.lo, tuple) or isinstance(self.hi, tuple) else ""
+                raise ValueError(f"{v}{at} is out of range ({'' if lo is None else f'{lo} <= '}value"
+                                 f"{'' if hi is None else f' <= {hi}'})")
 
     def check_positions(self, value: Any, positions: int | None) -> None:
+        if value is None:
+            return
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if self.positions and positions is not None and max(items, default=0) > positions:
             raise ValueError(f"{max(items)} tokens exceed the model's {positions} positions")
@@ -108,11 +125,22 @@ def check_options(kind: str, owner: str, options_cls: type, given: dict, shown: 
     out = {}
     for k, v in given.items():
         out[k] = _check_value(v, hints[k], f"{kind} option {owner}.{k}", declared[k].type)
-        try:
-            allowed(declared[k]).check(out[k])
-        except ValueError as e:
-            raise ValueError(f"{kind} option {owner}.{k}={(shown or {}).get(k, _text(v))}: {e}") from None
+        _check_allowed(kind, owner, declared[k], out[k], (shown or {}).get(k, _text(v)))
     return out
+
+
+def check_ranges(kind: str, owner: str, options) -> None:
+    """Every field of an ``Options`` instance made in Python (not read by :func:`check_options`) where its
+    field allows: the one-line ValueError :func:`check_options` gives."""
+    for f in fields(options):
+        _check_allowed(kind, owner, f, getattr(options, f.name), _text(getattr(options, f.name)))
+
+
+def _check_allowed(kind: str, owner: str, f, value, shown: str) -> None:
+    try:
+        allowed(f).check(value)
+    except ValueError as e:
+        raise ValueError(f"{kind} option {owner}.{f.name}={shown}: {e}") from None
 
 
 def _text(value) -> str:

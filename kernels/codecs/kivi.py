@@ -17,6 +17,7 @@ from kernels.encoded import Encoded
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.values import group_dequantize, group_quantize
+from registry.options import Allowed, option
 
 
 @register_codec("kivi")
@@ -26,14 +27,13 @@ class KIVI(Codec):
 
     @dataclass(frozen=True)
     class Options:
-        group_size: int = 32  # tokens per per-channel scale/zero group (the token block)
+        # a group longer than the model's positions never fills: nothing would ever be encoded
+        group_size: int = option(32, "tokens per per-channel scale/zero group (the token block)",
+                                 Allowed(lo=1, positions=True))
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
-        group_size = self.opts.group_size
-        if group_size < 1:
-            raise ValueError(f"kivi group_size must be >= 1, got {group_size}")
-        self.token_block = group_size
+        self.token_block = self.opts.group_size
         self.field = BitField(self.head_dim, self.bits)
 
     def _groups(self, T: int) -> int:

@@ -39,9 +39,13 @@ from kernels.lloyd_max import codebook
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.rotation import Rotation
+from registry.options import Allowed, option
 
 Rounding = Literal["local", "full", "nearest"]
 ROUNDINGS = get_args(Rounding)
+#: where a split (b_u, b_r) may lie: a direction needs a bit a coordinate, a length may take none (one radius);
+#: each is a Lloyd-Max codebook's bits, which stop at 10 (kernels.lloyd_max.codebook)
+SPLIT = Allowed(lo=(1, 0), hi=10)
 
 
 def default_split(bits: int) -> tuple[int, int]:
@@ -57,11 +61,9 @@ def _lead(shape) -> int:
 
 
 class _OctopusStage:
-    """The OCTOPUS quantizer at given (b_u, b_r); shared by both codecs."""
+    """The OCTOPUS quantizer at given (b_u, b_r) (in :data:`SPLIT`); shared by both codecs."""
 
     def __init__(self, head_dim: int, b_u: int, b_r: int, rotation: Rotation, rounding: str):
-        if not 1 <= b_u <= 10 or not 0 <= b_r <= 10:
-            raise ValueError(f"OCTOPUS split needs 1 <= b_u <= 10 and 0 <= b_r <= 10, got ({b_u}, {b_r})")
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
         self.d = head_dim
@@ -115,7 +117,7 @@ class Octopus(Codec):
 
     @dataclass(frozen=True)
     class Options:
-        split: tuple[int, int] | None = None  # (b_u, b_r) of the OCTOPUS stage; None: (b + 1, b - 1)
+        split: tuple[int, int] | None = option(None, "(b_u, b_r) of the OCTOPUS stage (None: (b + 1, b - 1))", SPLIT)
         rounding: Rounding = "local"  # the joint rounding search (kernels.joint_rounding)
 
     def __init__(self, config, device="cpu"):

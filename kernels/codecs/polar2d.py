@@ -23,6 +23,7 @@ from kernels.encoded import Encoded
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.values import group_dequantize, group_quantize
+from registry.options import Allowed, OptionError, option
 
 Pairing = Literal["rotate_half", "adjacent"]
 PAIRINGS = get_args(Pairing)
@@ -35,9 +36,11 @@ class PolarQuant2D(Codec):
     @dataclass(frozen=True)
     class Options:
         pairing: Pairing = "rotate_half"
-        radius_group: int | None = None  # pairs per radius scale/zero group; None: all d/2 pairs
-        radius_bits: int | None = None  # None: the nominal bits
-        angle_bits: int | None = None  # None: the nominal bits
+        # it must divide the head dim's pairs, which only the model says (checked as the codec is built)
+        radius_group: int | None = option(None, "pairs per radius scale/zero group (None: all d/2 pairs)",
+                                          Allowed(lo=1))
+        radius_bits: int | None = option(None, "bits per radius (None: the nominal bits)", Allowed(lo=1, hi=16))
+        angle_bits: int | None = option(None, "bits per angle (None: the nominal bits)", Allowed(lo=1, hi=16))
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
@@ -48,13 +51,11 @@ class PolarQuant2D(Codec):
         self.pairing = pairing
         self.pairs = head_dim // 2
         self.radius_group = radius_group if radius_group is not None else self.pairs
-        if self.radius_group < 1 or self.pairs % self.radius_group:
-            raise ValueError(f"radius_group must divide the {self.pairs} pairs, got {radius_group}")
+        if self.pairs % self.radius_group:
+            raise OptionError("radius_group", f"polarquant-2d radius_group must divide the {self.pairs} pairs, "
+                                              f"got {radius_group}")
         self.radius_bits = radius_bits if radius_bits is not None else bits
         self.angle_bits = angle_bits if angle_bits is not None else bits
-        for what, b in (("radius_bits", self.radius_bits), ("angle_bits", self.angle_bits)):
-            if not 1 <= b <= 16:
-                raise ValueError(f"{what} must be in 1..16, got {b}")
         self.radius_field = BitField(self.pairs, self.radius_bits)
         self.angle_field = BitField(self.pairs, self.angle_bits)
 

@@ -26,6 +26,7 @@ from kernels.lloyd_max import codebook, quantize
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.rotation import Rotation
+from registry.options import Allowed, OptionError, option
 
 
 def default_angle_bits(bits: int, levels: int) -> tuple[int, ...]:
@@ -61,21 +62,24 @@ class PolarQuant(Codec):
 
     @dataclass(frozen=True)
     class Options:
-        levels: int = 4  # polar levels L: blocks of 2^L coordinates
-        angle_bits: tuple[int, ...] | None = None  # bits per level (L values); None: default_angle_bits
+        # 2^L may not pass the padded head dim (the model's: checked as the codec is built); 2^16 passes any
+        levels: int = option(4, "polar levels L: blocks of 2^L coordinates", Allowed(lo=1, hi=16))
+        angle_bits: tuple[int, ...] | None = option(None, "bits per level, L values (None: b, then max(b - 2, 1))",
+                                                    Allowed(lo=1, hi=10))  # Lloyd-Max codebooks stop at 10
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
         bits, head_dim, levels, angle_bits = self.bits, self.head_dim, self.opts.levels, self.opts.angle_bits
         self.rotation = Rotation(head_dim, self.seed, self.layer, self.num_heads, device=self.device)
         self.padded = self.rotation.padded
-        if levels < 1 or (1 << levels) > self.padded:
-            raise ValueError(f"polarquant levels must be in 1..{self.padded.bit_length() - 1} for "
-                             f"head_dim {head_dim} (padded to {self.padded}), got {levels}")
+        if (1 << levels) > self.padded:
+            raise OptionError("levels", f"polarquant levels must be in 1..{self.padded.bit_length() - 1} for "
+                                        f"head_dim {head_dim} (padded to {self.padded}), got {levels}")
         self.levels = levels
         ab = tuple(angle_bits) if angle_bits is not None else default_angle_bits(bits, levels)
-        if len(ab) != levels or not all(1 <= int(b) <= 10 for b in ab):
-            raise ValueError(f"angle_bits must be {levels} ints in 1..10 (one per level), got {angle_bits}")
+        if len(ab) != levels:
+            raise OptionError("angle_bits", f"polarquant angle_bits must be {levels} values (one per level), "
+                                            f"got {len(ab)}")
         self.angle_bits = tuple(int(b) for b in ab)
         self.fields = [BitField(self.padded >> l, b) for l, b in enumerate(self.angle_bits, start=1)]
         self._centroids = {}

@@ -21,6 +21,11 @@ from kernels.encoded import Encoded
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.seeding import private_generator
+from registry.options import Allowed, option
+
+#: the most sketch rows: 2^16 sign bits a token already outweigh an fp16 key of head dim 4096, and the sketch
+#: is drawn as [heads, m, head_dim] float32 for every layer
+MAX_ROWS = 1 << 16
 
 
 class GaussianSketch:
@@ -88,7 +93,7 @@ class QJL(Codec):
 
     @dataclass(frozen=True)
     class Options:
-        m: int | None = None  # sketch rows; None: bits * head_dim
+        m: int | None = option(None, "sketch rows (None: bits x head dim)", Allowed(lo=1, hi=MAX_ROWS))
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)

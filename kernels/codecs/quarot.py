@@ -15,6 +15,7 @@ from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.rotation import Rotation
 from kernels.values import group_dequantize, group_quantize
+from registry.options import Allowed, OptionError, option
 
 
 @register_codec("quarot")
@@ -24,7 +25,9 @@ class QuaRot(Codec):
 
     @dataclass(frozen=True)
     class Options:
-        group_size: int | None = None  # rotated coordinates per scale/zero group; None: the padded head dim
+        # it must divide the padded head dim, which only the model says (checked as the codec is built)
+        group_size: int | None = option(None, "rotated coordinates per scale/zero group (None: the padded head "
+                                        "dim)", Allowed(lo=1))
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
@@ -32,8 +35,9 @@ class QuaRot(Codec):
         self.rotation = Rotation(self.head_dim, self.seed, self.layer, self.num_heads, device=self.device)
         self.padded = self.rotation.padded
         self.group = group_size if group_size is not None else self.padded
-        if self.group < 1 or self.padded % self.group:
-            raise ValueError(f"quarot group_size must divide the padded head dim {self.padded}, got {group_size}")
+        if self.padded % self.group:
+            raise OptionError("group_size", f"quarot group_size must divide the padded head dim {self.padded}, "
+                                            f"got {group_size}")
         self.field = BitField(self.padded, self.bits)
 
     def _encode(self, keys):

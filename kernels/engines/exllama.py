@@ -54,6 +54,7 @@ from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.rotation import fwht, hadamard_matrix
 from kernels.token_layout import BlockScale, Element, TokenCodes, TokenLayout
+from registry.options import Allowed, option
 
 R32 = torch.tensor(0.17677669529663688110, dtype=torch.float32)  # 1/sqrt(32), as ExLlamaV3 writes it
 
@@ -250,7 +251,7 @@ class ExLlamaV3(_ExLlama):
 
     @dataclass(frozen=True)
     class Options:
-        v_bits: int = 0  # the values' bits, 2..8 (0: the keys')
+        v_bits: int = option(0, "the values' bits (0: the keys')", Allowed(choices=(0, *range(2, 9))))
         new_tokens: Literal["stored", "native"] = "stored"  # quantized into the cache before attention
 
     head_block = 32
@@ -258,8 +259,6 @@ class ExLlamaV3(_ExLlama):
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
-        if self.opts.v_bits not in (0, *self.bits_supported):
-            raise ValueError(f"codec '{self.name}': v_bits must be 0 (the keys' bits) or 2..8, got {self.opts.v_bits}")
         self.value_bits = self.opts.v_bits or self.bits
         self.value_quantizer = _PresetValues(self)
         self.bytes_per_vector = self._side_bytes("k")

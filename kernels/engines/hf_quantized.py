@@ -52,17 +52,16 @@ class _TransformersQuantized(EnginePreset):
     @dataclass(frozen=True)
     class Options:
         q_group_size: int = option(64, "coordinates a scale and zero cover", Allowed(lo=1))
-        residual_length: int = option(128, "tokens kept in the model's dtype before a flush", Allowed(lo=0))
-        # transformers' default for both backends (quanto takes 0 or -1, HQQ 0 or 1)
-        axis_key: int = option(0, "the keys' quantization axis", Allowed(choices=(-1, 0, 1)))
-        axis_value: int = option(0, "the values' quantization axis", Allowed(choices=(-1, 0, 1)))
+        # past the model's positions no token would ever be flushed to the codes
+        residual_length: int = option(128, "tokens kept in the model's dtype before a flush",
+                                      Allowed(lo=0, positions=True))
+        # transformers' default for both backends; each backend's own Options says the axes it takes
+        axis_key: int = 0
+        axis_value: int = 0
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
         o = self.opts
-        axes = (0, -1) if self.library == "quanto" else (0, 1)
-        if o.axis_key not in axes or o.axis_value not in axes:
-            raise ValueError(f"codec '{self.name}': axis_key and axis_value must be one of {axes}")
         # the per-token form's groups: q_group_size where it divides the head dim, else cut at the token-head's end
         self.group = math.gcd(o.q_group_size, self.head_dim)
         self.field = BitField(self.head_dim, self.bits)
@@ -107,6 +106,11 @@ class HfQuanto(_TransformersQuantized):
     bits_supported = (2, 4)
     library = "quanto"
 
+    @dataclass(frozen=True)
+    class Options(_TransformersQuantized.Options):
+        axis_key: int = option(0, "the keys' quantization axis", Allowed(choices=(0, -1)))
+        axis_value: int = option(0, "the values' quantization axis", Allowed(choices=(0, -1)))
+
     def _library_quantize(self, g):
         # optimum-quanto's MaxOptimizer and quantize_affine, in the input's dtype
         lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
@@ -124,6 +128,11 @@ class HfHqq(_TransformersQuantized):
     """transformers' ``QuantizedCache`` with the HQQ backend (min-max codes refined by HQQ's optimizer)."""
     bits_supported = (1, 2, 4, 8)
     library = "hqq"
+
+    @dataclass(frozen=True)
+    class Options(_TransformersQuantized.Options):
+        axis_key: int = option(0, "the keys' quantization axis", Allowed(choices=(0, 1)))
+        axis_value: int = option(0, "the values' quantization axis", Allowed(choices=(0, 1)))
 
     def _library_quantize(self, g):
         from hqq.core.quantize import Quantizer  # the library itself: its optimizer is the method

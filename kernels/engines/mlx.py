@@ -41,6 +41,7 @@ from kernels.engines.preset import EnginePreset, round_half_away
 from kernels.packing import BitField
 from kernels.registry import register_codec
 from kernels.token_layout import BlockScale, Element, Offset, TokenCodes, TokenLayout
+from registry.options import Allowed, option
 
 EPS = 1e-7  # the kernel's floor under the scale
 
@@ -71,13 +72,12 @@ class _MlxAffine(EnginePreset):
 
     @dataclass(frozen=True)
     class Options:
-        quantized_kv_start: int = 0  # tokens held before the cache is quantized (the CLI's --quantized-kv-start)
-
+        # past the model's positions no token would ever be quantized
+        quantized_kv_start: int = option(0, "tokens held before the cache is quantized (the CLI's "
+                                         "--quantized-kv-start)", Allowed(lo=0, positions=True))
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
-        if self.opts.quantized_kv_start < 0:
-            raise ValueError(f"codec '{self.name}': quantized_kv_start must be >= 0, got {self.opts.quantized_kv_start}")
         self.field = BitField(self.head_dim, self.bits)
         self.bytes_per_vector = None  # the scales take the input's dtype: see expected_nbytes
 

@@ -19,6 +19,9 @@ from registry.options import Allowed, option
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _FP32 = torch.finfo(torch.float32)
+#: a per-layer scale (1.0 without a calibrated checkpoint's): float32 in the engines, so a normal float32 (zero,
+#: a subnormal or one past float32 would divide every coordinate to inf or NaN)
+SCALE = Allowed(lo=_FP32.tiny, hi=_FP32.max)
 
 
 def fp8_saturate(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -185,10 +188,8 @@ class PerTensorFp8(EnginePreset):
 
     @dataclass(frozen=True)
     class Options:
-        # the per-layer scales (1.0 without calibrated checkpoint scales): float32 in the engines, so a normal
-        # float32 (zero, a subnormal or one past float32 would divide every coordinate to inf or NaN)
-        k_scale: float = option(1.0, "the per-layer key scale", Allowed(lo=_FP32.tiny, hi=_FP32.max))
-        v_scale: float = option(1.0, "the per-layer value scale", Allowed(lo=_FP32.tiny, hi=_FP32.max))
+        k_scale: float = option(1.0, "the per-layer key scale", SCALE)
+        v_scale: float = option(1.0, "the per-layer value scale", SCALE)
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)

@@ -23,13 +23,13 @@ Around the bytes: the context phase attends the chunk from the projections (``ne
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from kernels.engines.preset import EnginePreset, Nvfp4, fp8_saturate, fp8_value
+from kernels.engines.preset import SCALE, EnginePreset, Nvfp4, fp8_saturate, fp8_value
 from kernels.registry import register_codec
+from registry.options import option
 from kernels.token_layout import Element, TokenCodes, TokenLayout
 
 
@@ -40,12 +40,10 @@ class _PerLayer8(EnginePreset):
 
     @dataclass(frozen=True)
     class Options:
-        kv_scale: float = 1.0  # the checkpoint's kv_cache_scaling_factor (1.0 without calibration)
+        kv_scale: float = option(1.0, "the checkpoint's kv_cache_scaling_factor (1.0 without calibration)", SCALE)
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
-        if not 0 < self.opts.kv_scale < math.inf:
-            raise ValueError(f"codec '{self.name}': kv_scale must be finite and > 0, got {self.opts.kv_scale}")
         self.bytes_per_vector = self.head_dim
 
     def _build_token_layout(self):

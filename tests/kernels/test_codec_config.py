@@ -49,7 +49,9 @@ def test_codec_options_of_real_codecs():
     with pytest.raises(ValueError, match="codec option octopus.split must be"):
         codec_options("octopus", {"split": "4,2"})  # a string is not a command line's unless it says so
     given = octopus(split=(4, 2))
-    assert codec_options("octopus", given) is given  # an instance is trusted: checked where it was made
+    assert codec_options("octopus", given) is given  # an instance's types are trusted: checked where it was made
+    with pytest.raises(ValueError, match=r"codec option octopus\.split=0,2: 0 at position 1 is out of range"):
+        make_codec(octopus(split=(0, 2)), 3, 64)  # its ranges are not: made in Python, no reader checked them
     with pytest.raises(ValueError, match="takes its options as a dict or a"):
         codec_options("octopus", codec_class("kivi").Options())
     c = make_codec(CodecConfig("octopus", 3, 64, options=codec_options("octopus", {"split": "4,2"}, strings=True)))

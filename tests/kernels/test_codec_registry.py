@@ -1,14 +1,19 @@
-"""kernels/registry.py: discovery of codec modules, duplicate names, the Options declaration."""
+"""kernels/registry.py: discovery of codec modules, duplicate names, the Options declaration and where each
+numeric option may lie."""
 from __future__ import annotations
 
 import importlib
 import inspect
 import pkgutil
-from dataclasses import dataclass
+import types
+import typing
+from dataclasses import dataclass, fields
 
 import pytest
 
 from kernels import CODECS, Codec, register_codec
+from kernels.registry import REGISTRY
+from registry.options import Allowed, allowed, option
 
 
 def test_every_codec_class_in_the_package_is_registered():
@@ -48,3 +53,31 @@ def test_options_must_be_a_frozen_dataclass():
     with pytest.raises(TypeError, match="frozen dataclass"):
         register_codec("loose-options")(Loose)
     assert "loose-options" not in CODECS
+
+
+def _numeric(tp) -> bool:
+    """An int or float annotation, optional or in a tuple (bool and Literal fields are closed by their type)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType, tuple):
+        return any(_numeric(a) for a in typing.get_args(tp) if a is not Ellipsis)
+    return tp in (int, float)
+
+
+def _unranged(options_cls: type) -> list[str]:
+    """The numeric fields of ``options_cls`` that declare no lower bound and no choices."""
+    hints = typing.get_type_hints(options_cls)
+    return [f.name for f in fields(options_cls)
+            if _numeric(hints[f.name]) and allowed(f).lo is None and not allowed(f).choices]
+
+
+def test_every_numeric_codec_option_declares_where_it_may_lie():
+    """Issue #41: an option without a range failed only as its codec was built, after the model had loaded, and
+    beside another codec as a skip; every number a codec takes is bounded where it is read."""
+    @dataclass(frozen=True)
+    class Loose:
+        ranged: int = option(1, "", Allowed(lo=1))
+        pair: tuple[int, int] | None = None
+        scale: float = 1.0
+        flag: bool = False
+
+    assert _unranged(Loose) == ["pair", "scale"]  # what the check below finds
+    assert {name: _unranged(cls.Options) for name, cls in REGISTRY.all().items() if _unranged(cls.Options)} == {}

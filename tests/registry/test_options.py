@@ -7,7 +7,8 @@ from typing import Literal
 
 import pytest
 
-from registry.options import Allowed, allowed, check_options, help_of, option, options_json, parse_options, read_options
+from registry.options import (Allowed, allowed, check_options, check_ranges, help_of, option, options_json, parse_options,
+                              read_options)
 
 
 @dataclass(frozen=True)
@@ -69,3 +70,24 @@ def test_options_carry_help_and_where_they_may_lie():
     Allowed(positions=True).check_positions((512, 2048), 4096)
     with pytest.raises(ValueError, match="4096 tokens exceed the model's 2048 positions"):
         Allowed(positions=True).check_positions((512, 4096), 2048)
+
+
+@dataclass(frozen=True)
+class _Pair:
+    split: tuple[int, int] | None = option(None, "(b_u, b_r)", Allowed(lo=(1, 0), hi=10))
+
+
+def test_a_bound_per_position_and_an_instance_made_in_python():
+    """A fixed-length tuple's items each within their own bounds (issue #41: octopus's split); None (left to the
+    codec) is not bounded; an instance made in Python is checked as a read one is."""
+    assert read_options("codec", "t", _Pair, {"split": "1,0"}) == _Pair(split=(1, 0))
+    for text, match in (("0,5", r"t\.split=0,5: 0 at position 1 is out of range \(1 <= value <= 10\)"),
+                        ("1,11", r"t\.split=1,11: 11 at position 2 is out of range \(0 <= value <= 10\)"),
+                        ("1,-1", r"-1 at position 2 is out of range")):
+        with pytest.raises(ValueError, match=match):
+            read_options("codec", "t", _Pair, {"split": text})
+    check_ranges("codec", "t", _Pair())
+    with pytest.raises(ValueError, match=r"codec option t\.split=0,5: 0 at position 1 is out of range"):
+        check_ranges("codec", "t", _Pair(split=(0, 5)))
+    Allowed(lo=1, positions=True).check_positions(None, 16)  # an optional field left unset
+

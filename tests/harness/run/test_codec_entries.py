@@ -1,11 +1,13 @@
-"""``--codec NAME@B``: a codec at its own bit widths beside the run's ``--bits`` (an engine's preset), and
-``--preset deployed``, which runs the engines' KV caches beside OCTOPUS and TurboQuant-MSE."""
+"""``--codec NAME@B``: a codec at its own bit widths beside the run's ``--bits`` (an engine's preset); a bare
+``NAME`` at the widths of ``--bits`` it takes, or at all of its own where it takes none; and ``--preset deployed``,
+which runs the engines' KV caches beside OCTOPUS and TurboQuant-MSE."""
 from __future__ import annotations
 
 import json
 
 import pytest
-from helpers.tiny_lm import text_run_config, tiny_causal_lm
+from helpers.bad_input import tiny_run_argv
+from helpers.tiny_lm import FOX, text_run_config, tiny_causal_lm
 
 from harness.cli.main import main
 from harness.run.config import PRESETS, RunConfig, RunError
@@ -79,3 +81,47 @@ def test_a_verdict_says_when_there_is_nothing_to_compare():
     assert verdict({"word": None, "mean": 0.1, "n": 1}) == "one cell (n = 1)"
     assert verdict({"word": None, "mean": 0.1, "n": 4}) == "indistinguishable"
     assert verdict({"word": "better", "mean": -0.1, "n": 4}) == "better"
+
+
+# --- a bare name: the three cases (issue #40) ----------------------------------------------------------
+def test_a_bare_fixed_width_codec_runs_at_its_width(capsys):
+    """Issue #40's command: bare names of engine caches at --bits 2 3 4 run at the widths they take, each
+    difference said in one note line (and the explicit NAME@B form is the one that can be wrong)."""
+    notes = []
+    config = RunConfig(codecs=["sglang-fp8-e4m3", "vllm-int4-per-token-head", "hf-quanto", "octopus"], bits=[2, 3, 4])
+    assert config.codec_entries(notes.append) == [("sglang-fp8-e4m3", [8]), ("vllm-int4-per-token-head", [4]),
+                                                  ("hf-quanto", [2, 4]), ("octopus", [2, 3, 4])]
+    assert notes == ["note: --codec sglang-fp8-e4m3 runs at 8, its own width (it takes none of --bits 2 3 4)",
+                     "note: --codec vllm-int4-per-token-head runs at 4 of --bits 2 3 4 (it takes 4)",
+                     "note: --codec hf-quanto runs at 2,4 of --bits 2 3 4 (it takes 2,4)"]
+    assert [c.label for c in config.cache_configs()] == [
+        "none", "sglang-fp8-e4m3@8", "vllm-int4-per-token-head@4", "hf-quanto@2", "hf-quanto@4", "octopus@2",
+        "octopus@3", "octopus@4"]
+
+
+def test_a_bare_codec_with_no_width_in_common_runs_at_all_of_its_own():
+    from kernels import codec_class
+
+    notes = []
+    assert RunConfig(codecs=["hf-hqq"], bits=[3]).codec_entries(notes.append) == [
+        ("hf-hqq", list(codec_class("hf-hqq").bits_supported))]
+    assert notes == [f"note: --codec hf-hqq runs at {','.join(map(str, codec_class('hf-hqq').bits_supported))}, its "
+                     f"own widths (it takes none of --bits 3)"]
+    assert RunConfig(codecs=["octopus"], bits=[2, 3]).codec_entries(notes.append) == [("octopus", [2, 3])]
+    assert len(notes) == 1  # a bare name that takes every --bits says nothing
+
+
+def test_issue_40s_command_runs_every_codec_at_its_width(tmp_path, checkpoint, capsys):
+    """`harness run --task perplexity --codec sglang-fp8-e4m3 vllm-int4-per-token-head hf-quanto` on the tiny
+    checkpoint: rows at 8, 4, 2 and 4 bits, nothing skipped, and one note per codec on stdout."""
+    (tmp_path / "fox.txt").write_text(FOX)
+    argv = tiny_run_argv(checkpoint, tmp_path / "fox.txt", tmp_path / "run")
+    at = argv.index("--codec")
+    argv[at + 1:at + 2] = ["sglang-fp8-e4m3", "vllm-int4-per-token-head", "hf-quanto"]
+    argv[argv.index("--bits") + 1:argv.index("--bits") + 2] = ["2", "3", "4"]
+    assert main(argv + ["--codec-seeds", "0", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("note: --codec ") == 3 and "skipping" not in out
+    labels = {json.loads(line)["label"] for line in (tmp_path / "run" / "rows.jsonl").read_text().splitlines()}
+    assert labels == {"none", "sglang-fp8-e4m3@8", "vllm-int4-per-token-head@4", "hf-quanto@2", "hf-quanto@4"}
+    assert json.loads((tmp_path / "run" / "model.json").read_text())["skipped"] == []

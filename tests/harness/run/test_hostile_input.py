@@ -29,10 +29,13 @@ RULER = RUN + ["--codec", "kivi", "--task", "ruler"]
 TURNS = RUN + ["--codec", "kivi", "--task", "turns"]
 
 
-def opt(codec: str, value: str) -> list[str]:
-    """The codec at its own width with one option."""
-    width = {"vllm-fp8": 8, "sglang-fp8-e4m3": 8, "vllm-turboquant-4bit-nc": 4, "exl3": 4}.get(codec, 2)
-    return RUN + ["--codec", f"{codec}@{width}", "--codec-opt", f"{codec}.{value}"]
+def opt(codec: str, value: str, *beside: str) -> list[str]:
+    """The codec at a width it takes (2 where it can) with one option, after the codecs ``beside``, which can run
+    (issue #41: the option is still an error, not the codec skipped)."""
+    from kernels import codec_class
+
+    takes = codec_class(codec).bits_supported
+    return RUN + ["--codec", *beside, f"{codec}@{2 if 2 in takes else takes[0]}", "--codec-opt", f"{codec}.{value}"]
 
 
 # (id, {file name: content}, argv, what the one line must say)
@@ -80,11 +83,48 @@ CASES = [
     ("v-scale-subnormal", {}, opt("sglang-fp8-e4m3", "v_scale=1e-45"), "v_scale=1e-45: 1e-45 is out of range"),
     ("quanto-group-zero", {}, opt("hf-quanto", "q_group_size=0"), "hf-quanto.q_group_size=0: 0 is out of range"),
     ("quanto-residual-negative", {}, opt("hf-quanto", "residual_length=-1"), "residual_length=-1: -1 is out of range"),
-    ("quanto-axis-five", {}, opt("hf-quanto", "axis_key=5"), "hf-quanto.axis_key=5: must be one of -1, 0, 1"),
+    ("quanto-axis-five", {}, opt("hf-quanto", "axis_key=5"), "hf-quanto.axis_key=5: must be one of 0, -1"),
     ("turboquant-boundary-negative", {}, opt("vllm-turboquant-4bit-nc", "boundary_layers=-1"),
      "boundary_layers=-1: -1 is out of range (0 <= value)"),
-    ("exl3-value-bits-past-8", {}, opt("exl3", "v_bits=99"), "codec 'exl3': v_bits must be 0 (the keys' bits) or 2..8"),
-    ("kivi-group-zero", {}, opt("kivi", "group_size=0"), "kivi group_size must be >= 1, got 0"),
+    ("exl3-value-bits-past-8", {}, opt("exl3", "v_bits=99"), "exl3.v_bits=99: must be one of 0, 2, 3, 4, 5, 6, 7, 8"),
+    # issue #41: every codec option is checked before the model loads, and beside a codec that can run it is an
+    # error too (it was a skip); what only the model's shape settles is checked against the shape it declares
+    ("k-scale-nan-beside-kivi", {}, opt("vllm-fp8", "k_scale=nan", "kivi"), "vllm-fp8.k_scale=nan: nan is not a"),
+    ("quanto-group-zero-beside-kivi", {}, opt("hf-quanto", "q_group_size=0", "kivi"), "q_group_size=0: 0 is out of"),
+    ("quanto-axis-one", {}, opt("hf-quanto", "axis_key=1", "kivi"), "hf-quanto.axis_key=1: must be one of 0, -1"),
+    ("hqq-axis-minus-one", {}, opt("hf-hqq", "axis_value=-1", "kivi"), "hf-hqq.axis_value=-1: must be one of 0, 1"),
+    ("quanto-residual-past-positions", {}, opt("hf-quanto", "residual_length=99999", "kivi"),
+     "--codec-opt hf-quanto.residual_length: 99999 tokens exceed the model's 4096 positions"),
+    ("kivi-group-zero", {}, opt("kivi", "group_size=0", "octopus"), "kivi.group_size=0: 0 is out of range (1 <="),
+    ("kivi-group-past-positions", {}, opt("kivi", "group_size=100000", "octopus"),
+     "--codec-opt kivi.group_size: 100000 tokens exceed the model's 4096 positions"),
+    ("octopus-split-past-10", {}, opt("octopus", "split=99,99", "kivi"),
+     "octopus.split=99,99: 99 at position 1 is out of range (1 <= value <= 10)"),
+    ("octopus-split-no-direction-bits", {}, opt("octopus", "split=0,2", "kivi"), "0 at position 1 is out of range"),
+    ("octopus-qjl-split-radius-negative", {}, opt("octopus-qjl", "split=3,-1", "kivi"),
+     "octopus-qjl.split=3,-1: -1 at position 2 is out of range (0 <= value <= 10)"),
+    ("qjl-no-rows", {}, opt("qjl", "m=0", "kivi"), "qjl.m=0: 0 is out of range (1 <= value <= 65536)"),
+    ("qjl-rows-past-the-bound", {}, opt("qjl", "m=10000000", "kivi"), "qjl.m=10000000: 10000000 is out of range"),
+    ("quarot-group-zero", {}, opt("quarot", "group_size=0", "kivi"), "quarot.group_size=0: 0 is out of range"),
+    ("quarot-group-not-dividing", {}, opt("quarot", "group_size=48", "kivi"),
+     "--codec-opt quarot.group_size=48: quarot group_size must divide the padded head dim 32, got 48"),
+    ("polarquant-levels-zero", {}, opt("polarquant", "levels=0", "kivi"), "polarquant.levels=0: 0 is out of range"),
+    ("polarquant-levels-past-head-dim", {}, opt("polarquant", "levels=6", "kivi"),
+     "--codec-opt polarquant.levels=6: polarquant levels must be in 1..5 for head_dim 32"),
+    ("polarquant-angle-bits-past-10", {}, opt("polarquant", "angle_bits=11,2,2,2", "kivi"),
+     "polarquant.angle_bits=11,2,2,2: 11 is out of range (1 <= value <= 10)"),
+    ("polarquant-angle-bits-not-one-a-level", {}, opt("polarquant", "angle_bits=4,2", "kivi"),
+     "--codec-opt polarquant.angle_bits=4,2: polarquant angle_bits must be 4 values (one per level), got 2"),
+    ("polar2d-radius-group-not-dividing", {}, opt("polarquant-2d", "radius_group=5", "kivi"),
+     "--codec-opt polarquant-2d.radius_group=5: polarquant-2d radius_group must divide the 16 pairs, got 5"),
+    ("polar2d-radius-bits-zero", {}, opt("polarquant-2d", "radius_bits=0", "kivi"), "radius_bits=0: 0 is out of"),
+    ("polar2d-angle-bits-past-16", {}, opt("polarquant-2d", "angle_bits=17", "kivi"), "angle_bits=17: 17 is out of"),
+    ("trtllm-fp8-scale-zero", {}, opt("trtllm-fp8", "kv_scale=0", "kivi"), "trtllm-fp8.kv_scale=0: 0.0 is out of"),
+    ("trtllm-int8-scale-inf", {}, opt("trtllm-int8", "kv_scale=inf", "kivi"), "kv_scale=inf: inf is not a finite"),
+    ("mlx-start-negative", {}, opt("mlx-g32", "quantized_kv_start=-1", "kivi"), "quantized_kv_start=-1: -1 is out"),
+    ("mlx-start-past-positions", {}, opt("mlx-g32", "quantized_kv_start=99999", "kivi"),
+     "--codec-opt mlx-g32.quantized_kv_start: 99999 tokens exceed the model's 4096 positions"),
+    ("exl3-value-bits-one", {}, opt("exl3", "v_bits=1", "kivi"), "exl3.v_bits=1: must be one of 0, 2"),
     # RULER and turns
     ("ruler-context-below-its-answer", {}, RULER + ["--task-opt", "ruler.contexts=64"],
      "ruler: niah_single_1 does not fit a context of 64 tokens: its answer alone takes 128"),
@@ -142,55 +182,6 @@ def test_hostile_input_gets_one_line_before_the_model_loads(files, argv, says, t
     assert says in line, line
     assert "a model loaded" not in line
     assert not (tmp_path / "run").exists()  # nothing written either
-
-
-# --- codec widths: the three cases of a name -----------------------------------------------------------
-def test_a_bare_fixed_width_codec_runs_at_its_width(capsys):
-    """The issue's command: bare names of engine caches at --bits 2 3 4 run at the widths they take, each
-    difference said in one note line (and the explicit NAME@B form is the one that can be wrong)."""
-    from harness.run.config import RunConfig
-
-    notes = []
-    config = RunConfig(codecs=["sglang-fp8-e4m3", "vllm-int4-per-token-head", "hf-quanto", "octopus"], bits=[2, 3, 4])
-    assert config.codec_entries(notes.append) == [("sglang-fp8-e4m3", [8]), ("vllm-int4-per-token-head", [4]),
-                                                  ("hf-quanto", [2, 4]), ("octopus", [2, 3, 4])]
-    assert notes == ["note: --codec sglang-fp8-e4m3 runs at 8, its own width (it takes none of --bits 2 3 4)",
-                     "note: --codec vllm-int4-per-token-head runs at 4 of --bits 2 3 4 (it takes 4)",
-                     "note: --codec hf-quanto runs at 2,4 of --bits 2 3 4 (it takes 2,4)"]
-    assert [c.label for c in config.cache_configs()] == [
-        "none", "sglang-fp8-e4m3@8", "vllm-int4-per-token-head@4", "hf-quanto@2", "hf-quanto@4", "octopus@2",
-        "octopus@3", "octopus@4"]
-
-
-def test_a_bare_codec_with_no_width_in_common_runs_at_all_of_its_own():
-    from harness.run.config import RunConfig
-    from kernels import codec_class
-
-    notes = []
-    assert RunConfig(codecs=["hf-hqq"], bits=[3]).codec_entries(notes.append) == [
-        ("hf-hqq", list(codec_class("hf-hqq").bits_supported))]
-    assert notes == [f"note: --codec hf-hqq runs at {','.join(map(str, codec_class('hf-hqq').bits_supported))}, its "
-                     f"own widths (it takes none of --bits 3)"]
-    assert RunConfig(codecs=["octopus"], bits=[2, 3]).codec_entries(notes.append) == [("octopus", [2, 3])]
-    assert len(notes) == 1  # a bare name that takes every --bits says nothing
-
-
-def test_the_issue_command_runs_every_codec_at_its_width(tmp_path, checkpoint, capsys):
-    """`harness run --task perplexity --codec sglang-fp8-e4m3 vllm-int4-per-token-head hf-quanto` on the tiny
-    checkpoint: rows at 8, 4, 2 and 4 bits, nothing skipped, and one note per codec on stdout."""
-    from helpers.tiny_lm import FOX
-
-    (tmp_path / "fox.txt").write_text(FOX)
-    argv = tiny_run_argv(checkpoint, tmp_path / "fox.txt", tmp_path / "run")
-    at = argv.index("--codec")
-    argv[at + 1:at + 2] = ["sglang-fp8-e4m3", "vllm-int4-per-token-head", "hf-quanto"]
-    argv[argv.index("--bits") + 1:argv.index("--bits") + 2] = ["2", "3", "4"]
-    assert main(argv + ["--codec-seeds", "0", "--quiet"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("note: --codec ") == 3 and "skipping" not in out
-    labels = {json.loads(line)["label"] for line in (tmp_path / "run" / "rows.jsonl").read_text().splitlines()}
-    assert labels == {"none", "sglang-fp8-e4m3@8", "vllm-int4-per-token-head@4", "hf-quanto@2", "hf-quanto@4"}
-    assert json.loads((tmp_path / "run" / "model.json").read_text())["skipped"] == []
 
 
 # --- the declared shape is the loaded one ------------------------------------------------------------

@@ -70,8 +70,10 @@ def test_options_are_transformers_cache_config():
     c = make_codec("hf-hqq", 2, 128, axis_key=1, axis_value=1, residual_length=16)
     assert c.transformers_cache_config() == {"backend": "hqq", "nbits": 2, "q_group_size": 64, "residual_length": 16,
                                              "axis_key": 1, "axis_value": 1}
-    with pytest.raises(ValueError, match="axis_key and axis_value must be one of"):
+    with pytest.raises(ValueError, match="hf-quanto.axis_key=1: must be one of 0, -1"):
         make_codec("hf-quanto", 4, 128, axis_key=1)  # quanto's axes are 0 and -1
+    with pytest.raises(ValueError, match="hf-hqq.axis_value=-1: must be one of 0, 1"):
+        make_codec("hf-hqq", 4, 128, axis_value=-1)  # HQQ's are 0 and 1
     with pytest.raises(ValueError, match="q_group_size=0: 0 is out of range"):
         make_codec("hf-quanto", 4, 128, q_group_size=0)
     # the per-token form cuts groups at a token-head's end where 64 does not divide the head dim

@@ -86,5 +86,5 @@ def test_quantized_kv_start_options():
     late = make_codec("mlx-g64", 4, 128, quantized_kv_start=5000)  # mlx_lm.generate's default
     assert late.native_tokens(4999) == 4999 and late.native_tokens(5000) is None
     assert not late.stores_before_attending(4999) and late.stores_before_attending(5000)
-    with pytest.raises(ValueError, match="quantized_kv_start must be >= 0"):
+    with pytest.raises(ValueError, match=r"quantized_kv_start=-1: -1 is out of range \(0 <= value\)"):
         make_codec("mlx-g64", 4, 128, quantized_kv_start=-1)
