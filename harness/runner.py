@@ -58,6 +58,7 @@ from harness.run.lock import RunLock, RunLocked, describe
 from harness.run.memory_check import run_memory
 from harness.run.plan import Plan, adopt_plan, write_plan
 from harness.run.rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name, write_via
+from harness.run.safe_text import printable
 from harness.scale.merge import MERGE_WAIT_S, complete
 from harness.scale.shard import Shard
 from harness.tasks import get_task, task_options
@@ -136,8 +137,7 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
     if shard is not None:
         if fresh:
             raise RunError(f"--fresh with {shard.source} would discard the other shards' rows: start over "
-                           f"with `harness launch ... -- ... --fresh`, or once with `harness run --fresh` "
-                           f"without shards")
+                           f"with `harness launch ... -- ... --fresh`, or once with `harness run --fresh` without shards")
         return _run_shard(config, spec, work, out, model, on_row, progress, log, shard, planned)
     created = make_out(out)
     with RunLock(out, wait=MERGE_WAIT_S):
@@ -281,7 +281,7 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
                 todo = [(c, k) for c, k in zip(runs, keys) if any(key not in done for key in k)]
                 if not todo:
                     continue
-                shown = batch[0].id + (f" +{len(batch) - 1}" if len(batch) > 1 else "")
+                shown = printable(batch[0].id) + (f" +{len(batch) - 1}" if len(batch) > 1 else "")
                 bar.set_postfix_str(f"{name}/{shown} baseline")
                 baselines = _baselines(task, name, model, batch, config.seed, out)
                 for c, batch_keys in todo:

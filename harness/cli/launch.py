@@ -23,6 +23,7 @@ from typing import Annotated
 from tyro.conf import arg, create_mutex_group
 
 from harness.cli.commands import RunCommand, parse_run
+from harness.cli.main import say
 from harness.report.build import finish
 from harness.report.run_data import plot_names
 from harness.run.claim import claim_out, make_out, refuse_live_shards, wipe, write_config
@@ -31,6 +32,7 @@ from harness.run.flags import parse
 from harness.run.folder import RunFolder
 from harness.run.lock import RunLock
 from harness.run.plan import read_plan
+from harness.run.safe_text import printable
 from harness.runner import plan, resolve, run
 from harness.scale.launch import complete_shards, gpu_list, run_local, run_slurm
 from harness.scale.merge import MERGE_WAIT_S
@@ -103,7 +105,8 @@ def conclude(out: Path, count: int, failed: dict[int, str]) -> int:
             complete = finish(out)
     folder = RunFolder(out)
     for i, why in failed.items():
-        print(f"harness launch: {Shard(i, count)} failed: {why}; rerun the same command to resume it", file=sys.stderr)
+        print(printable(f"harness launch: {Shard(i, count)} failed: {why}; rerun the same command to resume it"),
+              file=sys.stderr)  # why: the last line of its log
     if not failed and complete:
         print(f"report: {folder.report_md} and {folder.report_html}")
     elif not failed:  # every process ended well, yet rows are missing (e.g. shards of another count ran beside)
@@ -116,8 +119,8 @@ def main(argv: list[str]) -> int:
     own, run_argv = split(argv)
     a = parse_launch(own)
     ra = run_command(run_argv)
-    config, _ = resolve(ra.config)  # every run argument checked, and prompts read, before anything starts
-    plan(config)
+    config, _ = resolve(ra.config, say)  # every run argument checked, and prompts read, before anything starts
+    plan(config, say)
     out = Path(ra.out or config.default_out()).absolute()
     child_argv = [x for x in run_argv if x != "--fresh"]
     if a.slurm:

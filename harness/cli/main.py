@@ -27,6 +27,7 @@ import typing
 from typing import TYPE_CHECKING
 
 from harness.run.folder import RunFolder
+from harness.run.safe_text import printable
 
 if TYPE_CHECKING:
     from harness.cli.commands import CompareCommand, ListCommand, ReportCommand
@@ -40,9 +41,14 @@ def cmd_run(argv: list[str]) -> int:
     pin_local_gpu(os.environ)  # torchrun / accelerate: this process's GPU, before CUDA starts
     cmd = parse_run(argv)
     shard = Shard.parse(cmd.shard) if cmd.shard else Shard.from_env(os.environ)
-    folder = RunFolder(run(cmd.config, out=cmd.out, fresh=cmd.fresh, progress=not cmd.quiet, shard=shard))
+    folder = RunFolder(run(cmd.config, out=cmd.out, fresh=cmd.fresh, progress=not cmd.quiet, shard=shard, log=say))
     print(f"report: {folder.report_md} and {folder.report_html}")
     return 0
+
+
+def say(line: str) -> None:
+    """A command's note on stdout, its control characters replaced: notes name prompt ids and labels."""
+    print(printable(line))
 
 
 def cmd_compare(a: CompareCommand) -> int:
@@ -53,7 +59,7 @@ def cmd_compare(a: CompareCommand) -> int:
         a.out.write_text(text, encoding="utf-8")
         print(f"wrote {a.out}")
     else:
-        print(text)
+        print(printable(text, keep="\n"))
     if a.html:
         from harness.report.html import write_compare_page
 
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"harness: error: unknown command '{name}'; use one of {', '.join(COMMANDS)} (harness --help)",
+        print(printable(f"harness: error: unknown command '{name}'; use one of {', '.join(COMMANDS)} (harness --help)"),
               file=sys.stderr)
         return 2
     handler = globals()[f"cmd_{name}"]  # looked up at call time (tests replace one)
@@ -191,10 +197,10 @@ def debugging() -> bool:
 
 
 def error(cmd: str, e: BaseException) -> int:
-    """One line on stderr, ``harness CMD: error: ...`` (the message's own line breaks folded), and
-    exit code 2; HARNESS_DEBUG=1 re-raises for the traceback. ValueError (RunError, InputError, the
-    adapters' load errors) and OSError messages name the problem and the fix; any other exception is
-    named by its type, with the debug hint."""
+    """One line on stderr, ``harness CMD: error: ...`` (the message's own line breaks folded, its other
+    control characters replaced: it may quote an id or a file's content), and exit code 2; HARNESS_DEBUG=1
+    re-raises for the traceback. ValueError (RunError, InputError, the adapters' load errors) and OSError
+    messages name the problem and the fix; any other exception is named by its type, with the debug hint."""
     if debugging():
         raise e
     text = " ".join(str(e).split()) or type(e).__name__
@@ -204,7 +210,7 @@ def error(cmd: str, e: BaseException) -> int:
     if not named:
         text = f"{type(e).__name__}: {text}"
     hint = "" if isinstance(e, (ValueError, OSError)) else " (HARNESS_DEBUG=1 shows the traceback)"
-    print(f"harness {cmd}: error: {text}{hint}", file=sys.stderr)
+    print(printable(f"harness {cmd}: error: {text}{hint}"), file=sys.stderr)
     return 2
 
 

@@ -14,6 +14,7 @@ draw), with its 95% interval and word (:mod:`harness.stats.intervals`). Pairing 
 Prompts that only one run has are left out, and counted. Runs whose recorded environments
 (model.json's ``environment``, :mod:`harness.run.environment`) differ get a warning line naming the
 fields. One run alone gets only the per-prompt tables, as do all runs after the paired sections.
+Run, task, metric and configuration names are shown as written (:func:`~harness.report.formatting.md_text`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from harness.run.claim import refuse_not_regular
 from harness.run.folder import RunFolder
 from harness.run.environment import environment_diff
-from harness.report.formatting import arrow, display, fmt, fmt_ci, fmt_diff
+from harness.report.formatting import arrow, display, fmt, fmt_ci, fmt_diff, md_row, md_text
 from harness.report.model import per_prompt_rows, values
 from harness.run.rows import BASELINE_LABEL
 from harness.report.run_data import RunData, read_run
@@ -125,13 +126,14 @@ def notes(a: Run, b: Run) -> list[str]:
     ea, eb = a.model.get("environment"), b.model.get("environment")
     missing = [r.name for r, e in ((a, ea), (b, eb)) if not e]
     if missing:
-        out = [f"Environment not recorded ({', '.join(missing)}): it cannot be checked."]
+        out = [f"Environment not recorded ({md_text(', '.join(missing))}): it cannot be checked."]
     else:
         diff = environment_diff(ea, eb)
-        out = [f"**Warning**: the runs' environments differ in {', '.join(diff)}."] if diff else []
+        out = [f"**Warning**: the runs' environments differ in {md_text(', '.join(diff))}."] if diff else []
     da, db = (a.model.get("model") or {}).get("dtype"), (b.model.get("model") or {}).get("dtype")
     if da and db and da != db:
-        out.append(f"Note: the model ran in {da} in {a.name} and in {db} in {b.name}.")
+        out.append(f"Note: the model ran in {md_text(da)} in {md_text(a.name)} and in {md_text(db)} in "
+                   f"{md_text(b.name)}.")
     return out
 
 
@@ -160,28 +162,28 @@ def pair_runs(a: Run, b: Run, task: str) -> list[dict]:
 def _task_pairs(a: Run, b: Run, task: str) -> list[str]:
     ta, tb = a.summary["tasks"][task], b.summary["tasks"][task]
     pa, pb = set(ta["prompts"]), set(tb["prompts"])
-    md = [f"### {task}", "", f"Paired {len(pa & pb)} prompt(s) ({len(pa - pb)} only in {a.name}, "
-          f"{len(pb - pa)} only in {b.name}).", ""]
+    md = [f"### {md_text(task)}", "", f"Paired {len(pa & pb)} prompt(s) ({len(pa - pb)} only in {md_text(a.name)}, "
+          f"{len(pb - pa)} only in {md_text(b.name)}).", ""]
     pairs = pair_runs(a, b, task)
     for m in ta["metrics"]:
         rows = [p for p in pairs if p["metric"] == m["name"]]
         if not rows:
             continue
-        md += [f"**{display(m)}**{arrow(m['higher_is_better'])}", "",
-               f"| config | {a.name} | {b.name} | {b.name} − {a.name} ± 95% | {b.name} is | n |",
+        md += [f"**{md_text(display(m))}**{arrow(m['higher_is_better'])}", "",
+               md_row(["config", a.name, b.name, f"{b.name} − {a.name} ± 95%", f"{b.name} is", "n"]),
                "|---|---|---|---|---|---|"]
-        md += [f"| {p['label']} | {fmt_ci(p['a'], with_n=False)} | {fmt_ci(p['b'], with_n=False)} | "
-               f"{fmt_diff(p['diff'], with_word=False)} | {p['diff']['word'] or '—'} | {p['diff']['n']} |"
-               for p in rows]
+        md += [md_row([p["label"], fmt_ci(p["a"], with_n=False), fmt_ci(p["b"], with_n=False),
+                       fmt_diff(p["diff"], with_word=False), p["diff"]["word"] or "—", p["diff"]["n"]]) for p in rows]
         md.append("")
     return md
 
 
 def paired_section(a: Run, b: Run) -> list[str]:
-    md = [f"## {b.name} against {a.name}", "",
-          f"{b.name} − {a.name} per configuration on the (prompt, codec seed) cells both runs have, ± its "
-          f"95% interval (paired); the columns {a.name} and {b.name} are each run's mean on those cells; "
-          f"the word says what {b.name} is.", ""]
+    an, bn = md_text(a.name), md_text(b.name)
+    md = [f"## {bn} against {an}", "",
+          f"{bn} − {an} per configuration on the (prompt, codec seed) cells both runs have, ± its "
+          f"95% interval (paired); the columns {an} and {bn} are each run's mean on those cells; "
+          f"the word says what {bn} is.", ""]
     warnings = notes(a, b)
     md += [*warnings, ""] if warnings else []
     for task in (t for t in a.summary["tasks"] if t in b.summary["tasks"]):
@@ -194,10 +196,10 @@ def per_prompt_section(runs: list[Run]) -> list[str]:
     md = []
     tasks = list(dict.fromkeys(task for r in runs for task in r.summary["tasks"]))
     for task in tasks:
-        md += [f"## {task}: per-prompt values" if len(runs) > 1 else f"## {task}", ""]
+        md += [f"## {md_text(task)}" + (": per-prompt values" if len(runs) > 1 else ""), ""]
         prompts = task_prompts(runs, task)
         for m in task_metrics(runs, task):
-            md += [f"**{display(m)}**{arrow(m['higher_is_better'])}", "",
+            md += [f"**{md_text(display(m))}**{arrow(m['higher_is_better'])}", "",
                    per_prompt_table(per_prompt_rows(per_prompt_entries(runs, task, m["name"]), prompts), prompts), ""]
     return md
 

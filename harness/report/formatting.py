@@ -1,7 +1,7 @@
 """How report.md, report.html and ``harness compare`` write a value: numbers, a mean with its 95% interval,
 a paired difference with its word, bytes, a metric's name and direction, text from input made safe for
-Markdown or HTML, and a plot's file name. Every renderer formats through these, so the two reports never
-disagree on a digit."""
+Markdown or HTML (for a terminal or a plot: :mod:`harness.run.safe_text`), and a plot's file name. Every renderer
+formats through these, so the two reports never disagree on a digit."""
 from __future__ import annotations
 
 import html
@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from harness.report.values import Difference, Estimate, Metric, NonInferiority
 from harness.run.rows import num, within
+from harness.run.safe_text import printable
 
 
 # --- numbers ------------------------------------------------------------------------------------
@@ -141,26 +142,41 @@ def verdict(p: Difference | dict) -> str:
 
 
 # --- text from input ----------------------------------------------------------------------------
-_MD_SPECIAL = re.compile(r"[\\`*_\[\]|#!~]")
-
-
-def _printable(s) -> str:
-    return "".join("\ufffd" if ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0 else c for c in str(s))
+#: the characters md_text backslash-escapes: Markdown's own
+MD_SPECIAL = "\\`*_[]|#!~"
+_MD_SPECIAL = re.compile(f"[{re.escape(MD_SPECIAL)}]")
 
 
 def md_text(s) -> str:
-    """Text from input (prompt ids, paths) as Markdown that shows it as written and nothing more:
-    control characters (NUL, line breaks) become U+FFFD, HTML's & < > become entities (so no raw HTML
+    """Text from input (prompt ids, labels, names, paths) as Markdown that shows it as written and nothing more:
+    control characters (NUL, line breaks, ESC) become U+FFFD, HTML's & < > become entities (so no raw HTML
     reaches a renderer), and Markdown's own characters are backslash-escaped (no emphasis, links,
     code spans or table cells made from an id)."""
-    text = _printable(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = printable(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+
+
+def md_code(s) -> str:
+    """Text from input as a Markdown code span that shows it as written (not in a table cell, where a '|'
+    would still split it). Inside a code span neither backslash escapes nor entities work, and none are
+    needed but for backticks: the fence is one backtick longer than the text's longest run of them, and a
+    space pads text that begins or ends with one (or with a space: a renderer strips one each side)."""
+    text = printable(s)
+    fence = "`" * (1 + max(map(len, re.findall("`+", text)), default=0))
+    pad = " " if text[:1] == "`" or text[-1:] == "`" or (text[:1] == text[-1:] == " " and text.strip()) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def md_row(cells) -> str:
+    """A Markdown table row, each cell's text shown as written (:func:`md_text`): every table of report.md
+    and ``harness compare`` is written through this, so no label, name or id adds a cell or a link."""
+    return "| " + " | ".join(md_text(c) for c in cells) + " |"
 
 
 def html_text(s) -> str:
     """Text from input inside raw HTML in Markdown (a ``<summary>``): control characters become U+FFFD
     and HTML's specials entities; Markdown's escapes would show there as backslashes."""
-    return html.escape(_printable(s))
+    return html.escape(printable(s))
 
 
 def md_link(rel, root: Path) -> str | None:

@@ -29,11 +29,11 @@ def write_markdown(report: Report, out: Path) -> Path:
     """report.md and its plots in run folder ``out``."""
     out = Path(out)
     h = report.header
-    md = [f"# {h.title}", "", *h.notes, *header(h)]
+    md = [f"# {md_text(h.title)}", "", *h.notes, *header(h)]
     if h.speed_problem:  # between the markers: the one part that differs between identical runs
         md += [BEGIN, "", *speed_problem(h), "", END, ""]
     for t in report.tasks:
-        md += [f"## {t.name}", "", prompts_line(t), ""]
+        md += [f"## {md_text(t.name)}", "", prompts_line(t), ""]
         for s in t.sections:
             md += render(s, out)
     if report.not_measured:
@@ -59,7 +59,7 @@ def _rate_plots(s: RatePlots, out: Path) -> list[str]:
     for f in s.plots:
         png = plot_file(f.task, f.metric.name)
         plot_rate(out / png, f)
-        md += [f"![{f.task} {f.metric.display} against true bits per coordinate]({png})", ""]
+        md += [f"![{md_text(f.task)} {md_text(f.metric.display)} against true bits per coordinate]({png})", ""]
     return md
 
 
@@ -68,7 +68,7 @@ def _effective(s: EffectiveLength, out: Path) -> list[str]:
     if s.baseline:
         png = plot_file(s.task, "effective_length")
         plot_effective(out / png, s)
-        md += [f"![{s.task} score against context length]({png})", ""]
+        md += [f"![{md_text(s.task)} score against context length]({png})", ""]
     return md
 
 

@@ -1,11 +1,13 @@
 """The prose report.md and report.html both show, as Markdown lines (report.html turns them into HTML,
 :func:`harness.report.html.page.prose`): the header (model, cache, codecs, rates, intervals), what a task could
-not measure, a task's prompts, and what the tables of the sections (:mod:`harness.report.sections`) show."""
+not measure, a task's prompts, and what the tables of the sections (:mod:`harness.report.sections`) show. Text
+from input (names, labels, reasons, model.json's entries) goes in through :func:`~harness.report.formatting.md_text`
+or :func:`~harness.report.formatting.md_code`."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from harness.report.formatting import fmt, md_text
+from harness.report.formatting import fmt, md_code, md_text
 
 if TYPE_CHECKING:
     from harness.report.document import Header, NotMeasured, TaskReport
@@ -39,17 +41,17 @@ def header(h: Header) -> list[str]:
                  f"{m.q_heads} query / {m.kv_heads} KV heads" if m.kv_heads is not None else "",
                  f"head dim {m.head_dim}" if m.head_dim is not None else "",
                  f"{m.dtype} on {m.device or ''}" if m.dtype is not None else ""]
-        md.append(f"**Model**: `{h.model}` ({', '.join(p for p in parts if p)})"
+        md.append(f"**Model**: {md_code(h.model)} ({md_text(', '.join(p for p in parts if p))})"
                   + (f", from {md_text(m.source)}" if m.source else "") + ".")
-    kept = "; ".join(f"{n}: {list(layers)}" for n, layers in h.engine_layers)
+    kept = "; ".join(f"{md_text(n)}: {list(layers)}" for n, layers in h.engine_layers)
     engine = f" (and by their engines' rule, layers {kept})" if kept else ""
     md += [
-        f"**Cache**: native window of {h.window}; protected layers: {h.protect}{engine}; "
+        f"**Cache**: native window of {md_text(h.window)}; protected layers: {h.protect}{engine}; "
         f"values quantized per token in groups of {h.value_group} at "
         f"{'the key bit width' if h.value_bits is None else f'{h.value_bits} bits'}; keys read through each codec's "
         f"{'score estimator' if h.score_estimator else 'reconstruction'}; prompt seed {h.seed}, "
         f"codec seeds {', '.join(map(str, h.codec_seeds))}.",
-        f"**Codecs**: {', '.join(h.codecs)} at bits {', '.join(map(str, h.bits))}; "
+        f"**Codecs**: {md_text(', '.join(h.codecs))} at bits {', '.join(map(str, h.bits))}; "
         "baseline = the uncompressed cache (label `none`, run through the same cache path, so it must match the native "
         "model exactly).",
         "",
@@ -63,21 +65,21 @@ def header(h: Header) -> list[str]:
     ]
     if h.skipped:
         md.append("**Skipped** (the codec rejects this bit width or head dim):")
-        md += [f"- `{label}`: {reason}" for label, reason in h.skipped]
+        md += [f"- {md_code(label)}: {md_text(reason)}" for label, reason in h.skipped]
         md.append("")
     return md
 
 
 def speed_problem(h: Header) -> list[str]:
     """The line saying why no speed is shown ([] where none); each page puts it between the speed markers."""
-    return [f"**Speed and memory** not shown: {h.speed_problem}"] if h.speed_problem else []
+    return [f"**Speed and memory** not shown: {md_text(h.speed_problem)}"] if h.speed_problem else []
 
 
 def not_measured(n: NotMeasured) -> list[str]:
     """What a task could not measure, and why (e.g. LPIPS without its backbone weights): a '—' in
     the tables is never silent."""
     md = ["## Not measured", ""]
-    md += [f"- **{what}**: " + "; ".join(whys) for what, whys in n.reasons]
+    md += [f"- **{md_text(what)}**: " + "; ".join(map(md_text, whys)) for what, whys in n.reasons]
     return md + [""]
 
 
@@ -110,14 +112,14 @@ def detectable_note(margin: float | None) -> str:
 
 
 def breakdown_note(b: Breakdown) -> str:
-    return (f"Mean × 100 ± 95% over the prompts and codec seeds of each column; *average*: over {b.keys[0]}, as "
-            "RULER averages its tasks (per repeat and seed, then the interval).")
+    return (f"Mean × 100 ± 95% over the prompts and codec seeds of each column; *average*: over "
+            f"{md_text(b.keys[0])}, as RULER averages its tasks (per repeat and seed, then the interval).")
 
 
 def effective_note(e: EffectiveLength) -> str:
     share = f"{e.threshold:.0%}"
-    return (f"*effective*: the longest context up to which the configuration's mean {e.metric} stays at or above "
-            f"{share} of the baseline's at the same length (NoLiMa's definition); *shown*: up to which the 95% "
-            f"interval of score − {share} × baseline lies above 0 at every length (what the data establishes); "
+    return (f"*effective*: the longest context up to which the configuration's mean {md_text(e.metric)} stays at "
+            f"or above {share} of the baseline's at the same length (NoLiMa's definition); *shown*: up to which the "
+            f"95% interval of score − {share} × baseline lies above 0 at every length (what the data establishes); "
             "*possible*: up to which it never lies below (what the data does not rule out). Per length: score ÷ "
             "baseline.")

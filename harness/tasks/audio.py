@@ -36,6 +36,7 @@ from metrics import audio as am
 
 from harness.run.input_files import InputError, field, read_json
 from harness.run.rows import atomic_write, inside, is_regular, safe_name, write_via
+from harness.run.safe_text import plot_text
 from harness.tasks.base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "audio"
@@ -104,6 +105,8 @@ def _write_wav(path: Path, audio: np.ndarray, sr: int) -> None:
 
 
 def _spectrogram_png(path: Path, base: np.ndarray, x: np.ndarray, sr: int, title: str, labels: tuple[str, str]) -> None:
+    """Log-mel spectrograms of the baseline and ``x`` side by side; ``labels`` and ``title`` (a prompt id's) drawn
+    as written (:func:`~harness.run.safe_text.plot_text`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,11 +118,11 @@ def _spectrogram_png(path: Path, base: np.ndarray, x: np.ndarray, sr: int, title
     for ax, m, lab in zip(axes, (mb, mx), labels):
         im = ax.imshow(m, origin="lower", aspect="auto", cmap="magma", vmin=vmax - 80, vmax=vmax,
                        extent=(0, len(base) / sr, 0, m.shape[0]))
-        ax.set_title(lab, fontsize=9)
+        ax.set_title(plot_text(lab), fontsize=9)
         ax.set_xlabel("s")
     axes[0].set_ylabel("mel band")
     fig.colorbar(im, ax=axes, label="dB", shrink=0.9)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(plot_text(title), fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_via(path, lambda p: fig.savefig(p, dpi=80))
     plt.close(fig)

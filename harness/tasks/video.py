@@ -34,6 +34,7 @@ from metrics import video as vm
 
 from harness.run.input_files import InputError, field, read_json, read_text
 from harness.run.rows import atomic_write, inside, is_regular, safe_name, write_via
+from harness.run.safe_text import plot_text
 from harness.tasks.base import Prompt, Task, artifact_label, register_task
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts" / "video"
@@ -88,7 +89,8 @@ def still_indices(num_frames: int, stills: int) -> list[int]:
 
 
 def write_contact_sheet(path: Path, rows: list[tuple[str, torch.Tensor]], stills: int, title: str) -> None:
-    """A PNG grid: one row per (label, frames), the same ``stills`` frame indices in every row."""
+    """A PNG grid: one row per (label, frames), the same ``stills`` frame indices in every row; the labels and
+    the title (which name a prompt id) drawn as written (:func:`~harness.run.safe_text.plot_text`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,8 +111,8 @@ def write_contact_sheet(path: Path, rows: list[tuple[str, torch.Tensor]], stills
             if r == 0:
                 ax.set_title(f"frame {i}", fontsize=8)
             if c == 0:
-                ax.set_ylabel(label, fontsize=8)
-    fig.suptitle(title, fontsize=8)
+                ax.set_ylabel(plot_text(label), fontsize=8)
+    fig.suptitle(plot_text(title), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_via(path, lambda p: fig.savefig(p, dpi=100))
@@ -118,7 +120,8 @@ def write_contact_sheet(path: Path, rows: list[tuple[str, torch.Tensor]], stills
 
 
 def write_drift_plot(path: Path, curves: dict[str, dict], title: str) -> None:
-    """Per-frame PSNR, SSIM, LPIPS (pixel frames) and latent cosine (latent frames), one line per codec."""
+    """Per-frame PSNR, SSIM, LPIPS (pixel frames) and latent cosine (latent frames), one line per codec; the
+    labels and the title drawn as written (:func:`~harness.run.safe_text.plot_text`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,7 +136,7 @@ def write_drift_plot(path: Path, curves: dict[str, dict], title: str) -> None:
         for label, c in sorted(curves.items()):
             ys = c.get(m)
             if ys:
-                ax.plot(range(len(ys)), [cap if y is None else y for y in ys], label=label, lw=1)
+                ax.plot(range(len(ys)), [cap if y is None else y for y in ys], label=plot_text(label), lw=1)
         if m == "psnr" and any(y is None for c in curves.values() for y in (c.get(m) or [])):
             ax.axhline(cap, color="0.6", lw=0.5, ls=":")
             ax.text(0, cap, " identical (inf)", fontsize=6, va="bottom", color="0.4")
@@ -141,7 +144,7 @@ def write_drift_plot(path: Path, curves: dict[str, dict], title: str) -> None:
         ax.set_xlabel("frame")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=8)
+    fig.suptitle(plot_text(title), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_via(path, lambda p: fig.savefig(p, dpi=90))

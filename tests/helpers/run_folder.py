@@ -90,3 +90,11 @@ def run_bytes(out: Path, names) -> dict[str, bytes]:
     out = Path(out)
     return {n: without_speed((out / n).read_text(encoding="utf-8")).encode() if n.startswith("report.")
             else (out / n).read_bytes() for n in names}
+
+
+def shown(md: str) -> str:
+    """Markdown text from report.md as a reader sees it: md_text's backslash escapes and entities undone."""
+    import html
+    import re
+
+    return html.unescape(re.sub(r"\\(.)", r"\1", md))

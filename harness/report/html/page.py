@@ -15,7 +15,8 @@ from pathlib import Path
 
 from harness.run.folder import RunFolder
 from harness.run.rows import atomic_write, num
-from harness.report.formatting import fmt, fmt_ci, fmt_delta, fmt_diff
+from harness.run.safe_text import printable
+from harness.report.formatting import MD_SPECIAL, fmt, fmt_ci, fmt_delta, fmt_diff
 from harness.report.sections import PerPromptRow
 from harness.report.values import Difference, Estimate
 
@@ -73,16 +74,29 @@ def per_prompt(rows: tuple[PerPromptRow, ...], prompts: list[str]) -> dict:
 
 
 # --- the report's Markdown prose ----------------------------------------------------------------------
-_INLINE = ((re.compile(r"\*\*(.+?)\*\*"), r"<strong>\1</strong>"), (re.compile(r"\*(.+?)\*"), r"<em>\1</em>"),
-           (re.compile(r"`(.+?)`"), r"<code>\1</code>"))
+_EMPHASIS = ((re.compile(r"\*\*(.+?)\*\*"), r"<strong>\1</strong>"), (re.compile(r"\*(.+?)\*"), r"<em>\1</em>"))
+#: what shows as written: a backslash-escaped character (md_text's), or a code span (md_code's fence of any length)
+_LITERAL = re.compile(rf"\\([{re.escape(MD_SPECIAL)}])|(`+)(.+?)(?<!`)\2(?!`)")
 
 
 def inline(text: str) -> str:
-    """The inline Markdown that report.md's prose uses (**strong**, *em*, `code`) as HTML, escaped."""
-    out = html.escape(text, quote=False)
-    for pattern, repl in _INLINE:
+    """The inline Markdown that report.md's prose uses (**strong**, *em*, `code`, and the escapes of
+    :func:`~harness.report.formatting.md_text` and ``md_code`` around input) as HTML, escaped: an input's
+    characters show as written and never as markup."""
+    literals = []
+
+    def hold(m) -> str:  # set aside until the emphasis is done, as a private-use mark
+        code = m.group(3)
+        if code is not None and code[:1] == code[-1:] == " " and code.strip():
+            code = code[1:-1]  # md_code's padding
+        literals.append(html.escape(m.group(1)) if code is None else f"<code>{html.escape(code)}</code>")
+        return f"\ue000{len(literals) - 1}\ue001"
+
+    out = _LITERAL.sub(hold, printable(text).replace("\ue000", "\ufffd"))
+    out = html.escape(html.unescape(out), quote=False)  # md_text's entities, escaped once
+    for pattern, repl in _EMPHASIS:
         out = pattern.sub(repl, out)
-    return out
+    return re.sub("\ue000(\\d+)\ue001", lambda m: literals[int(m.group(1))], out)
 
 
 def prose(lines: list[str]) -> str:
@@ -108,13 +122,25 @@ def slug(*parts: str) -> str:
 
 
 # --- rendering ----------------------------------------------------------------------------------------
+def _shown(value):
+    """Every value a page shows, its control characters replaced: autoescape leaves an ESC or a bell in a label
+    as it is. The page's own markup (``| safe``: style, script, plots, macros) stays markup, line breaks kept."""
+    from markupsafe import Markup
+
+    if not isinstance(value, str):
+        return value
+    text = printable(value, keep="\n\t")
+    return Markup(text) if isinstance(value, Markup) else text
+
+
 def render(template: str, path: Path, **context) -> Path:
     """Render ``template`` to ``path`` with the page's style and script inline and plotly.js beside it."""
     import jinja2
     import plotly
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE), autoescape=True, trim_blocks=True,
-                             lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
+                             lstrip_blocks=True, keep_trailing_newline=True, undefined=jinja2.StrictUndefined,
+                             finalize=_shown)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_plotly_js(path.parent)

@@ -8,7 +8,7 @@ import json
 import re
 
 from helpers.html_page import Page
-from helpers.run_folder import rebuild, synthetic_rows, write_run
+from helpers.run_folder import rebuild, shown, synthetic_rows, write_run
 
 from harness.report.run_data import write_registry
 from harness.run.rows import dumps
@@ -29,7 +29,7 @@ def _md_tables(md: str) -> list[tuple[str | None, list[str]]]:
         if re.fullmatch(r"\*\*[^*]+\*\*", line):
             engine = line.strip("*")
         elif line.startswith("| research codec |"):
-            out.append((engine, [re.sub(r" \(.*", "", c.strip()) for c in line.split("|")[2:-1]]))
+            out.append((engine, [re.sub(r" \(.*", "", shown(c.strip())) for c in line.split("|")[2:-1]]))
             engine = None
     return out
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from helpers.html_page import Page
-from helpers.run_folder import rebuild, summary_of, synthetic_rows, write_run
+from helpers.run_folder import rebuild, shown, summary_of, synthetic_rows, write_run
 
 from harness.report.formatting import plot_file
 from harness.report.html.page import slug
@@ -122,7 +122,8 @@ def _md(text: str) -> Headings:
             heads.append(line[2:].split(" | ")[0])  # a table's first column names it
             if i >= 2 and not lines[i - 1] and lines[i - 2] and not lines[i - 2].startswith(("#", "|", "<", "!")):
                 heads.append(lines[i - 2])  # the paragraph that introduces it
-    return Headings(heads, sections, set(re.findall(r"!\[.*?\]\((.*?\.png)\)", text)))
+    return Headings([shown(h) for h in heads], [shown(h) for h in sections],
+                    set(re.findall(r"!\[.*?\]\((.*?\.png)\)", text)))
 
 
 class _HtmlHeadings(Page):
