@@ -142,18 +142,21 @@ def verdict(p: Difference | dict) -> str:
 
 
 # --- text from input ----------------------------------------------------------------------------
-#: the characters md_text backslash-escapes: Markdown's own
+#: the characters md_text may backslash-escape (Markdown's own), which the HTML page's inline reader unescapes
 MD_SPECIAL = "\\`*_[]|#!~"
-_MD_SPECIAL = re.compile(f"[{re.escape(MD_SPECIAL)}]")
+#: where one of them acts, md_text escapes it: a backslash, a table cell's '|', a code span's backtick, emphasis
+#: ('*', '~', a '_' at a word's edge: inside a word it is text), a link's '](' '][' or ']:'; elsewhere ('[' of an
+#: interval, '_' of an id) it shows as written, so report.md stays readable as text
+_MD_ACTIVE = re.compile(r"[\\`*|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|\](?=[(\[:])")
 
 
 def md_text(s) -> str:
     """Text from input (prompt ids, labels, names, paths) as Markdown that shows it as written and nothing more:
     control characters (NUL, line breaks, ESC) become U+FFFD, HTML's & < > become entities (so no raw HTML
-    reaches a renderer), and Markdown's own characters are backslash-escaped (no emphasis, links,
-    code spans or table cells made from an id)."""
+    reaches a renderer), and Markdown's own characters are backslash-escaped where they would act (no emphasis,
+    links, code spans or table cells made from an id: :data:`_MD_ACTIVE`)."""
     text = printable(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+    return _MD_ACTIVE.sub(lambda m: "\\" + m.group(0), text)
 
 
 def md_code(s) -> str:

@@ -63,7 +63,7 @@ def test_report_shows_planted_text_as_written(tmp_path):
     tables = _tables(md)
     assert len(tables) >= 8 and all(len(set(t)) == 1 for t in tables), tables
     label = md_text("kivi@2" + HOSTILE)
-    assert label == "kivi@2&lt;img src=x&gt;\\|\\`x\\`$x^^$\ufffd\\]0;T\ufffd\ufffd"
+    assert label == "kivi@2&lt;img src=x&gt;\\|\\`x\\`$x^^$\ufffd]0;T\ufffd\ufffd"
     assert f"| {label} |" in md and f"### Ranking on {md_text('KL' + HOSTILE)} ↓" in md
     assert f"- {span}: {md_text('no' + HOSTILE)}" in md
     assert (run / "perplexity_kl.png").stat().st_size > 0
