@@ -12,7 +12,8 @@ otherwise):
                     fsync'ed as each finishes; a rerun skips the keys already there, so an
                     interrupted run resumes without losing or repeating a row
 - ``baselines/``    each prompt's uncompressed rollout, computed once (with its batch) and reused
-                    by every codec and codec seed and by a resumed run
+                    by every codec and codec seed and by a resumed run, which refuses one made from
+                    another content of its prompt (:mod:`harness.run.baselines`)
 - ``summary.json``  per task and cache configuration: n, mean, min, max and 95% interval of every
                     metric, its paired difference from the baseline, the ranking per bit width
                     and the rate-matched front (see :mod:`harness.report.summary`, :mod:`harness.stats.intervals`)
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -48,6 +48,7 @@ from adapters.protocol import ModelAdapter
 
 from harness.report.build import finish
 from harness.report.run_data import plot_names, write_registry
+from harness.run.baselines import check_stored, stored_baselines
 from harness.run.checks import check_limits, check_modality, check_pairs
 from harness.run.claim import claim_out, make_out, refuse_live_shards, start_out, write_config
 from harness.run.config import RunConfig, RunError, seeded
@@ -57,7 +58,7 @@ from harness.run.lines import speed_line, stored_rows
 from harness.run.lock import RunLock, RunLocked, describe
 from harness.run.memory_check import run_memory
 from harness.run.plan import Plan, adopt_plan, write_plan
-from harness.run.rows import append_line, atomic_write, cut_torn_line, dumps, inside, row_key, safe_name, write_via
+from harness.run.rows import append_line, atomic_write, cut_torn_line, dumps, row_key, safe_name
 from harness.run.safe_text import printable
 from harness.scale.merge import MERGE_WAIT_S, complete
 from harness.scale.shard import Shard
@@ -145,6 +146,8 @@ def run(config: RunConfig, out: Path | None = None, fresh: bool = False, model=N
         try:
             refuse_live_shards(out)
             claim_out(config, out, fresh)
+            if not fresh:  # --fresh deletes the stored baselines
+                check_stored(out, work, log)
             model, cache_configs, skipped = _load(config, spec, model, log, work, planned)
             start_out(config, out, fresh, plot_names(out), modalities())
             started = True
@@ -164,6 +167,7 @@ def _run_shard(config, spec, work, out: Path, model, on_row, progress, log, shar
     with RunLock(out, role="start", wait=MERGE_WAIT_S):
         refuse_live_shards(out, allowed_count=shard.count)
         claim_out(config, out, fresh=False)
+        check_stored(out, work, log)
         who = lock.try_acquire()
         if who is not None:
             raise RunLocked(f"{shard} of {out} is already running ({describe(who)}); wait for it, or run "
@@ -283,7 +287,7 @@ def _loop(config: RunConfig, out: Path, model, cache_configs, skipped, work, on_
                     continue
                 shown = printable(batch[0].id) + (f" +{len(batch) - 1}" if len(batch) > 1 else "")
                 bar.set_postfix_str(f"{name}/{shown} baseline")
-                baselines = _baselines(task, name, model, batch, config.seed, out)
+                baselines = stored_baselines(task, name, model, batch, config.seed, out)
                 for c, batch_keys in todo:
                     bar.set_postfix_str(f"{name}/{shown} {c.label} seed {c.seed}")
                     t0 = time.perf_counter()
@@ -346,21 +350,3 @@ def unique_prompts(task: str, prompts: list, log=print) -> list:
         seen[p.id] = p
         out.append(p)
     return out
-
-
-def _baselines(task, name: str, model, batch: list, seed: int, out: Path) -> list:
-    """The uncompressed rollouts of a batch of prompts: read back where a run stored them all, else
-    computed together (as the codecs' rollouts of this batch are) and stored, one safetensors file
-    per prompt. Run folders written before the files were named ``.safetensors`` hold the same
-    format (or an older tensors-only torch.save) under ``.pt``: a resumed run reads those."""
-    stem = [inside(out, RunFolder.BASELINES, safe_name(name), safe_name(p.id)) for p in batch]
-    paths = [s.with_name(s.name + ".safetensors") for s in stem]
-    stored = [p if p.exists() else s.with_name(s.name + ".pt") for p, s in zip(paths, stem)]
-    if all(p.exists() for p in stored):
-        return [task.load_baseline(p) for p in stored]
-    baselines = task.baseline_batch(model, batch, seed)
-    paths[0].parent.mkdir(parents=True, exist_ok=True)
-    for path, baseline in zip(paths, baselines):
-        write_via(path, lambda p, b=baseline: task.save_baseline(b, p),
-                  path.with_name(f"{path.name}.{os.getpid()}.tmp"))
-    return baselines

@@ -18,6 +18,7 @@ those of one clip at a time.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -178,6 +179,14 @@ class AudioTask(Task):
                 raise FileNotFoundError(f"audio prompts: '{p}' is neither a folder of clips nor a JSON manifest "
                                         f"(or use source='synthetic')")
         return out[:limit] if limit else out
+
+    def content_key(self, prompt: Prompt) -> str:
+        """A digest of the clip: a synthetic clip's samples, or its file's bytes (not decoded: cheap before the model
+        loads; a file rewritten with the same samples counts as changed)."""
+        if isinstance(prompt.data, np.ndarray):
+            return hashlib.sha256(np.ascontiguousarray(prompt.data).tobytes()).hexdigest()
+        with open(prompt.data, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
 
     # --- rollouts ----------------------------------------------------------------------------
     def _generator(self, model, prompt: Prompt, seed: int) -> torch.Generator:

@@ -19,6 +19,7 @@ draws come from ``cache_config.seed`` (the codec seed).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, fields
 from itertools import islice
 from pathlib import Path
@@ -28,6 +29,7 @@ from registry import Registry
 from registry.options import NoOptions, allowed, options_json, read_options
 
 from harness.run.config import RunError, batch_size_for
+from harness.run.rows import dumps
 
 
 @dataclass
@@ -78,10 +80,11 @@ class Task:
 
     # The runner stores each prompt's baseline on disk so a resumed run reuses it: safetensors
     # (tensors) with the rest as JSON in its header, never a pickle (see harness/tasks/baseline_io.py).
-    def save_baseline(self, baseline: Any, path: Path) -> None:
+    def save_baseline(self, baseline: Any, path: Path, key: str | None = None) -> None:
+        """``key``: the prompt's :meth:`content_key`, stored in the file's header."""
         from harness.tasks.baseline_io import save_tree
 
-        save_tree(baseline, path)
+        save_tree(baseline, path, key)
 
     def load_baseline(self, path: Path) -> Any:
         from harness.tasks.baseline_io import load_tree
@@ -90,6 +93,13 @@ class Task:
 
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         raise NotImplementedError
+
+    def content_key(self, prompt: Prompt) -> str:
+        """A digest of what ``prompt``'s baseline is made from, computed without the model: stored with the baseline,
+        it stops a resumed run from scoring against a baseline whose prompt has changed since
+        (:mod:`harness.run.baselines`). Default: the prompt's data as JSON; a task whose data names a file hashes
+        the file. What else makes the baseline (model, seed, options) is the run's configuration, checked apart."""
+        return hashlib.sha256(dumps(prompt.data).encode()).hexdigest()
 
     def baseline(self, model, prompt: Prompt, seed: int) -> Any:
         raise NotImplementedError

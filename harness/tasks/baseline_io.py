@@ -6,6 +6,9 @@ Reading it back runs no code from the file: dataclasses are rebuilt only from th
 names (:attr:`harness.tasks.base.Task.baseline_types`). A file written by an older harness with
 ``torch.save`` is read with ``torch.load(weights_only=True)`` when it holds only tensors and plain
 containers; otherwise it is refused (:class:`BaselineFormatError`), never unpickled.
+
+The header also holds the key of the prompt content the baseline was made from
+(:meth:`harness.tasks.base.Task.content_key`), which :func:`read_key` reads without the tensors.
 """
 from __future__ import annotations
 
@@ -28,8 +31,9 @@ class BaselineFormatError(ValueError):
     """A stored baseline the harness will not read; the message names the file and the fix."""
 
 
-def save_tree(obj: Any, path: str | Path) -> None:
-    """Write ``obj`` to ``path`` (safetensors: tensors, plus the structure as JSON metadata)."""
+def save_tree(obj: Any, path: str | Path, key: str | None = None) -> None:
+    """Write ``obj`` to ``path`` (safetensors: tensors, plus the structure and ``key``, the content key of the
+    prompt it was made from, as JSON metadata)."""
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {}
@@ -54,8 +58,32 @@ def save_tree(obj: Any, path: str | Path) -> None:
         raise TypeError(f"a baseline cannot hold a {type(x).__name__}: store tensors, numbers, strings, "
                         f"lists, tuples, dicts or dataclasses")
 
-    tree = enc(obj)
-    save_file(tensors, str(path), metadata={META_KEY: json.dumps({"format": FORMAT, "tree": tree})})
+    meta = {"format": FORMAT, "tree": enc(obj)}
+    if key is not None:  # a field the readers before it ignore
+        meta["key"] = key
+    save_file(tensors, str(path), metadata={META_KEY: json.dumps(meta)})
+
+
+def read_key(path: str | Path) -> str | None:
+    """The prompt content key ``path`` was stored with (header only; nothing unpickled); '' where it holds none (a
+    format-1 file or a torch.save of an older harness, or a format-2 file written before keys were), None where
+    it is no baseline :func:`load_tree` reads (loading it says why)."""
+    import zipfile
+
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError):
+        return "" if zipfile.is_zipfile(path) else None
+    if meta.get("format") == READS[0]:
+        return ""
+    try:
+        meta = json.loads(meta[META_KEY])
+        return meta.get("key", "") if meta.get("format") == FORMAT else None
+    except (KeyError, ValueError, AttributeError):
+        return None
 
 
 def load_tree(path: str | Path, types: tuple[type, ...] = ()) -> Any:

@@ -233,8 +233,8 @@ class VideoTask(Task):
 
     # the runner keeps baselines on disk for resumed runs: latents only (81 decoded 480x832 frames
     # are 388 MB); decoding is deterministic, so the frames are decoded again when first needed
-    def save_baseline(self, baseline: VideoRollout, path: Path) -> None:
-        super().save_baseline({"latents": baseline.latents}, path)
+    def save_baseline(self, baseline: VideoRollout, path: Path, key: str | None = None) -> None:
+        super().save_baseline({"latents": baseline.latents}, path, key)
 
     def load_baseline(self, path: Path) -> VideoRollout:
         return VideoRollout(super().load_baseline(path)["latents"], None)
