@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from harness.report.values import Difference, Estimate, Metric, NonInferiority
-from harness.run.rows import num, within
+from harness.run.rows import num, safe_name, within
 from harness.run.safe_text import printable
 
 
@@ -194,8 +194,5 @@ def md_link(rel, root: Path) -> str | None:
 
 def plot_file(task: str, name: str) -> str:
     """report.md's PNG of ``task``'s plot ``name`` (a metric, or 'effective_length'): '<task>_<name>.png',
-    every character but letters, digits, '-', '_' and '.' as '_'."""
-    def safe(s: str) -> str:
-        return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
-
-    return f"{safe(task)}_{safe(name)}.png"
+    each part one file-name component (:func:`harness.run.rows.safe_name`: names read from registry.json are data)."""
+    return f"{safe_name(task)}_{safe_name(name)}.png"

@@ -8,6 +8,7 @@ seed); rows written before codec seeds have none and count as seed 0. The baseli
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -175,11 +176,21 @@ def open_append(path: Path):
     return os.fdopen(open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", encoding="utf-8")
 
 
+#: the longest file-name component made from input: a file system takes 255 bytes, and a name is suffixed (a
+#: baseline's '.safetensors.<pid>.tmp', a video's '.<label>.sheet.png')
+NAME_LIMIT = 120
+
+
 def safe_name(s: str) -> str:
     """One path component from any string: runs of characters other than letters, digits, '.', '_'
-    and '-' become '_' (slashes, NUL and the rest); '', '.' and '..' become '_', '_.' and '_..'."""
+    and '-' become '_' (slashes, NUL and the rest); '', '.' and '..' become '_', '_.' and '_..'; a name over
+    :data:`NAME_LIMIT` keeps its start and ends in a hash of the whole string (two long ids stay two names)."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(s))
-    return "_" + name if name in ("", ".", "..") else name
+    name = "_" + name if name in ("", ".", "..") else name
+    if len(name) > NAME_LIMIT:
+        digest = hashlib.sha256(str(s).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        name = f"{name[:NAME_LIMIT - 17]}-{digest}"
+    return name
 
 
 def within(root: Path, rel) -> Path | None:
