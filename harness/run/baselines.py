@@ -30,12 +30,10 @@ def check_stored(out: Path, work: list[tuple[str, object, list]], log=print) -> 
     of a prompt of ``work`` ((task name, task, prompts) per task) was made from other content than the
     prompt has now. A baseline stored before keys were is used unchecked, with a note; one that is not a
     readable baseline is left to the loading, which names the fix."""
-    from harness.tasks.baseline_io import read_key
-
     unkeyed = 0
     for name, task, prompts in work:
         for p, path in zip(prompts, _paths(out, name, prompts)[1]):
-            key = read_key(path) if path.is_file() else None
+            key = task.stored_key(path) if path.is_file() else None
             if key == "":
                 unkeyed += 1
             elif key is not None and key != task.content_key(p):

@@ -91,6 +91,13 @@ class Task:
 
         return load_tree(path, self.baseline_types)
 
+    def stored_key(self, path: Path) -> str | None:
+        """The content key a stored baseline holds ('' for a file stored without one; None where it is no
+        readable baseline), read from its header alone."""
+        from harness.tasks.baseline_io import read_key
+
+        return read_key(path)
+
     def prompts(self, source: str | None = None, limit: int | None = None) -> list[Prompt]:
         raise NotImplementedError
 
