@@ -165,10 +165,11 @@ def _small_json(path: Path) -> dict:
     import stat
 
     try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _JSON_LIMIT:
-            return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:  # a pipe: opened, never read
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return {}
+            raw = f.read(_JSON_LIMIT + 1)
+        data = json.loads(raw.decode("utf-8")) if len(raw) <= _JSON_LIMIT else {}
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

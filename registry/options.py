@@ -60,6 +60,9 @@ class Allowed:
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if self.nonempty and not items:
             raise ValueError("give at least one value")
+        per_position = [len(b) for b in (self.lo, self.hi) if isinstance(b, tuple)]
+        if per_position and len(items) != per_position[0]:
+            raise ValueError(f"takes {per_position[0]} values, got {len(items)}")
         for i, v in enumerate(items):
             if isinstance(v, float) and not math.isfinite(v):  # NaN passes every comparison: said first
                 raise ValueError(f"{v} is not a finite number")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 
-from harness.lm_eval.model import MODEL_NAME, check_compressed  # importing it registers the kvcodec model
+from harness.lm_eval.model import MODEL_NAME  # importing it registers the kvcodec model with lm-eval
 
 
 @contextmanager
@@ -22,7 +22,6 @@ def _kvcodec_key_on_top():
         results = original(*args, **kwargs)
         if results is not None and MODEL_NAME in results.get("config", {}):
             results[MODEL_NAME] = results["config"].pop(MODEL_NAME)
-            _say(check_compressed(results[MODEL_NAME]))  # before the CLI prints or saves a score
         return results
 
     lm_eval.simple_evaluate = simple_evaluate  # the CLI does `from lm_eval import simple_evaluate` when it runs
@@ -43,19 +42,8 @@ def evaluator(include_path: str, tasks: list[str]):
 
     tm = TaskManager(include_path=include_path, include_defaults=False)
 
-    def evaluate(model: str, model_args: str) -> dict:
-        results = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, batch_size=1,
-                                          device="cpu", log_samples=True, task_manager=tm)
-        if MODEL_NAME in results.get("config", {}):
-            _say(check_compressed(results["config"][MODEL_NAME]))
-        return results
-
-    return evaluate
-
-
-def _say(note: str | None) -> None:
-    if note:
-        print(note, file=sys.stderr)
+    return lambda model, model_args: lm_eval.simple_evaluate(
+        model=model, model_args=model_args, tasks=tasks, batch_size=1, device="cpu", log_samples=True, task_manager=tm)
 
 
 def main(argv: list[str]) -> int:

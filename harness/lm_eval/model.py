@@ -61,6 +61,7 @@ lm-eval is an optional extra (``pip install '.[lm-eval]'``): only this module im
 """
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 import torch
@@ -91,7 +92,7 @@ def check_compressed(summary: dict) -> str | None:
         return None
     done, none = summary["rollouts_with_committed_tokens"], summary["rollouts_without_committed_tokens"]
     residual = summary["cache_config"]["residual"]
-    if done == 0:
+    if done == 0 and none:  # no rollout at all (every answer from lm-eval's cache): nothing was measured either way
         raise ValueError(f"model '{MODEL_NAME}': none of the {none} rollouts committed a token to the codec (every "
                          f"context fit the native window of residual={residual} tokens), so these would be the native "
                          f"cache's scores; pass a smaller residual= or tasks with longer contexts")
@@ -184,7 +185,13 @@ class KVCodecLM(HFLM):
                 "rollouts_without_committed_tokens": self.uncommitted, "mean": means}
 
     def get_model_info(self) -> dict:
-        return {**super().get_model_info(), MODEL_NAME: self.kvcodec_summary()}
+        """lm-eval's model info (read once the requests have run, before any score is printed or saved) with the
+        cache's statistics; a ValueError where no rollout committed a token (:func:`check_compressed`)."""
+        summary = self.kvcodec_summary()
+        note = check_compressed(summary)
+        if note:
+            print(note, file=sys.stderr)
+        return {**super().get_model_info(), MODEL_NAME: summary}
 
     # --- loglikelihood and loglikelihood_rolling ------------------------------------------------------
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None) -> list[tuple[float, bool]]:

@@ -106,7 +106,7 @@ def deployed(s: Deployed) -> list[str]:
 def pairs(s: Pairs) -> list[str]:
     md = [_heading(s), "", pairs_note(s.comparisons), ""]
     for bits, ps in s.widths:
-        md += [f"**{bits} bits**", "", "| A | B | A − B ± 95% | A is | q | n |", "|---|---|---|---|---|---|"]
+        md += [f"**{md_text(bits)} bits**", "", "| A | B | A − B ± 95% | A is | q | n |", "|---|---|---|---|---|---|"]
         md += [md_row([p.a, p.b, fmt_diff(p.diff, with_word=False), verdict(p.diff) if p.diff.word else "—",
                        fmt(p.diff.q, 2), p.diff.n]) for p in ps]
         md.append("")

@@ -162,9 +162,9 @@ def open_file(path: Path, flags: int) -> int:
     return fd
 
 
-HARD_LINKED = ("{path} has {n} hard links, so writing it in place would change a file outside the run folder too; "
-               "the harness writes only files of one name: replace it by a copy (cp {name} x && mv x {name}), or "
-               "start over with --fresh")
+HARD_LINKED = ("{path} has {n} hard links, so writing it in place would change a file outside the run folder too "
+               "(a folder copied with cp -al shares its files); the harness writes only files of one name: give it "
+               "a copy of its own (cp {path} {path}.copy && mv {path}.copy {path}), or start over with --fresh")
 NOT_A_BASELINE = ("baseline {path} is not a regular file (a link, a device, a pipe or a folder); the harness writes "
                   "each baseline as a file of its own: delete it and it is computed again, or start over with --fresh")
 NOT_REGULAR = ("{path} is not a regular file (a device, a pipe or a folder, or a link to one); the harness reads "
@@ -184,10 +184,11 @@ NAME_LIMIT = 120
 def safe_name(s: str) -> str:
     """One path component from any string: runs of characters other than letters, digits, '.', '_'
     and '-' become '_' (slashes, NUL and the rest); '', '.' and '..' become '_', '_.' and '_..'; a name over
-    :data:`NAME_LIMIT` keeps its start and ends in a hash of the whole string (two long ids stay two names)."""
+    ``NAME_LIMIT`` characters or more keeps its start and ends in a hash of the whole string (two long ids stay two
+    names, and no shorter name is one of them)."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(s))
     name = "_" + name if name in ("", ".", "..") else name
-    if len(name) > NAME_LIMIT:
+    if len(name) >= NAME_LIMIT:  # >=: a name of exactly NAME_LIMIT is hashed too, so no plain name is a hashed one
         digest = hashlib.sha256(str(s).encode("utf-8", "surrogatepass")).hexdigest()[:16]
         name = f"{name[:NAME_LIMIT - 17]}-{digest}"
     return name

@@ -3,15 +3,20 @@ Markdown or HTML (those: :mod:`harness.report.formatting`): on a terminal, and i
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _CONTROL = "".join(map(chr, (*range(0x20), *range(0x7f, 0xa0))))  # C0, DEL and C1
+_INVISIBLE = ("Cf", "Zl", "Zp")
 
 
 def printable(s, keep: str = "") -> str:
     """Any string as text to show: every control character but those in ``keep`` becomes U+FFFD, so that
     an id or label shown on a terminal or a page cannot drive it (an ESC sequence that retitles the window
-    or recolours the line, a bell, a carriage return that overwrites what came before)."""
-    return re.sub(f"[{re.escape(''.join(c for c in _CONTROL if c not in keep))}]", "\ufffd", str(s))
+    or recolours the line, a bell, a carriage return that overwrites what came before), and so does every
+    invisible format or separator character (Unicode Cf, Zl, Zp: a bidi override that shows an id reordered,
+    a zero-width character that makes two ids look one)."""
+    text = re.sub(f"[{re.escape(''.join(c for c in _CONTROL if c not in keep))}]", "\ufffd", str(s))
+    return "".join("\ufffd" if unicodedata.category(c) in _INVISIBLE else c for c in text)
 
 
 def plot_text(s) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.run.config import RunError
 from harness.run.folder import RunFolder
 from harness.run.claim import refuse_links
+from harness.run.input_files import read_bytes
 from harness.run.lines import stored_rows
 from harness.run.plan import read_plan
 from harness.run.rows import UnsafePath, open_append, open_file, row_key
@@ -67,9 +68,10 @@ class Progress:
         inode, start = self.offsets.get(path, (st.st_ino, 0))
         if inode != st.st_ino or st.st_size < start:  # replaced by a merge: read it again
             start = 0
-        with open(path, "rb") as f:
-            f.seek(start)
-            data = f.read()
+        try:
+            data = read_bytes(path, "rows file")[start:]  # a regular file of bounded size (a shard's own rows)
+        except (OSError, ValueError):
+            return
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines():
             try:

@@ -89,5 +89,7 @@ def test_a_bound_per_position_and_an_instance_made_in_python():
     check_ranges("codec", "t", _Pair())
     with pytest.raises(ValueError, match=r"codec option t\.split=0,5: 0 at position 1 is out of range"):
         check_ranges("codec", "t", _Pair(split=(0, 5)))
+    with pytest.raises(ValueError, match=r"codec option t\.split=3,1,2: takes 2 values, got 3"):
+        check_ranges("codec", "t", _Pair(split=(3, 1, 2)))  # made in Python, past the type's reading
     Allowed(lo=1, positions=True).check_positions(None, 16)  # an optional field left unset
 

@@ -101,22 +101,29 @@ FIXED_CLASSES = {"AutoencoderKLWan": "a diffusers model class: ModelMixin import
                                      "takes no trust_remote_code"}
 
 
+#: the calls of transformers and diffusers that can run a folder's or a Hub repository's code (datasets'
+#: load_dataset runs no loading script since datasets 4: it refuses trust_remote_code itself)
+LOADERS = ("from_pretrained", "from_single_file", "pipeline")
+
+
 def test_every_from_pretrained_passes_no_folder_code():
-    """Each ``X.from_pretrained(...)`` in the harness's own code passes ``**NO_FOLDER_CODE`` (or
+    """Each loader call (:data:`LOADERS`) in the harness's own code passes ``**NO_FOLDER_CODE`` (or
     ``trust_remote_code=False``), so a new loader cannot forget it."""
     missing, seen = [], 0
     for package in ("adapters", "harness", "kernels", "metrics", "scripts", "registry"):
         for path in sorted((ROOT / package).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr == "from_pretrained"):
+                if not isinstance(node, ast.Call):
+                    continue
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if called not in LOADERS:
                     continue
                 seen += 1
-                owner = ast.unparse(node.func.value)
+                owner = ast.unparse(node.func.value) if isinstance(node.func, ast.Attribute) else called
                 passed = any((k.arg is None and ast.unparse(k.value) == "NO_FOLDER_CODE")
                              or (k.arg == "trust_remote_code" and ast.unparse(k.value) == "False")
                              for k in node.keywords)
                 if not passed and owner not in FIXED_CLASSES:
-                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno} {owner}.from_pretrained")
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno} {owner}: {called}")
     assert seen >= 10, seen  # the walk found the loaders (config, model, tokenizer, GGUF, Wan, CLAP)
     assert not missing, missing

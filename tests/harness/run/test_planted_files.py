@@ -57,7 +57,7 @@ def test_a_hard_link_where_a_run_appends_is_refused_before_the_model_loads(name,
     os.link(outside, run / name)
     config = json.loads((run / "config.json").read_text())
     line = one_line(capsys, tiny_run_argv(config["model_path"], config["prompts"], run))
-    assert f"{run / name} has 2 hard links" in line and "replace it by a copy" in line, line
+    assert f"{run / name} has 2 hard links" in line and "give it a copy of its own" in line, line
     assert outside.read_text() == "the user's own file\na torn line"
 
 
