@@ -94,8 +94,9 @@ def check_compressed(summary: dict) -> str | None:
     residual = summary["cache_config"]["residual"]
     if done == 0 and none:  # no rollout at all (every answer from lm-eval's cache): nothing was measured either way
         raise ValueError(f"model '{MODEL_NAME}': none of the {none} rollouts committed a token to the codec (every "
-                         f"context fit the native window of residual={residual} tokens), so these would be the native "
-                         f"cache's scores; pass a smaller residual= or tasks with longer contexts")
+                         f"context was shorter than what the cache commits at once: the native window of "
+                         f"residual={residual} tokens, or the codec's block), so these would be the native cache's "
+                         f"scores; pass a smaller residual= or tasks with longer contexts")
     if none:
         return (f"note: {none} of {done + none} rollouts committed no token to the codec (their contexts fit the "
                 f"native window of residual={residual}); their answers are the native cache's")

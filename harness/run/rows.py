@@ -91,8 +91,8 @@ def cut_torn_line(path: Path) -> bytes:
     if not path.exists() and not path.is_symlink():
         return b""
     with os.fdopen(open_file(path, os.O_RDWR), "r+b") as f:
-        data = f.read(FILE_LIMIT + 1)
-        if len(data) > FILE_LIMIT:
+        data = f.read(FILE_LIMIT + 1) if os.fstat(f.fileno()).st_size <= FILE_LIMIT else None
+        if data is None or len(data) > FILE_LIMIT:
             raise CorruptRows(f"{path}: over {FILE_LIMIT >> 20} MiB, larger than any rows file the harness reads or "
                               f"writes; delete it, or start over with --fresh")
         end = data.rfind(b"\n") + 1
