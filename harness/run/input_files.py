@@ -54,6 +54,9 @@ def parse_json(text: str, where: str, fix: str = "", line: int | None = None) ->
 #: the most a file the harness reads may hold: a run folder's rows of a million prompts x configurations are a
 #: fraction of it; a larger file (a planted sparse giant) is refused rather than read into memory
 FILE_LIMIT = 1 << 30
+#: the most a JSON document of a run folder (config, model, plan, registry, summary) may hold: a summary of
+#: thousands of prompts x configurations is a few MiB, and parsing a document takes a few times its size
+RUN_JSON_LIMIT = 64 << 20
 
 
 def read_bytes(path: Path, what: str, limit: int = FILE_LIMIT) -> bytes:
@@ -74,18 +77,18 @@ def read_bytes(path: Path, what: str, limit: int = FILE_LIMIT) -> bytes:
     return data
 
 
-def read_text(path: Path, what: str) -> str:
+def read_text(path: Path, what: str, limit: int = FILE_LIMIT) -> str:
     """:func:`read_bytes` as UTF-8 text."""
-    data = read_bytes(path, what)
+    data = read_bytes(path, what, limit)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: {what} is not UTF-8 text (byte {e.start})") from None
 
 
-def read_json(path: Path, expect=dict, what: str = "file", fix: str = "") -> Any:
+def read_json(path: Path, expect=dict, what: str = "file", fix: str = "", limit: int = FILE_LIMIT) -> Any:
     """The JSON value in ``path``, which must be of ``expect`` (e.g. ``dict``, or ``(dict, list)``)."""
-    value = parse_json(read_text(path, what), str(path), fix)
+    value = parse_json(read_text(path, what, limit), str(path), fix)
     if not is_kind(value, expect):
         raise InputError(f"{path}: {what} must be {kind_name(expect)}, found {_found(value)}" + (f"; {fix}" if fix else ""))
     return value
@@ -124,5 +127,5 @@ def read_run_json(path: Path, default: Any = _MISSING) -> dict:
     summary.json); ``default`` where the file may be missing."""
     if default is not _MISSING and not Path(path).exists():
         return default
-    return read_json(path, dict, Path(path).name, fix="the harness writes this file: restore it, or run again "
-                                                     "with --fresh")
+    return read_json(path, dict, Path(path).name, limit=RUN_JSON_LIMIT,
+                     fix="the harness writes this file: restore it, or run again with --fresh")

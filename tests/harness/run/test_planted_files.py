@@ -117,7 +117,7 @@ def test_a_run_file_too_large_to_be_the_harness_s_is_refused(finished_run, tmp_p
             f.truncate(FILE_LIMIT + 1)  # sparse: no disk used
     assert "rows.jsonl: over 1024 MiB, larger than any rows file" in one_line(capsys, ["report", str(run)])
     (run / "rows.jsonl").write_bytes((finished_run / "rows.jsonl").read_bytes())
-    assert "registry.json: over 1024 MiB, larger than any registry.json" in one_line(capsys, ["report", str(run)])
+    assert "registry.json: over 64 MiB, larger than any registry.json" in one_line(capsys, ["report", str(run)])
 
 
 # found beyond the list: what stands in a run folder in place of a lock or a file the harness reads
