@@ -54,6 +54,25 @@ class Allowed:
     nonempty: bool = False
     positions: bool = False
 
+    def __str__(self) -> str:
+        """Where it may lie, as ``harness list`` shows it: 'one of 0, 1', '1..10', '>= 1', a range per position
+        ('1..10, 0..10'), '<= the model's positions'; '' where anything its type admits may be."""
+        def span(lo, hi) -> str:
+            lo, hi = (f"{b:.4g}" if isinstance(b, float) else b for b in (lo, hi))
+            return f"{lo}..{hi}" if lo is not None and hi is not None else (
+                f">= {lo}" if lo is not None else f"<= {hi}" if hi is not None else "any")
+
+        n = max((len(b) for b in (self.lo, self.hi) if isinstance(b, tuple)), default=0)
+        parts = [f"one of {', '.join(map(str, self.choices))}"] if self.choices else []
+        if n:
+            parts.append(", ".join(span(*(b[i] if isinstance(b, tuple) else b for b in (self.lo, self.hi)))
+                                   for i in range(n)))
+        elif self.lo is not None or self.hi is not None:
+            parts.append(span(self.lo, self.hi))
+        if self.positions:
+            parts.append("<= the model's positions")
+        return "; ".join(parts)
+
     def check(self, value: Any) -> None:
         if value is None:  # an optional field left to its codec or task (``int | None``): nothing to bound
             return

@@ -91,7 +91,8 @@ def _option_lines(options_cls) -> list[tuple]:
     for f in dataclasses.fields(options_cls):
         tp = hints[f.name]
         literal = typing.get_origin(tp) is typing.Literal
-        shown = "one of " + "|".join(map(str, typing.get_args(tp))) if literal else str(tp).replace("typing.", "")
+        shown = ("one of " + "|".join(map(str, typing.get_args(tp))) if literal
+                 else tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", ""))
         out.append((f, shown))
     return out
 
@@ -102,7 +103,7 @@ def cmd_list(a: ListCommand) -> int:
     from harness.tasks import UNAVAILABLE, list_tasks
     from kernels import codec_class, list_codecs
     from kernels.engines.preset import rate
-    from registry.options import help_of
+    from registry.options import allowed, help_of
     from metrics import list_metrics
 
     print("models:")
@@ -118,13 +119,16 @@ def cmd_list(a: ListCommand) -> int:
             rates = f"  [{cls.engine}; {', '.join(per)}]"
         print(f"  {name:<26} {','.join(map(str, bits))}{rates}")
         for f, shown in _option_lines(codec_class(name).Options):
-            print(f"      --codec-opt {name}.{f.name}={_opt_text(f.default)}  ({shown})")
+            where = str(allowed(f))
+            print(f"      --codec-opt {name}.{f.name}={_opt_text(f.default)}  ({shown}{'; ' + where if where else ''})"
+                  f"{'  ' + help_of(f) if help_of(f) else ''}")
     print("tasks:")
     for name, cls in list_tasks().items():
         print(f"  {name:<26} {cls.modality:<6} metrics: {', '.join(cls.metrics)}")
         for f, _ in _option_lines(cls.Options):
             d = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
-            print(f"      --task-opt {name}.{f.name}={d}  {help_of(f)}")
+            where = str(allowed(f))
+            print(f"      --task-opt {name}.{f.name}={d}  {help_of(f)}{f' ({where})' if where else ''}")
     for mod, why in sorted(UNAVAILABLE.items()):
         print(f"  ({mod}: unavailable, {why})")
     print("metrics (direction):")

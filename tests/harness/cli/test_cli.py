@@ -38,6 +38,10 @@ def test_list(capsys):
             parsed = RunConfig(codecs=[name], codec_options={name: {key: default}}).codec_options_for(name)
             assert parsed == codec_class(name).Options()  # each default reads back as itself
     assert "--codec-opt octopus.rounding=local  (one of local|full|nearest)" in out
+    # and where each may lie (issue 41: every codec option ranged)
+    assert "--codec-opt octopus.split=none  (tuple[int, int] | None; 1..10, 0..10)" in out
+    assert "--codec-opt kivi.group_size=32  (int; >= 1; <= the model's positions)" in out
+    assert "--codec-opt hf-hqq.axis_key=0  (int; one of 0, 1)" in out
     assert sum("--codec-opt" in line for line in out.splitlines()) == sum(
         len(codec_class(c).Options.__dataclass_fields__) for c in list_codecs())
 
