@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.run.config import RunConfig, RunError
 from harness.run.folder import RunFolder
 from harness.run.lock import RunLocked, holder
-from harness.run.rows import HARD_LINKED, NOT_A_BASELINE, NOT_REGULAR, UnsafePath, atomic_write, dumps
+from harness.run.rows import NOT_A_BASELINE, NOT_REGULAR, UnsafePath, atomic_write, dumps, open_file
 from harness.run.input_files import read_text
 
 def check_out(out: Path) -> None:
@@ -79,8 +79,9 @@ def claim_out(config: RunConfig, out: Path, fresh: bool) -> None:
 def refuse_links(out: Path) -> None:
     """:class:`UnsafePath` for a link in ``out`` where a run appends (the line files: rows, speed, timings and
     their shards' files; the shards' logs), a symbolic one or a hard one (a file of more than one name), or a
-    symbolic link in place of a folder it files into (baselines, each modality's media, the logs): the run would
-    refuse it as it writes (:func:`harness.run.rows.open_file`), after the model has loaded; the files it
+    symbolic link in place of a folder it files into (baselines, each modality's media, the logs). The line files
+    are opened by the writes' own opener (:func:`harness.run.rows.open_file`), which refuses them as the run would,
+    after the model has loaded; the files it
     rewrites whole (config.json, registry.json, the reports, ...) replace a link with the file
     (:func:`harness.run.rows.write_via`)."""
     from metrics import modalities
@@ -90,13 +91,12 @@ def refuse_links(out: Path) -> None:
     dirs = (*RunFolder.dirs(modalities()), RunFolder.LOGS)
     logs = sorted(folder.logs.iterdir()) if folder.logs.is_dir() and not folder.logs.is_symlink() else []
     for p in [*sorted(out.iterdir()), *logs]:
-        written = appended.fullmatch(p.name) or re.fullmatch(RunFolder.LOG_PATTERN, p.name)
-        if p.is_symlink() and (written or p.name in dirs and p.parent == out):
+        if appended.fullmatch(p.name) or re.fullmatch(RunFolder.LOG_PATTERN, p.name):
+            os.close(open_file(p, os.O_RDONLY))  # the writes' own opener: its refusals, now rather than after loading
+        elif p.is_symlink() and p.name in dirs and p.parent == out:
             raise UnsafePath(f"{p} is a symbolic link; the harness writes only regular files and folders in a run "
                              f"folder: delete the link (or put what it names in its place), or start over with "
                              f"--fresh")
-        if written and not p.is_symlink() and p.is_file() and (n := p.stat().st_nlink) > 1:
-            raise UnsafePath(HARD_LINKED.format(path=p, n=n, name=p.name))
 
 
 def refuse_not_regular(out: Path) -> None:

@@ -157,7 +157,7 @@ def open_file(path: Path, flags: int) -> int:
         os.close(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(NOT_REGULAR.format(path=path))
-        raise UnsafePath(HARD_LINKED.format(path=path, n=st.st_nlink, name=Path(path).name))
+        raise UnsafePath(HARD_LINKED.format(path=path, n=st.st_nlink))
     os.set_blocking(fd, True)
     return fd
 
