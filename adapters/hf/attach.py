@@ -27,20 +27,18 @@ def kvcodec_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     """The ``kvcodec`` attention implementation. query [B, Hq, Tq, d]; key/value [B, Hkv, t, d] (new
     tokens, tagged by :class:`CompressedLayer`, or a plain cache's full keys). Returns [B, Tq, Hq, d]."""
     layer: CompressedLayer | None = getattr(key, _TAG, None)
-    native = _native_attention(module)
     if layer is None:  # not our cache, or a native sliding layer: plain attention, as the model would do it
-        return native(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return _native_attention(module)(module, query, key, value, attention_mask, scaling=scaling,
+                                         dropout=dropout, **kwargs)
     softcap = attention_softcap(module, dropout, kwargs)  # raises on what the compressed attention cannot honour
     if layer.static is not None:  # a graphed decode step: static buffers, lengths on the device
         (k, v), layer.pending = layer.pending, None
         out = layer.static.step(query, k, v, query.shape[-1] ** -0.5 if scaling is None else scaling, softcap)
         return out.transpose(1, 2).contiguous(), None
-    if layer.kv.codec is None:  # native layer: bit-identical to the model's own path
-        k, v = layer.native_kv()
-        return native(module, query, k, v, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    if layer.kv.columns == 0:  # the first prefill: nothing cached yet, so it is plain (native) attention
-        k, v = layer.native_kv()
-        return native(module, query, k, v, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if layer.kv.codec is None or layer.kv.columns == 0:  # a native layer (bit-identical to the model's own path),
+        k, v = layer.native_kv()  # or the first prefill: nothing cached yet, so plain (native) attention
+        return _native_attention(module)(module, query, k, v, attention_mask, scaling=scaling, dropout=dropout,
+                                         **kwargs)
     if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] != layer.kv.columns + key.shape[-2]:
         raise ValueError(f"attention mask covers {attention_mask.shape[-1]} keys, the cache holds "
                          f"{layer.kv.columns + key.shape[-2]} columns")

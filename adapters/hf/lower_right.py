@@ -12,6 +12,8 @@ attention already reads a None mask as lower-right causal (:meth:`adapters.cache
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Callable
 
 import torch
@@ -49,6 +51,7 @@ def chunk_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_of
     return mask
 
 
+@functools.lru_cache(maxsize=None)  # one wrapper per attention function, not one per layer and call
 def lower_right(sdpa: Callable) -> Callable:
     """transformers' sdpa attention function ``sdpa`` with a None mask for fewer queries than keys read as
     lower-right causal (:func:`chunk_mask`'s pattern); any other call goes to ``sdpa`` unchanged.

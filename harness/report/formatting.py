@@ -32,6 +32,11 @@ def fmt(x, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def with_rate(label: str, rate: float | None) -> str:
+    """A configuration's label with its cache bits per coordinate: 'kivi@2 (2.25 b)' (the label alone without)."""
+    return label if rate is None else f"{label} ({fmt(rate, 3)} b)"
+
+
 def fmt_delta(x) -> str:
     """A difference with its sign ('+0.012'); '—' where there is none or it is not finite."""
     x = num(x) if not isinstance(x, float) else x

@@ -4,7 +4,7 @@ Rows go through :func:`~harness.report.formatting.md_row` and headings through :
 name and title from input is shown as written."""
 from __future__ import annotations
 
-from harness.report.formatting import (arrow, fmt, fmt_bytes, fmt_ci, fmt_delta, fmt_diff, fmt_non_inferior, fmt_pct,
+from harness.report.formatting import (with_rate, arrow, fmt, fmt_bytes, fmt_ci, fmt_delta, fmt_diff, fmt_non_inferior, fmt_pct,
                                        fmt_test, md_row, md_text, metric_title, verdict)
 from harness.report.sections import (Breakdown, Configurations, Deployed, Detectable, EffectiveLength, Front,
                                      MetricGrid, Pairs, PerPrompt, PerPromptRow, RateGrid, Ranking, Speed)
@@ -86,7 +86,7 @@ def configurations(s: Configurations) -> list[str]:
 def deployed(s: Deployed) -> list[str]:
     """Each cell: what the row's research codec is against the column's deployed cache, with row − column ± 95%."""
     def name(label):
-        return f"{label} ({fmt(s.rate(label), 3)} b)" if s.rate(label) is not None else label
+        return with_rate(label, s.rate(label))
 
     md = [_heading(s), "",
           "Each cell says what the row's codec is against the column's cache (an engine's preset), paired on the "

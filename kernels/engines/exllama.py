@@ -60,13 +60,21 @@ R32 = torch.tensor(0.17677669529663688110, dtype=torch.float32)  # 1/sqrt(32), a
 
 
 class _ExLlama(EnginePreset):
-    """Both ExLlamas: a side's code bits (``_side_bits``) and the tokens in flight."""
+    """Both ExLlamas: a side's code bits (``_side_bits``)."""
 
     def _side_bits(self, side: str) -> int:
         return self.bits if side == "k" else self.value_bits
 
-    def stores_before_attending(self, held):
-        return self.opts.new_tokens == "stored"
+
+class _ScaledBlocks(_ExLlama):
+    """The ExLlama caches of b-bit codes with an fp16 scale per 32 coordinates (V2's Q caches, V3): a side's
+    bytes per vector."""
+
+    def _side_bytes(self, side):
+        return self.head_dim * self._side_bits(side) // 8 + 2 * self.head_dim // 32
+
+    def expected_value_nbytes(self, shape):
+        return math.prod(shape[:-1]) * self._side_bytes("v")
 
 
 # --- ExLlamaV2 -----------------------------------------------------------------------------------------------
@@ -109,7 +117,7 @@ def exl2_rotation(d: int) -> torch.Tensor:
     return m
 
 
-class _ExLlamaV2Q(_ExLlama):
+class _ExLlamaV2Q(_ScaledBlocks):
     """ExLlamaV2's Q4 / Q6 / Q8 caches: ``code_bits`` (keys, values)."""
     engine = "ExLlamaV2"
     code_bits: tuple[int, int]
@@ -127,12 +135,6 @@ class _ExLlamaV2Q(_ExLlama):
 
     def _side_bits(self, side):
         return self.code_bits[side == "v"]
-
-    def _side_bytes(self, side):
-        return self.head_dim * self._side_bits(side) // 8 + 2 * self.head_dim // 32
-
-    def expected_value_nbytes(self, shape):
-        return math.prod(shape[:-1]) * self._side_bytes("v")
 
     def _quantize(self, x, side):
         bits = self._side_bits(side)
@@ -244,7 +246,7 @@ def exl3_unpack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 @register_codec("exl3")
-class ExLlamaV3(_ExLlama):
+class ExLlamaV3(_ScaledBlocks):
     """ExLlamaV3's quantized cache (``k_bits`` = bits, ``v_bits``; TabbyAPI ``cache_mode: "k,v"``)."""
     engine = "ExLlamaV3"
     bits_supported = (2, 3, 4, 5, 6, 7, 8)
@@ -262,12 +264,6 @@ class ExLlamaV3(_ExLlama):
         self.value_bits = self.opts.v_bits or self.bits
         self.value_quantizer = _PresetValues(self)
         self.bytes_per_vector = self._side_bytes("k")
-
-    def _side_bytes(self, side):
-        return self.head_dim * self._side_bits(side) // 8 + 2 * self.head_dim // 32
-
-    def expected_value_nbytes(self, shape):
-        return math.prod(shape[:-1]) * self._side_bytes("v")
 
     def _quantize(self, x, side):
         bits = self._side_bits(side)

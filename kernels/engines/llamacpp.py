@@ -165,9 +165,6 @@ class _Ggml(EnginePreset):
         n = self.rotation["k"]  # rotated, quantized in the rotated space, rotated back: q' . k = q8(H q) . (H k)
         return _rotate(quantize_q8(_rotate(q.float(), n)), n).to(q.dtype)
 
-    def stores_before_attending(self, held):
-        return self.opts.new_tokens == "stored"
-
     #: the fused kernel's reading of the codes (TokenCodes' keywords; ``halves``: ggml's nibble order)
     fused_codes: dict
 

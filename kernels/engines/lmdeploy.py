@@ -33,7 +33,6 @@ Around the bytes, as TurboMind does it:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -104,17 +103,11 @@ class _TurboMind(EnginePreset):
         q = t["codes"] if self.code_bits == 8 else unpack_u4(t["codes"])
         return q.to(t["scale"].dtype) * t["scale"] + t["zero"]
 
-    def stores_before_attending(self, held):
-        return self.opts.new_tokens == "stored"
-
     def _build_token_layout(self):
         order = None if self.code_bits == 8 else permutation([i for pair in U4_PAIRS for i in pair], self.head_dim)
         side = TokenCodes(Element.UINT, bits=self.code_bits, scale_field="scale", offset=Offset.ZERO,
                           zero_field="zero", rotation=order)
         return TokenLayout(side, side)
-
-    def expected_nbytes(self, shape):
-        return math.prod(shape[:-1]) * self.bytes_per_vector
 
 
 @register_codec("lmdeploy-int8")

@@ -170,6 +170,10 @@ class EnginePreset(Codec):
     def expected_nbytes(self, shape):
         return math.prod(shape[:-1]) * self.bytes_per_vector
 
+    def stores_before_attending(self, held):
+        """Where the preset's ``new_tokens`` option (llama.cpp, ExLlama, LMDeploy) says 'stored'."""
+        return getattr(self.opts, "new_tokens", "native") == "stored"
+
     def expected_value_nbytes(self, shape):
         return self.expected_nbytes(shape)
 

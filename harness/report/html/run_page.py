@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.report import speed as speed_mod
-from harness.report.formatting import (fmt, fmt_bytes, fmt_ci, fmt_diff, fmt_non_inferior, fmt_pct, fmt_test,
+from harness.report.formatting import (with_rate, fmt, fmt_bytes, fmt_ci, fmt_diff, fmt_non_inferior, fmt_pct, fmt_test,
                                        metric_title, verdict)
 from harness.report.html import media as media_mod
 from harness.report.html import plots
@@ -51,7 +51,7 @@ def deployed(s: Deployed, task: TaskReport, ctx: dict) -> dict:
     """Each research codec (rows) against each engine's deployed cache (columns): the verdict with row −
     column ± 95%, coloured by it; a table per engine, captioned with its name."""
     def name(label):
-        return f"{label} ({fmt(s.rate(label), 3)} b)" if s.rate(label) is not None else label
+        return with_rate(label, s.rate(label))
 
     tables = []
     for engine, cols, cells in s.by_engine():
